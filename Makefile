@@ -1,0 +1,40 @@
+# gshare — two commands: `make demo` and `make test`.
+# Both create .venv on a fresh clone (pinned deps, torch==2.13.0 CPU build) and then run.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU build of torch lies in /opt/wheels on our machines; pip also reads it from pip.conf.
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+PYTEST_ARGS ?=
+
+.PHONY: test demo lint typecheck unit venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(FIND_LINKS) "torch==2.13.0"
+	$(BIN)/python -m pip install -q $(FIND_LINKS) -e ".[torch,dev]"
+	@touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy src/gshare
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck unit
+
+demo: $(STAMP)
+	$(BIN)/gshare experiment run fast-spatial --quick --out demo-results
+	$(BIN)/gshare experiment run fast-packing --quick --out demo-results
+	$(BIN)/gshare experiment run fast-autoscale --quick --out demo-results
+
+clean:
+	rm -rf $(VENV) demo-results .pytest_cache .mypy_cache .ruff_cache
