@@ -1,0 +1,375 @@
+"""Multi-token spatio-temporal scheduler of one GPU (FaST-GShare §3.3.2 with Gemini's refinements).
+
+Who calls it: one ``TokenScheduler`` per device. The simulator's GPU model (``sim.gpu``) drives it
+in virtual time; the live runtime's node agent drives it with the wall clock behind a Unix
+socket. Both call exactly these methods, always passing the current time:
+
+* ``request(client, now_ms)`` — an instance wants to run a burst (one batch);
+* ``release(client, busy_ms, now_ms, completed=...)`` — it stopped, having used ``busy_ms``;
+* ``tick(now_ms)`` — the mechanism's timer fired at ``next_wakeup_ms()`` (a window boundary);
+* ``add_client`` / ``remove_client`` — instance lifecycle.
+
+Each returns the list of ``Grant``s to deliver now. The scheduler keeps its state in plain data
+(``ClientState`` records) that ``snapshot()`` exposes; it never reads a clock and does no I/O.
+
+What must hold (tested by properties in ``tests/test_tokens.py``):
+
+* the SM % of clients holding a token never exceeds ``sm_global_limit_pct`` (the SM adapter);
+* a client holding a token is never granted a second one;
+* a client's usage charged to a window never exceeds ``quota_limit * window_ms`` unless it ran
+  past its token (an overrun, possible only on hardware that cannot preempt a burst); an overrun
+  past the limit is carried into the next window as debt, so over any run the client's share
+  stays within its limit plus at most one burst;
+* a waiting client whose guaranteed quota is not yet used in this window is served before any
+  client asking for elastic time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# NOTE — the multi-token scheduler (FaST-GShare §3.3.2, Gemini token scheduler).
+# Time is cut into windows of ``window_ms`` (FaST-GShare's backend uses 40 ms). A client with
+# quota request Qr and limit Ql is guaranteed Qr·W and may use up to Ql·W of every window. On
+# every event the scheduler (1) *filters*: clients with no remaining quota (used >= Ql·W) wait
+# for the next window; (2) *enqueues* the other waiting clients in a ready queue ordered by
+# priority class (higher first) and then by missing quota Q_miss = Qr·W − used (larger first);
+# clients whose guarantee is already met (Q_miss <= 0) may only take *elastic* idle time up to
+# their limit, after every client still owed its guarantee; (3) *dispatches* tokens from the
+# head of the queue while the SM adapter allows: the SM % of running clients plus the head's
+# never exceeds SM_GLOBAL_LIMIT (100 %); FaST-GShare stops at the first head that does not fit
+# (no back-filling, so a large-SM client cannot starve), which is the default here.
+# Gemini adds a *dynamic token quota*: the token's length is predicted from the client's burst
+# history (an EWMA of its completed bursts, with head-room), clipped to its remaining quota, so
+# tokens are neither so long that the GPU idles nor so short that clients ask too often; and
+# *token revocation*: the frontend gives the token back early when the time left on it cannot
+# fit its next kernel (``should_yield``). A burst that still runs past its token (real CUDA
+# kernels cannot be interrupted) is charged in full, and usage beyond the limit becomes debt
+# repaid before the client runs again.
+
+
+class TokenError(ValueError):
+    """A bad client specification or an event for an unknown client; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenConfig:
+    """Parameters of one GPU's token scheduler."""
+
+    window_ms: float = 40.0
+    """Length of a scheduling window (FaST-GShare's backend: 40 ms)."""
+    sm_global_limit_pct: float = 100.0
+    """SM adapter: the SM % of running clients never exceeds this."""
+    min_token_ms: float = 0.5
+    """Shortest token granted; a client with less quota left than this waits for the next window."""
+    max_token_ms: float = 40.0
+    """Longest token granted (bounds how long one client can hold SMs without re-asking)."""
+    default_burst_ms: float = 10.0
+    """Predicted burst length before a client has any history."""
+    burst_ewma_alpha: float = 0.3
+    """Weight of the newest completed burst in the burst-length EWMA (Gemini dynamic quota)."""
+    token_headroom: float = 1.25
+    """Token length = predicted burst x headroom (then clipped), so a typical burst fits."""
+    dynamic_quota: bool = True
+    """Gemini dynamic quota; when False every token is the client's whole remaining quota."""
+    elastic: bool = True
+    """Allow clients to use idle time beyond their request, up to their limit."""
+    backfill: bool = False
+    """Skip a head client whose SMs do not fit and try the next ones (FaST-GShare: no)."""
+
+    def __post_init__(self) -> None:
+        if self.window_ms <= 0:
+            raise TokenError(f"window_ms must be > 0, got {self.window_ms}")
+        if not (0 < self.sm_global_limit_pct <= 100):
+            raise TokenError(f"sm_global_limit_pct must be in (0, 100], got {self.sm_global_limit_pct}")
+        if not (0 < self.min_token_ms <= self.max_token_ms):
+            raise TokenError(
+                f"need 0 < min_token_ms <= max_token_ms, got {self.min_token_ms}, {self.max_token_ms}"
+            )
+        if not (0 < self.burst_ewma_alpha <= 1):
+            raise TokenError(f"burst_ewma_alpha must be in (0, 1], got {self.burst_ewma_alpha}")
+        if self.token_headroom < 1:
+            raise TokenError(f"token_headroom must be >= 1, got {self.token_headroom}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSpec:
+    """What the scheduler knows of one instance (its FaST-GShare backend table row)."""
+
+    client_id: str
+    sm_pct: float
+    """Spatial share (MPS active thread %)."""
+    quota_request: float
+    """Guaranteed fraction of every window, in (0, 1]."""
+    quota_limit: float
+    """Maximum fraction of every window, in [quota_request, 1]."""
+    priority: int = 0
+    """Priority class 0-9; higher is served first within the same phase."""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.sm_pct <= 100):
+            raise TokenError(f"client {self.client_id}: sm_pct must be in (0, 100], got {self.sm_pct}")
+        if not (0 < self.quota_request <= self.quota_limit <= 1):
+            raise TokenError(
+                f"client {self.client_id}: need 0 < quota_request <= quota_limit <= 1, "
+                f"got {self.quota_request}, {self.quota_limit}"
+            )
+        if not (0 <= self.priority <= 9):
+            raise TokenError(f"client {self.client_id}: priority must be in 0..9, got {self.priority}")
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A token: ``client_id`` may run from ``start_ms`` for at most ``quota_ms``."""
+
+    client_id: str
+    start_ms: float
+    quota_ms: float
+    """Token length (ms of GPU time the client may use before it must release)."""
+    elastic: bool
+    """True when the token is idle time beyond the client's guaranteed request."""
+
+
+@dataclass(slots=True)
+class ClientState:
+    """The scheduler's row for one client (exposed read-only through ``snapshot``)."""
+
+    spec: ClientSpec
+    used_ms: float = 0.0
+    """Usage charged to the current window (starts at the carried debt)."""
+    waiting: bool = False
+    """A request is outstanding and no token has been granted for it yet."""
+    token: Grant | None = None
+    """The token currently held, if any."""
+    charged_in_token_ms: float = 0.0
+    """Part of the current token's run already charged to earlier windows (at window ticks)."""
+    predicted_burst_ms: float = 0.0
+    """EWMA of completed burst lengths (0 = no history yet)."""
+    total_used_ms: float = 0.0
+    """Usage since the client was added (for achieved-share metrics)."""
+    overrun_ms: float = 0.0
+    """Total time run past granted tokens."""
+    added_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientView:
+    """Immutable copy of a client's row, returned by ``snapshot``."""
+
+    client_id: str
+    sm_pct: float
+    quota_request: float
+    quota_limit: float
+    priority: int
+    used_ms: float
+    waiting: bool
+    running: bool
+    predicted_burst_ms: float
+    total_used_ms: float
+    overrun_ms: float
+
+
+@dataclass(slots=True)
+class TokenScheduler:
+    """The multi-token scheduler of one GPU. See the module docstring for the protocol."""
+
+    config: TokenConfig = field(default_factory=TokenConfig)
+    window_start_ms: float = 0.0
+    clients: dict[str, ClientState] = field(default_factory=dict)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def add_client(self, spec: ClientSpec, now_ms: float) -> list[Grant]:
+        """Register an instance. Its SM share must fit under the global limit on its own."""
+        if spec.client_id in self.clients:
+            raise TokenError(f"client {spec.client_id} is already registered")
+        if spec.sm_pct > self.config.sm_global_limit_pct + 1e-9:
+            raise TokenError(
+                f"client {spec.client_id}: sm_pct {spec.sm_pct} exceeds the SM global limit "
+                f"{self.config.sm_global_limit_pct}"
+            )
+        self._roll(now_ms)
+        self.clients[spec.client_id] = ClientState(spec=spec, added_ms=now_ms)
+        return []
+
+    def remove_client(self, client_id: str, now_ms: float) -> list[Grant]:
+        """Forget an instance (a held token is returned); others may be granted at once."""
+        self._get(client_id)
+        self._roll(now_ms)
+        del self.clients[client_id]
+        return self._dispatch(now_ms)
+
+    # -- events -------------------------------------------------------------------------------
+
+    def request(self, client_id: str, now_ms: float) -> list[Grant]:
+        """The client wants to run a burst. Idempotent while it waits; an error while it runs."""
+        c = self._get(client_id)
+        if c.token is not None:
+            raise TokenError(f"client {client_id} asked for a token while holding one")
+        self._roll(now_ms)
+        c.waiting = True
+        return self._dispatch(now_ms)
+
+    def release(
+        self, client_id: str, busy_ms: float, now_ms: float, *, completed: bool = True
+    ) -> list[Grant]:
+        """The client stopped after using ``busy_ms`` of GPU time on its token.
+
+        ``completed`` is False when the burst is not finished (the token ran out or was
+        revoked); the burst-length prediction then grows instead of averaging a cut burst.
+        """
+        c = self._get(client_id)
+        if c.token is None:
+            raise TokenError(f"client {client_id} released a token it does not hold")
+        if busy_ms < 0:
+            raise TokenError(f"client {client_id}: busy_ms must be >= 0, got {busy_ms}")
+        self._roll(now_ms)
+        token = c.token
+        charge = max(0.0, busy_ms - c.charged_in_token_ms)
+        c.used_ms += charge
+        c.total_used_ms += charge
+        c.overrun_ms += max(0.0, busy_ms - token.quota_ms)
+        c.token = None
+        c.charged_in_token_ms = 0.0
+        cfg = self.config
+        if completed:
+            if c.predicted_burst_ms <= 0:
+                c.predicted_burst_ms = busy_ms
+            else:
+                a = cfg.burst_ewma_alpha
+                c.predicted_burst_ms = a * busy_ms + (1 - a) * c.predicted_burst_ms
+        else:
+            base = c.predicted_burst_ms if c.predicted_burst_ms > 0 else cfg.default_burst_ms
+            c.predicted_burst_ms = min(cfg.max_token_ms, max(base, busy_ms) * 2.0)
+        return self._dispatch(now_ms)
+
+    def tick(self, now_ms: float) -> list[Grant]:
+        """Timer event: roll the window if it ended, then dispatch."""
+        self._roll(now_ms)
+        return self._dispatch(now_ms)
+
+    def next_wakeup_ms(self) -> float:
+        """When the mechanism must call ``tick`` next: the end of the current window."""
+        return self.window_start_ms + self.config.window_ms
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def running_sm_pct(self) -> float:
+        return sum(c.spec.sm_pct for c in self.clients.values() if c.token is not None)
+
+    def snapshot(self) -> Mapping[str, ClientView]:
+        return {
+            cid: ClientView(
+                client_id=cid,
+                sm_pct=c.spec.sm_pct,
+                quota_request=c.spec.quota_request,
+                quota_limit=c.spec.quota_limit,
+                priority=c.spec.priority,
+                used_ms=c.used_ms,
+                waiting=c.waiting,
+                running=c.token is not None,
+                predicted_burst_ms=c.predicted_burst_ms,
+                total_used_ms=c.total_used_ms,
+                overrun_ms=c.overrun_ms,
+            )
+            for cid, c in self.clients.items()
+        }
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _get(self, client_id: str) -> ClientState:
+        try:
+            return self.clients[client_id]
+        except KeyError:
+            raise TokenError(f"unknown client {client_id!r}") from None
+
+    def _roll(self, now_ms: float) -> None:
+        """Close every window that ended at or before ``now_ms``.
+
+        Running tokens are charged for the part of their run inside the closing window; usage
+        above the limit is carried into the next window as debt.
+        """
+        w = self.config.window_ms
+        while now_ms >= self.window_start_ms + w - 1e-9:
+            end = self.window_start_ms + w
+            for c in self.clients.values():
+                if c.token is not None:
+                    ran = max(0.0, end - max(c.token.start_ms, self.window_start_ms))
+                    # Charge at most what the token allows inside this window; any excess is
+                    # only known (and charged) at release.
+                    ran = min(ran, max(0.0, c.token.quota_ms - c.charged_in_token_ms))
+                    c.used_ms += ran
+                    c.total_used_ms += ran
+                    c.charged_in_token_ms += ran
+                c.used_ms = max(0.0, c.used_ms - self._cap_ms(c))
+            self.window_start_ms = end
+
+    def _cap_ms(self, c: ClientState) -> float:
+        """Most a client may use per window: its limit, or its request without elasticity."""
+        q = c.spec.quota_limit if self.config.elastic else c.spec.quota_request
+        return q * self.config.window_ms
+
+    def _token_length(self, c: ClientState, remaining_ms: float) -> float:
+        cfg = self.config
+        if not cfg.dynamic_quota:
+            return min(remaining_ms, cfg.max_token_ms)
+        predicted = c.predicted_burst_ms if c.predicted_burst_ms > 0 else cfg.default_burst_ms
+        want = max(cfg.min_token_ms, predicted * cfg.token_headroom)
+        return min(want, remaining_ms, cfg.max_token_ms)
+
+    def _dispatch(self, now_ms: float) -> list[Grant]:
+        cfg = self.config
+        w = cfg.window_ms
+        guaranteed: list[tuple[int, float, str, ClientState]] = []
+        elastic: list[tuple[int, float, str, ClientState]] = []
+        for cid, c in self.clients.items():
+            if not c.waiting or c.token is not None:
+                continue
+            if self._cap_ms(c) - c.used_ms < cfg.min_token_ms:  # filtering: next window
+                continue
+            miss = c.spec.quota_request * w - c.used_ms
+            key = (-c.spec.priority, -miss, cid, c)
+            if miss >= cfg.min_token_ms:
+                guaranteed.append(key)
+            elif cfg.elastic:
+                elastic.append(key)
+        if not guaranteed and not elastic:
+            return []
+        guaranteed.sort(key=lambda k: k[:3])
+        elastic.sort(key=lambda k: k[:3])
+        running_sm = self.running_sm_pct()
+        grants: list[Grant] = []
+        blocked = False
+        for phase_elastic, queue in ((False, guaranteed), (True, elastic)):
+            if blocked:
+                break
+            if phase_elastic and guaranteed and any(k[3].token is None for k in guaranteed):
+                # A client still owed its guarantee is waiting for SMs: no elastic time now.
+                break
+            for _, _, cid, c in queue:
+                if running_sm + c.spec.sm_pct > cfg.sm_global_limit_pct + 1e-9:
+                    if cfg.backfill:
+                        continue
+                    blocked = True
+                    break
+                # A token never lets the client pass its cap (limit, or request without
+                # elasticity); its length is the predicted burst (dynamic quota) within that.
+                length = self._token_length(c, self._cap_ms(c) - c.used_ms)
+                g = Grant(cid, now_ms, length, phase_elastic)
+                c.token = g
+                c.waiting = False
+                c.charged_in_token_ms = 0.0
+                running_sm += c.spec.sm_pct
+                grants.append(g)
+        return grants
+
+
+def should_yield(token_left_ms: float, next_kernel_ms: float) -> bool:
+    """Gemini token revocation, decided by the instance's frontend before each kernel.
+
+    Called by the simulator's instance model and the runtime's token client: give the token
+    back (release with ``completed=False``) when the time left on it cannot fit the next
+    kernel's predicted duration, rather than overrun it.
+    """
+    return next_kernel_ms > token_left_ms + 1e-9

@@ -1,0 +1,81 @@
+"""The simulated gateway: routes each request of a function to one of its instances.
+
+Routing is join-the-shortest-queue among ready instances (least outstanding requests, ties by
+instance id for determinism); while a function has only instances that are still starting, the
+request waits in the queue of the least loaded of them (it is served after the cold start);
+while it has none at all, the request waits at the gateway and is handed to the first instance
+that is added. Nothing accepted is dropped: ``pending`` counts what is still waiting.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from gshare.sim.engine import EventLoop
+from gshare.sim.instance import SimInstance
+from gshare.sim.request import RequestLog, SimRequest
+
+
+class Gateway:
+    def __init__(self, loop: EventLoop, log: RequestLog | None = None) -> None:
+        self.loop = loop
+        self.log = log or RequestLog()
+        self._instances: dict[str, list[SimInstance]] = {}
+        self._pending: dict[str, deque[SimRequest]] = {}
+        self._slo_ms: dict[str, float | None] = {}
+        self._next_id = 0
+        self.arrivals: dict[str, int] = {}
+        """Requests submitted per function (the controller's rate measurements read it)."""
+        self.on_complete_hooks: list[Callable[[SimRequest], None]] = []
+
+    def register(self, function: str, slo_ms: float | None = None) -> None:
+        self._instances.setdefault(function, [])
+        self._pending.setdefault(function, deque())
+        self._slo_ms[function] = slo_ms
+        self.arrivals.setdefault(function, 0)
+
+    def instances(self, function: str) -> list[SimInstance]:
+        return list(self._instances.get(function, []))
+
+    def add_instance(self, inst: SimInstance) -> None:
+        fn = inst.config.function
+        if fn not in self._instances:
+            self.register(fn)
+        self._instances[fn].append(inst)
+        pending = self._pending[fn]
+        while pending:
+            inst.enqueue(pending.popleft())
+
+    def remove_instance(self, inst: SimInstance) -> None:
+        """Stop routing to ``inst`` and drain it (its queued requests still complete)."""
+        fn = inst.config.function
+        if inst in self._instances.get(fn, []):
+            self._instances[fn].remove(inst)
+        inst.drain()
+
+    def pending(self, function: str) -> int:
+        return len(self._pending.get(function, ()))
+
+    def completed(self, req: SimRequest) -> None:
+        """Instances call this for each finished request."""
+        self.log.record(req)
+        for hook in self.on_complete_hooks:
+            hook(req)
+
+    def submit(self, function: str) -> SimRequest:
+        """A request arrives now; route it."""
+        if function not in self._instances:
+            raise KeyError(f"unknown function {function!r}")
+        self._next_id += 1
+        req = SimRequest(self._next_id, function, self.loop.now_ms, self._slo_ms.get(function))
+        self.arrivals[function] += 1
+        self.log.submitted += 1
+        live = [i for i in self._instances[function] if not i.draining and not i.stopped]
+        if not live:
+            self._pending[function].append(req)
+            return req
+        ready = [i for i in live if i.ready] or live
+        target = min(ready, key=lambda i: (i.outstanding, i.instance_id))
+        target.enqueue(req)
+        return req

@@ -1,0 +1,157 @@
+"""A simulated function instance: a batch queue in front of bursts on a ``SimGpu``.
+
+Who calls it: the gateway (``enqueue``) and the cluster controller (``start`` / ``drain``). The
+instance forms a batch of up to ``max_batch`` requests, waiting at most ``max_wait_ms`` for the
+batch to fill, runs it as one burst on its GPU (which asks the token scheduler first) and
+completes every request of the batch when the burst finishes. A cold start delays readiness by
+``cold_start_ms``; requests routed to a starting instance wait in its queue.
+
+Burst work is the profile table's latency of the batch at the instance's SM share and quota
+100 % (the time limit is the token scheduler's job), times Gaussian noise ``1 + sigma * N(0,1)``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gshare.policy.tokens import ClientSpec
+from gshare.profiles import ProfileTable
+from gshare.resources import GpuShare
+from gshare.sim.engine import EventLoop
+from gshare.sim.gpu import SimGpu
+from gshare.sim.request import SimRequest
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceConfig:
+    function: str
+    model: str
+    """Model name in the profile table."""
+    share: GpuShare
+    max_batch: int = 1
+    max_wait_ms: float = 0.0
+    priority: int = 0
+    cold_start_ms: float = 0.0
+    noise_sigma: float = 0.0
+    """Relative standard deviation of a burst's duration."""
+
+
+class SimInstance:
+    """One instance of a function on one simulated GPU."""
+
+    def __init__(
+        self,
+        loop: EventLoop,
+        gpu: SimGpu,
+        instance_id: str,
+        config: InstanceConfig,
+        profiles: ProfileTable,
+        rng: np.random.Generator,
+        on_complete: Callable[[SimRequest], None],
+    ) -> None:
+        self.loop = loop
+        self.gpu = gpu
+        self.instance_id = instance_id
+        self.config = config
+        self.profiles = profiles
+        self.rng = rng
+        self.on_complete = on_complete
+        self.queue: deque[SimRequest] = deque()
+        self.in_flight: list[SimRequest] = []
+        self.ready = False
+        self.stopped = False
+        self.draining = False
+        self.started_ms = loop.now_ms
+        self.on_ready: Callable[[SimInstance], None] | None = None
+        self.on_stopped: Callable[[SimInstance], None] | None = None
+        self._timer_at: float | None = None
+        self._work_cache: dict[int, float] = {}
+        s = config.share
+        gpu.add_client(
+            ClientSpec(instance_id, s.sm_pct, s.quota_request, s.quota_limit, config.priority)
+        )
+        if config.cold_start_ms > 0:
+            loop.after(config.cold_start_ms, self._become_ready)
+        else:
+            self._become_ready()
+
+    # -- API ----------------------------------------------------------------------------------
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.queue) + len(self.in_flight)
+
+    def enqueue(self, req: SimRequest) -> None:
+        if self.stopped:
+            raise RuntimeError(f"request routed to stopped instance {self.instance_id}")
+        self.queue.append(req)
+        self._maybe_dispatch()
+
+    def drain(self) -> None:
+        """Stop accepting work; stop once the queue and the running batch are done."""
+        self.draining = True
+        self._maybe_stop()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _become_ready(self) -> None:
+        if self.stopped:
+            return
+        self.ready = True
+        if self.on_ready:
+            self.on_ready(self)
+        self._maybe_dispatch()
+
+    def _work_ms(self, n: int) -> float:
+        base = self._work_cache.get(n)
+        if base is None:
+            c = self.config
+            base = self.profiles.latency_ms(c.model, c.share.sm_pct, 100.0, n)
+            self._work_cache[n] = base
+        if self.config.noise_sigma > 0:
+            base *= max(0.1, 1.0 + self.config.noise_sigma * float(self.rng.standard_normal()))
+        return base
+
+    def _maybe_dispatch(self) -> None:
+        if not self.ready or self.in_flight or not self.queue or self.stopped:
+            return
+        c = self.config
+        now = self.loop.now_ms
+        oldest_wait = now - self.queue[0].arrival_ms
+        if len(self.queue) < c.max_batch and oldest_wait < c.max_wait_ms - 1e-9:
+            t = self.queue[0].arrival_ms + c.max_wait_ms
+            if self._timer_at is None or self._timer_at > t:
+                self._timer_at = t
+                self.loop.at(t, self._on_timer)
+            return
+        n = min(c.max_batch, len(self.queue))
+        self.in_flight = [self.queue.popleft() for _ in range(n)]
+        for r in self.in_flight:
+            r.start_ms = now
+            r.instance_id = self.instance_id
+        self.gpu.run_burst(self.instance_id, self._work_ms(n), self._on_batch_done)
+
+    def _on_timer(self) -> None:
+        self._timer_at = None
+        self._maybe_dispatch()
+
+    def _on_batch_done(self) -> None:
+        now = self.loop.now_ms
+        done, self.in_flight = self.in_flight, []
+        for r in done:
+            r.finish_ms = now
+            self.on_complete(r)
+        self._maybe_dispatch()
+        self._maybe_stop()
+
+    def _maybe_stop(self) -> None:
+        if self.draining and not self.in_flight and not self.queue and not self.stopped:
+            self.stopped = True
+            self.ready = False
+            self.gpu.remove_client(self.instance_id)
+            if self.on_stopped:
+                self.on_stopped(self)
