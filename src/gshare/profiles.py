@@ -105,7 +105,7 @@ class ProfileTable:
         ``model,sm_pct,quota_pct,batch,latency_ms``."""
         p = Path(path)
         opener = gzip.open if p.suffix == ".gz" else open
-        with opener(p, "rt", newline="") as f:  # type: ignore[operator]
+        with opener(p, "rt", newline="") as f:
             return cls(_parse_rows(csv.DictReader(f), str(p)))
 
     @classmethod

@@ -102,7 +102,8 @@ def azure2021(path: str | Path | None = None) -> np.ndarray:
         rows = list(csv.DictReader(f))
     t = np.array([float(r["end_timestamp"]) - float(r["duration"]) for r in rows]) * 1000.0
     t.sort()
-    return t - t[0]
+    out: np.ndarray = t - t[0]
+    return out
 
 
 def azure_llm(path: str | Path | None = None) -> np.ndarray:
@@ -112,7 +113,8 @@ def azure_llm(path: str | Path | None = None) -> np.ndarray:
         stamps = [r["TIMESTAMP"] for r in csv.DictReader(f)]
     ts = np.array([_parse_ts(s) for s in stamps])
     ts.sort()
-    return (ts - ts[0]) * 1000.0
+    out: np.ndarray = (ts - ts[0]) * 1000.0
+    return out
 
 
 def _parse_ts(s: str) -> float:
@@ -149,7 +151,8 @@ def scale_to_rate(times_ms: np.ndarray, rate_rps: float) -> np.ndarray:
         return times_ms
     span = times_ms[-1] - times_ms[0]
     target_span = len(times_ms) / rate_rps * 1000.0
-    return (times_ms - times_ms[0]) * (target_span / span if span > 0 else 1.0)
+    out: np.ndarray = (times_ms - times_ms[0]) * (target_span / span if span > 0 else 1.0)
+    return out
 
 
 def drive_open_loop(loop: EventLoop, gateway: Gateway, function: str, times_ms: Iterable[float]) -> None:
