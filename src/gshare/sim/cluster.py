@@ -1,0 +1,227 @@
+"""A simulated GPU cluster with a controller that autoscales and places instances.
+
+The controller is the simulator's twin of the live runtime's controller: every
+``period_ms`` of virtual time it
+
+1. measures each function's arrivals in the last period and updates a rate predictor
+   (``policy.rate``), predicting the next period's RPS (with ``headroom``);
+2. asks the autoscaler (``policy.autoscale``, FaST-GShare Algorithm 1 by default) which
+   configurations to add and which instances to remove;
+3. binds new instances to a GPU and a rectangle with the placer (``policy.placement``, Maximal
+   Rectangles by default) and starts them (cold start ``cold_start_ms``); removed instances
+   drain their queues, then release their rectangle.
+
+Who calls it: experiments (``fast-autoscale``) build a ``SimCluster``, register functions,
+drive workloads at ``cluster.gateway`` and read ``cluster.metrics()``. GPUs are created lazily
+up to ``max_gpus``; "GPUs used" is the number holding at least one instance, integrated over
+time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gshare.policy import autoscale, rate
+from gshare.policy.placement import make_placer
+from gshare.policy.tokens import TokenConfig
+from gshare.profiles import ProfileTable
+from gshare.sim.engine import EventLoop
+from gshare.sim.gateway import Gateway
+from gshare.sim.gpu import GpuStats, InterferenceModel, SimGpu
+from gshare.sim.instance import InstanceConfig, SimInstance
+from gshare.sim.request import RequestLog
+
+PRIO_CONTROL = 4
+
+
+@dataclass(frozen=True)
+class SimFunction:
+    """A deployed function as the simulated controller sees it."""
+
+    name: str
+    model: str
+    slo_ms: float
+    configs: tuple[autoscale.ScaleConfig, ...]
+    """Candidate configurations (``autoscale.candidate_configs``)."""
+    min_instances: int = 0
+    max_instances: int | None = None
+    max_wait_ms: float = 0.0
+    quota_limit_pct: float | None = None
+    """Quota limit given to instances (default: their request, as FaST-GShare profiles)."""
+
+
+@dataclass
+class ClusterConfig:
+    max_gpus: int = 4
+    period_ms: float = 1000.0
+    """Controller reconcile period."""
+    cold_start_ms: float = 500.0
+    headroom: float = 1.2
+    """Predicted RPS is multiplied by this before autoscaling (burst head-room)."""
+    rate_alpha: float = 0.5
+    """EWMA weight of the newest rate sample."""
+    rate_window: int = 3
+    """The prediction is max(EWMA, max of the last ``rate_window`` samples)."""
+    placer: str = "mra"
+    autoscaler: str = "fast-heuristic"
+    token_config: TokenConfig = field(default_factory=TokenConfig)
+    interference: InterferenceModel = field(default_factory=InterferenceModel)
+    noise_sigma: float = 0.0
+
+
+@dataclass
+class _Live:
+    inst: SimInstance
+    policy_view: autoscale.Instance
+    gpu: int
+
+
+class SimCluster:
+    def __init__(
+        self,
+        loop: EventLoop,
+        profiles: ProfileTable,
+        config: ClusterConfig,
+        rng: np.random.Generator,
+    ) -> None:
+        self.loop = loop
+        self.profiles = profiles
+        self.config = config
+        self.rng = rng
+        self.log = RequestLog()
+        self.gateway = Gateway(loop, self.log)
+        self.placer = make_placer(config.placer, max_gpus=config.max_gpus)
+        self.scale = autoscale.get_autoscaler(config.autoscaler)
+        self.gpus: dict[int, SimGpu] = {}
+        self.functions: dict[str, SimFunction] = {}
+        self._live: dict[str, _Live] = {}
+        self._ewma: dict[str, rate.EwmaRate] = {}
+        self._window: dict[str, rate.WindowMaxRate] = {}
+        self._last_arrivals: dict[str, int] = {}
+        self._next_id = 0
+        self._gpus_used_ms = 0.0
+        self._last_t = loop.now_ms
+        self.timeline: list[dict[str, Any]] = []
+        """One row per control period: time, predicted RPS, instances, GPUs used."""
+        self.on_decision: Callable[[autoscale.ScaleDecision], None] | None = None
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def add_function(self, fn: SimFunction) -> None:
+        self.functions[fn.name] = fn
+        self.gateway.register(fn.name, fn.slo_ms)
+        self._ewma[fn.name] = rate.EwmaRate(alpha=self.config.rate_alpha)
+        self._window[fn.name] = rate.WindowMaxRate(k=self.config.rate_window)
+        self._last_arrivals[fn.name] = 0
+
+    def start(self, until_ms: float) -> None:
+        """Run the controller every period until ``until_ms`` (first decision at t = now)."""
+
+        def step() -> None:
+            self.reconcile()
+            if self.loop.now_ms + self.config.period_ms <= until_ms:
+                self.loop.after(self.config.period_ms, step, PRIO_CONTROL)
+
+        self.loop.at(self.loop.now_ms, step, PRIO_CONTROL)
+
+    # -- control loop -------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """One control period: measure, predict, decide, apply."""
+        self._integrate()
+        period_s = self.config.period_ms / 1000.0
+        for name, fn in self.functions.items():
+            n = self.gateway.arrivals[name] - self._last_arrivals[name]
+            self._last_arrivals[name] = self.gateway.arrivals[name]
+            if self.loop.now_ms > 0:
+                self._ewma[name] = rate.observe(self._ewma[name], n, period_s)
+                self._window[name] = rate.observe(self._window[name], n, period_s)
+            predicted = max(rate.predict(self._ewma[name]), rate.predict(self._window[name]))
+            predicted *= self.config.headroom
+            running = [lv.policy_view for lv in self._live.values() if lv.policy_view.function == name]
+            decision = self.scale(
+                name,
+                predicted,
+                running,
+                fn.configs,
+                min_instances=fn.min_instances,
+                max_instances=fn.max_instances,
+            )
+            if self.on_decision:
+                self.on_decision(decision)
+            for iid in decision.remove:
+                self._stop(iid)
+            for cfg in decision.add:
+                self._start(fn, cfg)
+            self.timeline.append(
+                {
+                    "t_s": self.loop.now_ms / 1000.0,
+                    "function": name,
+                    "observed_rps": n / period_s,
+                    "predicted_rps": predicted,
+                    "instances": sum(1 for lv in self._live.values() if lv.policy_view.function == name),
+                    "gpus_used": self.placer.gpus_used(),
+                }
+            )
+
+    def _start(self, fn: SimFunction, cfg: autoscale.ScaleConfig) -> None:
+        self._next_id += 1
+        iid = f"{fn.name}-{self._next_id}"
+        share = cfg.share(quota_limit_pct=fn.quota_limit_pct)
+        binding = self.placer.place_share(iid, share)
+        gpu = self.gpus.get(binding.gpu)
+        if gpu is None:
+            gpu = SimGpu(
+                self.loop,
+                binding.gpu,
+                token_config=self.config.token_config,
+                interference=self.config.interference,
+            )
+            self.gpus[binding.gpu] = gpu
+        inst = SimInstance(
+            self.loop,
+            gpu,
+            iid,
+            InstanceConfig(
+                function=fn.name,
+                model=fn.model,
+                share=share,
+                max_batch=cfg.batch,
+                max_wait_ms=fn.max_wait_ms,
+                cold_start_ms=self.config.cold_start_ms,
+                noise_sigma=self.config.noise_sigma,
+            ),
+            self.profiles,
+            self.rng,
+            self.gateway.completed,
+        )
+        inst.on_stopped = self._on_stopped
+        self._live[iid] = _Live(inst, autoscale.Instance(iid, fn.name, cfg), binding.gpu)
+        self.gateway.add_instance(inst)
+
+    def _stop(self, iid: str) -> None:
+        lv = self._live.pop(iid)
+        self.gateway.remove_instance(lv.inst)
+
+    def _on_stopped(self, inst: SimInstance) -> None:
+        self._integrate()
+        self.placer.release(inst.instance_id)
+
+    # -- metrics ------------------------------------------------------------------------------
+
+    def _integrate(self) -> None:
+        now = self.loop.now_ms
+        self._gpus_used_ms += self.placer.gpus_used() * (now - self._last_t)
+        self._last_t = now
+
+    def mean_gpus(self, since_ms: float = 0.0) -> float:
+        """Time-weighted mean number of GPUs holding an instance (from t = 0)."""
+        self._integrate()
+        return self._gpus_used_ms / max(1e-9, self.loop.now_ms - since_ms)
+
+    def gpu_stats(self) -> dict[int, GpuStats]:
+        return {i: g.stats() for i, g in sorted(self.gpus.items())}
