@@ -50,7 +50,7 @@ def test_importing_policy_pulls_in_no_forbidden_module() -> None:
     mods = _policy_modules()
     code = (
         "import sys\n"
-        f"before = set(sys.modules)\n"
+        "before = set(sys.modules)\n"
         + "".join(f"import {m}\n" for m in mods)
         + f"bad = sorted(m for m in set(sys.modules) - before if m.split('.')[0] in {sorted(FORBIDDEN)!r})\n"
         "print(','.join(bad))\n"

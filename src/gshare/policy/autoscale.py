@@ -93,7 +93,9 @@ class ScaleConfig:
         if self.batch < 1:
             raise AutoscaleError(f"batch must be >= 1, got {self.batch}")
         if not (self.throughput_rps > 0.0 and math.isfinite(self.throughput_rps)):
-            raise AutoscaleError(f"throughput_rps must be finite and > 0, got {self.throughput_rps}")
+            raise AutoscaleError(
+                f"throughput_rps must be finite and > 0, got {self.throughput_rps}"
+            )
         if not self.latency_ms > 0.0:
             raise AutoscaleError(f"latency_ms must be > 0, got {self.latency_ms}")
         if not self.wait_ms >= 0.0:
@@ -268,16 +270,32 @@ def candidate_configs(
 
 def _eff_key(c: ScaleConfig) -> tuple[float, float, float, int, float, float, float, float]:
     # p_eff: highest RPR; ties → smaller area, higher T, smaller batch, then the fields.
-    return (-c.rpr, c.area, -c.throughput_rps, c.batch, c.sm_pct, c.quota_pct, c.latency_ms,
-            c.wait_ms)
+    return (
+        -c.rpr,
+        c.area,
+        -c.throughput_rps,
+        c.batch,
+        c.sm_pct,
+        c.quota_pct,
+        c.latency_ms,
+        c.wait_ms,
+    )
 
 
 def _ideal_key(
     c: ScaleConfig, r: float
 ) -> tuple[float, float, float, int, float, float, float, float]:
     # p_ideal: smallest T − r; ties → higher RPR, smaller area, smaller batch, then the fields.
-    return (c.throughput_rps - r, -c.rpr, c.area, c.batch, c.sm_pct, c.quota_pct, c.latency_ms,
-            c.wait_ms)
+    return (
+        c.throughput_rps - r,
+        -c.rpr,
+        c.area,
+        c.batch,
+        c.sm_pct,
+        c.quota_pct,
+        c.latency_ms,
+        c.wait_ms,
+    )
 
 
 def _down_key(i: Instance) -> tuple[float, float, str]:
@@ -403,9 +421,7 @@ def heuristic_scale(
                 break
             remove.append(inst.instance_id)
             d_r += inst.config.throughput_rps
-        notes.append(
-            f"scale down dRPS={delta_rps:.2f}: remove {len(remove)} least-RPR instance(s)"
-        )
+        notes.append(f"scale down dRPS={delta_rps:.2f}: remove {len(remove)} least-RPR instance(s)")
     else:
         notes.append(f"steady: dRPS={delta_rps:.2f}")
 
