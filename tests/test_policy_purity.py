@@ -20,10 +20,7 @@ POLICY_DIR = Path(gshare.policy.__file__).parent
 
 
 def _policy_modules() -> list[str]:
-    return [
-        f"gshare.policy.{m.name}"
-        for m in pkgutil.walk_packages([str(POLICY_DIR)])
-    ]
+    return [m.name for m in pkgutil.walk_packages([str(POLICY_DIR)], prefix="gshare.policy.")]
 
 
 def test_policy_has_modules() -> None:
