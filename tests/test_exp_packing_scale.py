@@ -25,6 +25,7 @@ def test_registered_with_quick_params() -> None:
     assert exp.params(quick=False)["gpus"] == 1000
     assert exp.params(quick=False)["arrivals"] == 5000
     assert exp.params(quick=True)["gpus"] == 100
+    assert "mra-defrag" in exp.params(quick=False)["placers"]
 
 
 def test_quick_run_invariants(quick: ExperimentResult, tmp_path: Path) -> None:
@@ -42,7 +43,7 @@ def test_quick_run_invariants(quick: ExperimentResult, tmp_path: Path) -> None:
         assert rows[label]["samples"] > 0
         assert rows[label]["gpus_after_drain"] == 0  # every GPU empties when all leave
     # 100 GPUs hold the spatial placers' population; time sharing (100 % SMs each) may not
-    for name in ("mra", "first-fit", "best-fit", MRA_LITERAL):
+    for name in ("mra", "mra-defrag", "first-fit", "best-fit", MRA_LITERAL):
         assert rows[name]["rejected"] == 0
         # identical events and no rejections -> identical area bound
         assert rows[name]["area_bound_mean"] == rows["mra"]["area_bound_mean"]
@@ -50,6 +51,21 @@ def test_quick_run_invariants(quick: ExperimentResult, tmp_path: Path) -> None:
     assert rows["time-share"]["gpus_over_area_bound"] > max(
         rows[n]["gpus_over_area_bound"] for n in ("mra", "first-fit", "best-fit")
     )
+    # the cost of consolidation is reported: only mra-defrag migrates across GPUs
+    assert set(s["migrations_per_departure"]) == labels
+    for label in labels:
+        row = rows[label]
+        assert row["departures"] > 0 and row["release_us_p50"] > 0
+        assert row["migrations_per_departure"] == row["migrations"] / row["departures"]
+        assert s["migrations_per_departure"][label] == row["migrations_per_departure"]
+        if label != "mra-defrag":
+            assert row["migrations"] == row["drains"] == 0
+    d = rows["mra-defrag"]
+    # every drain moves at least one instance; moves also count within-GPU re-packs
+    assert 0 < d["drains"] <= d["migrations"] <= d["moves"]
+    # the same events, fewer GPUs: defragmentation beats the paper's MRA it extends
+    assert d["gpus_over_area_bound"] < rows["mra"]["gpus_over_area_bound"]
+    assert s["mra_defrag_within_target"] == (d["gpus_over_area_bound"] <= s["mra_target"])
 
     folder = write_result(quick, tmp_path)
     data = json.loads((folder / "results.json").read_text())
@@ -66,6 +82,7 @@ def test_seeded_and_deterministic(quick: ExperimentResult) -> None:
     # everything but wall-clock decision times repeats exactly
     assert again.summary["gpus_over_area_bound"] == quick.summary["gpus_over_area_bound"]
     assert [r["moves"] for r in again.rows] == [r["moves"] for r in quick.rows]
+    assert again.summary["migrations_per_departure"] == quick.summary["migrations_per_departure"]
     other = registry.run_experiment("packing-scale", quick=True, seed=1)
     assert other.summary["gpus_over_area_bound"] != quick.summary["gpus_over_area_bound"]
 
