@@ -481,3 +481,24 @@ def test_property_bounds(
     assert len(d.add) == 0 or count <= hi  # never adds past the cap
     if capacity(running, d) < rps - 1e-6:
         assert "max_instances" in d.reason
+
+
+def test_count_in_service_doubles_the_latency_counted_against_the_slo() -> None:
+    from gshare.policy.autoscale import candidate_configs
+    from gshare.profiles import ProfilePoint, ProfileTable
+
+    # One model, one SM value, batch 1 and 2: 30 ms and 40 ms at quota 100.
+    table = ProfileTable(
+        [ProfilePoint("m", 100, 100, 1, 30.0), ProfilePoint("m", 100, 100, 2, 40.0)]
+    )
+    plain = candidate_configs(
+        table, "m", 70, sm_values=[100], quota_values=[100], max_wait_ms=5
+    )
+    # without: batch 1 -> 30 <= 70, batch 2 -> 40 + 5 = 45 <= 70: both kept
+    assert [c.batch for c in plain] == [1, 2]
+    counted = candidate_configs(
+        table, "m", 70, sm_values=[100], quota_values=[100], max_wait_ms=5, count_in_service=True
+    )
+    # with: batch 1 -> 2 * 30 = 60 <= 70 kept; batch 2 -> 2 * 40 + 5 = 85 > 70 dropped
+    assert [c.batch for c in counted] == [1]
+    assert counted[0].worst_latency_ms == 60.0

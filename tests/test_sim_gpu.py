@@ -257,12 +257,6 @@ def test_a_second_burst_in_flight_is_an_error() -> None:
         gpu.run_burst("a", 1.0, lambda: None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="policy.tokens breaks ties of equal missing quota by client id and forgets usage at "
-    "every window end (cap = window when limit = 1), so with >= 4 full-quota clients on 100 % "
-    "SMs the highest ids never get a token (fast-spatial racing shows it as starved_pods)",
-)
 def test_full_quota_clients_racing_for_all_sms_all_make_progress() -> None:
     # Four pods, 100 % SMs, request = limit = 1, back-to-back 20 ms bursts for 2 s: the GPU can
     # run 100 bursts; fair time sharing gives each ~25, and no pod should get none.

@@ -180,6 +180,17 @@ class ProfileTable:
         y1 = self._lat_bq(model, by_b[b1], b1, sm_pct, quota_pct)
         return max(1e-6, y0 + (y1 - y0) * (batch - b0) / (b1 - b0))
 
+    def launch_floor_ms(self, model: str) -> float:
+        """The model's host-bound floor: its smallest latency at quota 100 % over every
+        measured SM share and batch. With enough SMs a small batch is bound by the host
+        launching kernels, not by the GPU; the simulator's launch-gated bursts (see
+        ``sim.gpu``) use this as the token-gated launch work of one inference."""
+        by_b = self._model(model)
+        lats = [min(e[1]) for by_q in by_b.values() for q, e in by_q.items() if q == 100.0]
+        if not lats:
+            raise ProfileError(f"model {model!r} has no quota-100 rows")
+        return min(lats)
+
     def throughput_rps(
         self, model: str, sm_pct: float, quota_pct: float = 100.0, batch: int = 1
     ) -> float:

@@ -202,6 +202,7 @@ def candidate_configs(
     quota_values: Iterable[float] | None = None,
     batches: Iterable[int] | None = None,
     max_wait_ms: float = DEFAULT_MAX_WAIT_MS,
+    count_in_service: bool = False,
 ) -> list[ScaleConfig]:
     """The configurations the autoscaler may choose from for ``model`` under ``slo_ms``.
 
@@ -218,8 +219,11 @@ def candidate_configs(
     a trickle), so the worst case counted is the full timeout: a config is kept when
     ``latency_ms + (max_wait_ms if batch > 1 else 0) <= slo_ms``. For batch 1 it is just the
     latency. The wait is stored in ``ScaleConfig.wait_ms``. Queueing behind a running batch is
-    not counted: Algorithm 1 sizes the fleet so that no instance is loaded above its profiled
-    throughput.
+    not counted by default: Algorithm 1 sizes the fleet so that no instance is loaded above its
+    profiled throughput. With ``count_in_service=True`` it is: a request that arrives just after
+    a batch started waits for that batch before its own runs, so the worst case counted is
+    ``2 * latency_ms + batching wait`` (the extra latency is added to ``wait_ms``). Controllers
+    that must keep tail latency under the SLO (the simulator's ``fast-autoscale``) use it.
 
     Returns the kept configs sorted by (batch, quota, sm). Raises ``AutoscaleError`` naming the
     model, the SLO and the fastest (latency + wait) available when none meets the SLO, and
@@ -238,10 +242,11 @@ def candidate_configs(
     kept: list[ScaleConfig] = []
     fastest: ScaleConfig | None = None
     for b in bs:
-        wait_ms = max_wait_ms if b > 1 else 0.0
+        batching_wait_ms = max_wait_ms if b > 1 else 0.0
         for q in quotas:
             for sm in sms:
                 lat = table.latency_ms(model, sm, q, b)
+                wait_ms = batching_wait_ms + (lat if count_in_service else 0.0)
                 cfg = ScaleConfig(
                     sm_pct=sm,
                     quota_pct=q,

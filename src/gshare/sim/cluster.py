@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 
 from gshare.policy import autoscale, rate
-from gshare.policy.placement import make_placer
+from gshare.policy.placement import NoCapacity, make_placer
 from gshare.policy.tokens import TokenConfig
 from gshare.profiles import ProfileTable
 from gshare.sim.engine import EventLoop
 from gshare.sim.gateway import Gateway
 from gshare.sim.gpu import GpuStats, InterferenceModel, SimGpu
-from gshare.sim.instance import InstanceConfig, SimInstance
+from gshare.sim.instance import InstanceConfig, LaunchGating, SimInstance
 from gshare.sim.request import RequestLog
 
 PRIO_CONTROL = 4
@@ -71,6 +71,10 @@ class ClusterConfig:
     token_config: TokenConfig = field(default_factory=TokenConfig)
     interference: InterferenceModel = field(default_factory=InterferenceModel)
     noise_sigma: float = 0.0
+    launch: LaunchGating | None = field(default_factory=LaunchGating)
+    """Burst model of instances (default: launch-gated, validated by ``token-fidelity``)."""
+    token_wakeup_ms: float = 1.0
+    """Wake-up charged to a token a burst had to wait for (``token-fidelity``'s constant)."""
 
 
 @dataclass
@@ -103,6 +107,11 @@ class SimCluster:
         self._window: dict[str, rate.WindowMaxRate] = {}
         self._last_arrivals: dict[str, int] = {}
         self._next_id = 0
+        self._migrated_out: set[int] = set()
+        self.migrations = 0
+        self.capacity_shortfalls = 0
+        """Instances the autoscaler asked for that no GPU had room for."""
+        """Cross-GPU moves applied (placers with defragmentation)."""
         self._gpus_used_ms = 0.0
         self._last_t = loop.now_ms
         self.timeline: list[dict[str, Any]] = []
@@ -168,20 +177,33 @@ class SimCluster:
                 }
             )
 
-    def _start(self, fn: SimFunction, cfg: autoscale.ScaleConfig) -> None:
-        self._next_id += 1
-        iid = f"{fn.name}-{self._next_id}"
-        share = cfg.share(quota_limit_pct=fn.quota_limit_pct)
-        binding = self.placer.place_share(iid, share)
-        gpu = self.gpus.get(binding.gpu)
+    def _gpu(self, index: int) -> SimGpu:
+        gpu = self.gpus.get(index)
         if gpu is None:
             gpu = SimGpu(
                 self.loop,
-                binding.gpu,
+                index,
                 token_config=self.config.token_config,
                 interference=self.config.interference,
+                token_wakeup_ms=self.config.token_wakeup_ms,
             )
-            self.gpus[binding.gpu] = gpu
+            self.gpus[index] = gpu
+        return gpu
+
+    def _start(self, fn: SimFunction, cfg: autoscale.ScaleConfig) -> None:
+        self._next_id += 1
+        iid = f"{fn.name}-{self._next_id}"
+        try:
+            binding = self.placer.place_share(iid, cfg.share(quota_limit_pct=fn.quota_limit_pct))
+        except NoCapacity:
+            self.capacity_shortfalls += 1  # the cluster is full: serve with what runs
+            return
+        self._launch(fn, cfg, iid, binding.gpu)
+        self._apply_moves()
+
+    def _launch(self, fn: SimFunction, cfg: autoscale.ScaleConfig, iid: str, gpu_index: int) -> None:
+        share = cfg.share(quota_limit_pct=fn.quota_limit_pct)
+        gpu = self._gpu(gpu_index)
         inst = SimInstance(
             self.loop,
             gpu,
@@ -194,13 +216,14 @@ class SimCluster:
                 max_wait_ms=fn.max_wait_ms,
                 cold_start_ms=self.config.cold_start_ms,
                 noise_sigma=self.config.noise_sigma,
+                launch=self.config.launch,
             ),
             self.profiles,
             self.rng,
             self.gateway.completed,
         )
         inst.on_stopped = self._on_stopped
-        self._live[iid] = _Live(inst, autoscale.Instance(iid, fn.name, cfg), binding.gpu)
+        self._live[iid] = _Live(inst, autoscale.Instance(iid, fn.name, cfg), gpu_index)
         self.gateway.add_instance(inst)
 
     def _stop(self, iid: str) -> None:
@@ -209,7 +232,29 @@ class SimCluster:
 
     def _on_stopped(self, inst: SimInstance) -> None:
         self._integrate()
+        if id(inst) in self._migrated_out:
+            self._migrated_out.discard(id(inst))
+            return  # its placement already moved to the replacement
         self.placer.release(inst.instance_id)
+        self._apply_moves()
+
+    def _apply_moves(self) -> None:
+        """Apply the placer's cross-GPU moves (defragmentation): serverless instances are
+        stateless, so a move starts a replacement on the new GPU (cold start) and drains the old
+        one; the placement binding keeps the instance id. Moves inside one GPU change only the
+        rectangle, which the token scheduler does not need."""
+        for mv in self.placer.take_moves():
+            if not mv.is_cross_gpu:
+                continue
+            lv = self._live.get(mv.instance_id)
+            if lv is None:
+                continue
+            fn = self.functions[lv.policy_view.function]
+            self._migrated_out.add(id(lv.inst))
+            self.gateway.remove_instance(lv.inst)
+            del self._live[mv.instance_id]
+            self.migrations += 1
+            self._launch(fn, lv.policy_view.config, mv.instance_id, mv.new_gpu)
 
     # -- metrics ------------------------------------------------------------------------------
 

@@ -11,11 +11,21 @@ running alone (the profile table's latency at quota 100 %). The GPU model
 * stops a burst when its token runs out (Gemini token revocation at kernel granularity, modelled
   as preemptible work) and re-requests a token for the rest, unless ``preemptible=False``, where
   a burst runs to the end and any overrun is charged by the scheduler;
+* optionally (``run_burst(..., device_ms=...)``) runs a **launch-gated** burst, the way
+  FaST-GShare's hook really throttles: the token gates the *host-side kernel launches*
+  (``work_ms`` of launch work, the token-charged part), while the device drains what was
+  launched; the burst completes at ``max(launches done, start + device_ms)`` (see the NOTE
+  below);
+* optionally (``token_wakeup_ms``) charges a client that had to *wait* for its token a wake-up
+  time at the start of that token (the blocked hook thread resumes, the token travels over the
+  socket) during which it makes no progress;
 * integrates the metrics the papers report: utilisation (time at least one burst runs) and SM
   occupancy (time-weighted SM % of running bursts).
 
 Who calls it: ``sim.instance.SimInstance`` calls ``add_client`` / ``run_burst`` /
-``remove_client``; experiments read ``stats``.
+``remove_client``; experiments read ``stats``. The ``token-share`` and ``token-fidelity``
+experiments drive it directly (closed loops of bursts; the latter with launch-gated bursts and
+``token_wakeup_ms``) and read ``token_log``.
 """
 
 from __future__ import annotations
@@ -37,6 +47,18 @@ PRIO_GPU = 3
 # FaST-GShare Fig. 10 (ResNet-50: eight 12 % pods reach 296.8 req/s against 71.37 req/s for one
 # racing pod, a 4.16x gain, while the solo profiles alone predict 7.9x): 1 + beta * 0.84 = 1.9.
 DEFAULT_INTERFERENCE_BETA = 1.07
+
+# NOTE — launch-gated bursts (FaST-GShare §3.3.2: the hook intercepts cuLaunchKernel and asks
+# for a token "for further CUDA kernel executions"; Gemini's hook likewise only blocks at a
+# launch). What a token gates is the host's launch stream of a request, not the GPU's execution
+# of what was already launched: once the launches are through, the host waits in a
+# synchronisation call and needs no token while the device drains its queue. A launch-gated
+# burst therefore has two parts: ``work_ms`` of launch work that progresses only while the
+# client holds a token (at host speed, rate 1: interference slows kernels, not launches) and is
+# what the scheduler charges, and ``device_ms`` of device time measured from the burst's start
+# (the solo quota-100 latency). It completes at max(launches done, start + device_ms). The SM
+# adapter counts token holders only (as the real backend does), so a draining burst does not
+# hold SMs in the scheduler's view; ``GpuStats`` follows the scheduler's view.
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +108,12 @@ class _Burst:
     rate: float = 1.0
     last_ms: float = 0.0
     version: int = 0
+    device_done_ms: float | None = None
+    """Launch-gated bursts only: when the device has drained (start + device_ms)."""
+    requested_ms: float = 0.0
+    """When the burst last asked the scheduler for a token."""
+    stall_until_ms: float = 0.0
+    """No progress before this time (the wake-up after a waited-for token)."""
 
 
 @dataclass
@@ -97,6 +125,12 @@ class SimGpu:
     token_config: TokenConfig = field(default_factory=TokenConfig)
     interference: InterferenceModel = field(default_factory=InterferenceModel)
     preemptible: bool = True
+    token_wakeup_ms: float = 0.0
+    """Wake-up time charged at the start of a token granted to a burst that had to wait for it
+    (granted later than it asked). 0 (the default) models an instantaneous hand-over."""
+    token_log: list[tuple[str, float, float]] | None = None
+    """When a list: every token use is appended as ``(client_id, start_ms, end_ms)`` at its
+    release (experiments measure per-window shares from it). None (the default): no log."""
 
     def __post_init__(self) -> None:
         self.scheduler = TokenScheduler(self.token_config, window_start_ms=self.loop.now_ms)
@@ -127,13 +161,36 @@ class SimGpu:
 
     # -- bursts -------------------------------------------------------------------------------
 
-    def run_burst(self, client_id: str, work_ms: float, on_done: Callable[[], None]) -> None:
-        """Run ``work_ms`` of solo-speed work for ``client_id``; call ``on_done`` when finished."""
+    def run_burst(
+        self,
+        client_id: str,
+        work_ms: float,
+        on_done: Callable[[], None],
+        *,
+        device_ms: float | None = None,
+    ) -> None:
+        """Run a burst for ``client_id``; call ``on_done`` when it is finished.
+
+        Without ``device_ms``: ``work_ms`` of solo-speed work, all of it under tokens (the
+        default model, used by ``SimInstance``). With ``device_ms``: a launch-gated burst —
+        ``work_ms`` of token-gated launch work, completion at
+        ``max(launches done, start + device_ms)`` (see the NOTE above).
+        """
         if client_id in self._bursts:
             raise RuntimeError(f"client {client_id} already has a burst in flight")
-        self._bursts[client_id] = _Burst(client_id, max(0.0, work_ms), on_done)
+        now = self.loop.now_ms
+        b = _Burst(client_id, max(0.0, work_ms), on_done, requested_ms=now)
+        if device_ms is not None:
+            b.device_done_ms = now + max(0.0, device_ms)
+        self._bursts[client_id] = b
         self._stats.bursts += 1
-        self._apply(self.scheduler.request(client_id, self.loop.now_ms))
+        self._apply(self.scheduler.request(client_id, now))
+
+    def active_sm_pct(self, exclude: str | None = None) -> float:
+        """SM % of the clients with a burst in flight (running, waiting or draining)."""
+        return sum(
+            self.scheduler.clients[cid].spec.sm_pct for cid in self._bursts if cid != exclude
+        )
 
     # -- metrics ------------------------------------------------------------------------------
 
@@ -175,7 +232,9 @@ class SimGpu:
         for b in self._running.values():
             dt = now - b.last_ms
             if dt > 0:
-                b.work_left_ms -= dt * b.rate
+                productive = now - max(b.last_ms, b.stall_until_ms)
+                if productive > 0:
+                    b.work_left_ms -= productive * b.rate
                 b.token_used_ms += dt
                 b.last_ms = now
 
@@ -191,6 +250,8 @@ class SimGpu:
                 b.token = g
                 b.token_used_ms = 0.0
                 b.last_ms = now
+                if self.token_wakeup_ms > 0 and now > b.requested_ms + 1e-9:
+                    b.stall_until_ms = now + self.token_wakeup_ms
                 self._running[g.client_id] = b
                 self._sm_running += self.scheduler.clients[g.client_id].spec.sm_pct
                 self._stats.tokens += 1
@@ -202,9 +263,12 @@ class SimGpu:
         total = sum(sms.values())
         now = self.loop.now_ms
         for cid, b in self._running.items():
-            b.rate = 1.0 / self.interference.slowdown(total - sms[cid])
+            if b.device_done_ms is None:
+                b.rate = 1.0 / self.interference.slowdown(total - sms[cid])
+            else:
+                b.rate = 1.0  # launch work runs at host speed
             b.version += 1
-            finish_in = max(0.0, b.work_left_ms) / b.rate
+            finish_in = max(0.0, b.stall_until_ms - now) + max(0.0, b.work_left_ms) / b.rate
             if self.preemptible and b.token is not None:
                 finish_in = min(finish_in, max(0.0, b.token.quota_ms - b.token_used_ms))
             self.loop.at(now + finish_in, functools.partial(self._on_burst_event, b, b.version), PRIO_GPU)
@@ -218,8 +282,15 @@ class SimGpu:
         del self._running[b.client_id]
         self._sm_running -= self.scheduler.clients[b.client_id].spec.sm_pct
         grants = self.scheduler.release(b.client_id, b.token_used_ms, now, completed=done)
+        if self.token_log is not None and b.token is not None:
+            self.token_log.append((b.client_id, b.token.start_ms, now))
         b.token = None
-        if done:
+        if done and b.device_done_ms is not None and b.device_done_ms > now + 1e-9:
+            # Launch-gated: the launches are through; the device drains without a token.
+            self._reschedule_all()
+            self._apply(grants)
+            self.loop.at(b.device_done_ms, functools.partial(self._on_drained, b), PRIO_GPU)
+        elif done:
             del self._bursts[b.client_id]
             self._reschedule_all()
             self._apply(grants)
@@ -228,7 +299,15 @@ class SimGpu:
             # Token ran out (revoked at kernel granularity): ask again for the rest.
             self._reschedule_all()
             self._apply(grants)
+            b.requested_ms = now
             self._apply(self.scheduler.request(b.client_id, now))
+
+    def _on_drained(self, b: _Burst) -> None:
+        """A launch-gated burst's device work has drained: the burst is complete."""
+        if self._bursts.get(b.client_id) is not b:
+            return  # the client was removed meanwhile
+        del self._bursts[b.client_id]
+        b.on_done()
 
     def _ensure_tick(self) -> None:
         """Keep one timer pending at the next window boundary while any client waits."""

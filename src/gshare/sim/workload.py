@@ -6,6 +6,7 @@ Generators return sorted arrival times in milliseconds (numpy arrays):
 * ``uniform`` — one request every ``1000 / rate_rps`` ms (ESG §4.1's uniform intervals);
 * ``bursty`` — a two-state Markov-modulated Poisson process (on/off bursts);
 * ``piecewise_poisson`` — Poisson with a rate that changes at given times (a varying RPS trace);
+* ``ramping_poisson`` — Poisson whose rate ramps linearly between targets (k6 stages);
 * ``azure2021`` — replay of the shipped Azure Functions 2021 sample (arrival = end − duration);
 * ``azure_llm`` — replay of the shipped Azure LLM inference 2023 timestamps;
 * ``azure2019_minutes`` — Azure Functions 2019 per-minute invocation counts
@@ -65,6 +66,26 @@ def piecewise_poisson(
         out.append(poisson(rate, dur, rng, start_ms=t0))
         t0 += dur
     return np.concatenate(out) if out else np.empty(0)
+
+
+def ramping_poisson(
+    stages: Sequence[tuple[float, float]],
+    rng: np.random.Generator,
+    start_rps: float = 0.0,
+    step_ms: float = 100.0,
+) -> np.ndarray:
+    """Poisson arrivals whose rate ramps linearly from one target to the next, like a k6
+    ``ramping-arrival-rate`` scenario (FaST-GShare drove its experiments with k6): ``stages`` =
+    [(duration_ms, target_rps), ...]; the rate is held constant over ``step_ms`` slices."""
+    segments: list[tuple[float, float]] = []
+    rate = start_rps
+    for dur, target in stages:
+        n = max(1, int(round(dur / step_ms)))
+        for i in range(n):
+            mid = rate + (target - rate) * (i + 0.5) / n
+            segments.append((dur / n, mid))
+        rate = target
+    return piecewise_poisson(segments, rng)
 
 
 def bursty(

@@ -1,0 +1,392 @@
+"""token-fidelity: the simulator against real time-quota measurements it was not fitted to.
+
+The shipped V100 table (``ProfileTable.shipped_v100``) measured every (model, SM %, batch) at
+time quotas 10..100 % under FaST-GShare's manager. This experiment predicts EVERY latency at
+quota < 100 % (49,428 rows) using only the table's quota-100 % rows as input, by *running the
+simulator*: one client on a ``SimGpu`` under the token scheduler (``policy.tokens``), in the
+closed loop the profiler ran, and compares with the measurement. Reported: the mean absolute
+percentage error (MAPE) of the simulator, and of the naive fluid rule ``L100 / q`` as the
+reference.
+
+What is modelled (and where it comes from)
+-------------------------------------------
+
+* **The profiler's protocol** (RaPP ``feature_extraction/graph_runtime_features.py``, the
+  script that produced the table): quota_request = quota_limit = q, 20 warm-up inferences, then
+  180 timed ones, each ``synchronize; t0; model(x); synchronize; t1`` followed by
+  ``time.sleep(0.005)``; the row is the *mean*. So the simulation is a closed loop with a 5-ms
+  think time (``think_ms``) whose mean latency is the prediction. Window 40 ms (``window_ms``,
+  FaST-GShare's backend).
+* **What the token gates** (FaST-GShare §3.3.2: the hook intercepts ``cuLaunchKernel`` and asks
+  for a token "for further CUDA kernel executions"): a token throttles the host's *launch
+  stream*; what was launched drains on the device without a token. Each inference is a
+  launch-gated burst (``SimGpu.run_burst(..., device_ms=...)``): ``G`` ms of token-gated launch
+  work and ``L100(sm, batch)`` ms of device time from its start; it completes at
+  ``max(launches through the token scheduler, start + L100)``. The data show why: vgg19 at
+  SM 10 % batch 8 takes 157 ms at quota 100 % and still 157 ms at quota 10 % (its launches fit
+  in the first window's 4 ms; the device then drains for 150 ms without a token), while every
+  small (SM, batch) point of one model converges to the same latency at low quota (convnext_large
+  ~405 ms at 10 %, ~140 ms at 20 %): the throttled quantity is per model, not per GPU time.
+* **The launch work** of a model, from quota-100 rows only: ``C_model = min over (SM, batch)
+  of L100`` — the model's host-bound floor, since no configuration can finish before its
+  launches are through. ``G = min(launch_scale x C_model, L100(sm, batch))`` (launches cannot
+  outlast the inference they belong to).
+* **Token wake-up** (``SimGpu.token_wakeup_ms``): a client that had to *wait* for its token
+  (its quota of the window was used up) loses ``token_wakeup_ms`` at the start of the token
+  it is finally granted — the blocked hook thread wakes, the grant crosses the socket — and
+  that time is charged to the token. It shows in the data as a per-window loss: for q <= 0.5
+  the floors fit ``A / (q - q0)`` with q0 ~ 0.05 (about 2 ms of every 40-ms window), which a
+  pure ``C / q`` cannot produce. Clients that never wait (unthrottled loops) pay nothing, which
+  is why small models are not slowed at all at quotas of 20 % and more.
+
+What was calibrated, and how
+----------------------------
+
+Two global constants, ``launch_scale`` and ``token_wakeup_ms``, are chosen by grid search
+(``grid_launch_scale`` x ``grid_wakeup_ms``) to minimise the simulator's MAPE on the
+**calibration half** of the models only — the models at even indices of the sorted model
+names, on a subsample of their SM values (every ``calib_sm_stride``-th). ``mape_pct`` is
+reported on the **held-out half** (odd indices), whose quota < 100 rows the calibration never
+reads; the all-models MAPE, the calibration half's and the whole grid are reported too. The
+window (40 ms), think time (5 ms) and protocol are given, not fitted; the per-model input is the
+quota-100 floor above. To be plain about what was *seen*: the *form* of the model (launch
+gating, a wake-up loss per waited-for token, the closed loop with think time) was chosen after
+looking at the whole table, as the lead's analysis had; only the two *values* are fitted, on
+one half.
+
+At the time of writing the full run picks ``launch_scale`` 1.3 and ``token_wakeup_ms`` 1.0
+(the grid is flat near its optimum: 1.2 / 1.0 and 1.4 / 0.5 are within 0.1 pp) and gives a
+held-out MAPE of 26.5 % (all models 25.2 %) against 45.4 % for the fluid rule and 31.3 % for
+the closed form. ``launch_scale`` > 1 says that, where throttling matters, the token-charged
+work of an inference is larger than the whole unthrottled inference: costs a quota-100 run
+never pays (the hook synchronising and asking again each time a token runs out) are folded
+into it.
+
+Limits (be honest)
+------------------
+
+The per-model throttled floor is only loosely tied to ``C_model``: fitted per model it is 0.4x
+to 1.8x ``C_model`` (launch-heavy models — efficientnets, regnet_y, mobilenet_v3 — are slower
+than their floor suggests, so the simulator under-predicts them by ~2x at low quota; models
+whose host time is mostly not kernel launches — vgg, squeezenet, shufflenet, alexnet — are
+faster, and it over-predicts them by up to ~3x at quotas 20-40 %), and nothing in the quota-100
+rows predicts which. That scatter, not the token mechanics, is most of the remaining error; it
+is largest at quotas 20-40 %. ``fluid`` ignores the mechanism altogether; ``closed_form``
+(``max(L100, C_model / q)``, the lead's formula) is reported as a second reference.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gshare.experiments.registry import register
+from gshare.experiments.results import ExperimentResult
+from gshare.profiles import ProfileTable
+from gshare.sim.profiler import ClosedLoopProtocol as Protocol
+from gshare.sim.profiler import simulate_closed_loop
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured row at quota < 100 % and its quota-100 inputs."""
+
+    model: str
+    sm_pct: float
+    batch: int
+    quota_pct: float
+    measured_ms: float
+    l100_ms: float
+    floor_ms: float
+    """C_model: the model's minimum quota-100 latency."""
+
+
+class Predictor:
+    """Simulated latency per point for given constants, with a cache of identical cases."""
+
+    def __init__(self, proto: Protocol) -> None:
+        self.proto = proto
+        self.cache: dict[tuple[float, float, float, float], float] = {}
+        self.events = 0
+
+    def __call__(self, p: Point, launch_scale: float, wakeup_ms: float) -> float:
+        launch = min(launch_scale * p.floor_ms, p.l100_ms)
+        key = (round(launch, 6), round(p.l100_ms, 6), p.quota_pct, wakeup_ms)
+        hit = self.cache.get(key)
+        if hit is None:
+            hit, ev = simulate_closed_loop(
+                launch, p.l100_ms, p.quota_pct / 100.0, wakeup_ms, self.proto
+            )
+            self.events += ev
+            self.cache[key] = hit
+        return hit
+
+
+def load_points(table: ProfileTable, models: Iterable[str] | None = None) -> list[Point]:
+    """Every row at quota < 100 % that has its quota-100 counterpart, with the model floor."""
+    keep = set(models) if models is not None else None
+    l100: dict[tuple[str, float, int], float] = {}
+    floor: dict[str, float] = {}
+    for r in table:
+        if r.quota_pct == 100.0 and (keep is None or r.model in keep):
+            l100[(r.model, r.sm_pct, r.batch)] = r.latency_ms
+            floor[r.model] = min(floor.get(r.model, float("inf")), r.latency_ms)
+    pts = []
+    for r in table:
+        if r.quota_pct >= 100.0 or (keep is not None and r.model not in keep):
+            continue
+        base = l100.get((r.model, r.sm_pct, r.batch))
+        if base is None:
+            continue
+        pts.append(
+            Point(r.model, r.sm_pct, r.batch, r.quota_pct, r.latency_ms, base, floor[r.model])
+        )
+    return pts
+
+
+def _ape(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas
+
+
+def _mape(pairs: Sequence[tuple[float, float]]) -> float:
+    return 100.0 * float(np.mean([_ape(p, m) for p, m in pairs])) if pairs else float("nan")
+
+
+def calibrate(
+    points: Sequence[Point],
+    predictor: Predictor,
+    grid_scale: Sequence[float],
+    grid_wakeup: Sequence[float],
+) -> tuple[float, float, dict[tuple[float, float], float]]:
+    """Grid search of (launch_scale, token_wakeup_ms) minimising MAPE on ``points``.
+
+    Returns the best pair and the MAPE of every pair."""
+    grid: dict[tuple[float, float], float] = {}
+    for k, d in itertools.product(grid_scale, grid_wakeup):
+        grid[(k, d)] = _mape([(predictor(p, k, d), p.measured_ms) for p in points])
+    (k, d), _ = min(grid.items(), key=lambda kv: kv[1])
+    return k, d, grid
+
+
+@register(
+    "token-fidelity",
+    "Simulator fidelity: predict every quota<100% latency of the shipped V100 table from its "
+    "quota-100% rows by simulating the token scheduler (FaST-GShare §3.3.2, §5.2)",
+    full_params={
+        "models": None,
+        "eval_sm_stride": 1,
+        "window_ms": 40.0,
+        "think_ms": 5.0,
+        "warmup_requests": 3,
+        "min_requests": 8,
+        "min_measure_ms": 800.0,
+        "calibrate": True,
+        "calib_sm_stride": 6,
+        "grid_launch_scale": [0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5],
+        "grid_wakeup_ms": [0.0, 0.5, 1.0, 1.5, 2.0],
+        "launch_scale": 1.0,
+        "token_wakeup_ms": 1.5,
+    },
+    quick_params={
+        "models": ["alexnet", "convnext_large", "resnet50", "vgg19"],
+        "eval_sm_stride": 3,
+        "calib_sm_stride": 4,
+        "grid_launch_scale": [1.0, 1.1],
+        "grid_wakeup_ms": [0.0, 1.5],
+    },
+)
+def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
+    """Calibrate on even-index models, predict every point, report held-out MAPE."""
+    table = ProfileTable.shipped_v100()
+    models = sorted(params["models"]) if params["models"] else table.models()
+    calib_models = set(models[0::2])
+    held_models = set(models[1::2])
+    proto = Protocol(
+        window_ms=float(params["window_ms"]),
+        think_ms=float(params["think_ms"]),
+        warmup_requests=int(params["warmup_requests"]),
+        min_requests=int(params["min_requests"]),
+        min_measure_ms=float(params["min_measure_ms"]),
+    )
+    stride = int(params["eval_sm_stride"])
+    all_points = load_points(table, models)
+    sms = sorted({p.sm_pct for p in all_points})
+    eval_sms = set(sms[::stride])
+    points = [p for p in all_points if p.sm_pct in eval_sms]
+    predictor = Predictor(proto)
+
+    grid: dict[tuple[float, float], float] = {}
+    if params["calibrate"]:
+        calib_sms = set(sms[:: int(params["calib_sm_stride"])])
+        calib_pts = [p for p in all_points if p.model in calib_models and p.sm_pct in calib_sms]
+        scale, wakeup, grid = calibrate(
+            calib_pts, predictor, params["grid_launch_scale"], params["grid_wakeup_ms"]
+        )
+    else:
+        scale, wakeup = float(params["launch_scale"]), float(params["token_wakeup_ms"])
+        calib_pts = []
+
+    preds = [predictor(p, scale, wakeup) for p in points]
+    fluid = [p.l100_ms / (p.quota_pct / 100.0) for p in points]
+    closed = [max(p.l100_ms, p.floor_ms / (p.quota_pct / 100.0)) for p in points]
+
+    def sel(which: Iterable[float], mask: Sequence[bool]) -> list[tuple[float, float]]:
+        return [(x, p.measured_ms) for x, p, m in zip(which, points, mask, strict=True) if m]
+
+    held = [p.model in held_models for p in points]
+    every = [True] * len(points)
+    per_quota: dict[str, dict[str, float]] = {}
+    for q in sorted({p.quota_pct for p in points}):
+        mq = [h and p.quota_pct == q for h, p in zip(held, points, strict=True)]
+        per_quota[f"{q:g}"] = {"sim": _mape(sel(preds, mq)), "fluid": _mape(sel(fluid, mq))}
+
+    rows: list[dict[str, Any]] = []
+    groups: dict[tuple[str, float], list[int]] = defaultdict(list)
+    for i, p in enumerate(points):
+        groups[(p.model, p.quota_pct)].append(i)
+    for (model, q), idx in sorted(groups.items()):
+        ratio = [preds[i] / points[i].measured_ms for i in idx]
+        rows.append(
+            {
+                "model": model,
+                "split": "held-out" if model in held_models else "calibration",
+                "quota_pct": q,
+                "points": len(idx),
+                "floor_ms": points[idx[0]].floor_ms,
+                "sim_mape_pct": _mape([(preds[i], points[i].measured_ms) for i in idx]),
+                "fluid_mape_pct": _mape([(fluid[i], points[i].measured_ms) for i in idx]),
+                "median_sim_over_measured": float(np.median(ratio)),
+            }
+        )
+
+    summary: dict[str, Any] = {
+        "mape_pct": _mape(sel(preds, held)),
+        "fluid_mape_pct": _mape(sel(fluid, held)),
+        "closed_form_mape_pct": _mape(sel(closed, held)),
+        "mape_all_pct": _mape(sel(preds, every)),
+        "fluid_mape_all_pct": _mape(sel(fluid, every)),
+        "closed_form_mape_all_pct": _mape(sel(closed, every)),
+        "mape_calibration_half_pct": _mape(sel(preds, [not h for h in held])),
+        "per_quota": per_quota,
+        "constants": {
+            "launch_scale": scale,
+            "token_wakeup_ms": wakeup,
+            "window_ms": proto.window_ms,
+            "think_ms": proto.think_ms,
+        },
+        "calibration": {
+            "calibrated": bool(params["calibrate"]),
+            "on_models": sorted(calib_models),
+            "points": len(calib_pts),
+            "grid_mape_pct": {f"k={k:g} wake={d:g}ms": m for (k, d), m in grid.items()},
+        },
+        "held_out_models": sorted(held_models),
+        "points_held_out": sum(held),
+        "points_all": len(points),
+        "simulated_cases": len(predictor.cache),
+        "simulated_events": predictor.events,
+    }
+
+    def plot_scatter(result: ExperimentResult, out: Path) -> Path:
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 5), sharex=True, sharey=True)
+        idx = [i for i, h in enumerate(held) if h]
+        step = max(1, len(idx) // 6000)
+        idx = idx[::step]
+        meas = [points[i].measured_ms for i in idx]
+        for ax, vals, name in ((axes[0], preds, "simulator"), (axes[1], fluid, "fluid L100/q")):
+            ax.scatter(meas, [vals[i] for i in idx], s=3, alpha=0.3,
+                       c=[points[i].quota_pct for i in idx], cmap="viridis")
+            lo, hi = min(meas), max(meas)
+            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            key = "mape_pct" if name == "simulator" else "fluid_mape_pct"
+            ax.set_title(f"{name}: held-out MAPE {result.summary[key]:.1f} %")
+            ax.set_xlabel("measured latency (ms)")
+        axes[0].set_ylabel("predicted latency (ms)")
+        fig.tight_layout()
+        path = out / "token_fidelity_scatter.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+    def plot_per_quota(result: ExperimentResult, out: Path) -> Path:
+        import matplotlib.pyplot as plt
+
+        pq = result.summary["per_quota"]
+        qs = list(pq)
+        x = np.arange(len(qs))
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.bar(x - 0.2, [pq[q]["sim"] for q in qs], 0.4, label="simulator")
+        ax.bar(x + 0.2, [pq[q]["fluid"] for q in qs], 0.4, label="fluid L100/q")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{q} %" for q in qs])
+        ax.set_xlabel("time quota")
+        ax.set_ylabel("MAPE on held-out models (%)")
+        c = result.summary["constants"]
+        ax.set_title(
+            f"launch_scale {c['launch_scale']:g}, token wake-up {c['token_wakeup_ms']:g} ms "
+            "(calibrated on the other half)"
+        )
+        ax.legend()
+        fig.tight_layout()
+        path = out / "token_fidelity_per_quota.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+    def plot_curves(result: ExperimentResult, out: Path) -> Path:
+        import matplotlib.pyplot as plt
+
+        wanted = [("convnext_large", 50.0, 1), ("vgg19", 10.0, 8), ("resnet50", 100.0, 1),
+                  ("efficientnet_b7", 50.0, 1)]
+        picks = [w for w in wanted if w[0] in models and w[1] in eval_sms]
+        if not picks:  # quick runs with other models: the first three (model, sm, batch)
+            seen: list[tuple[str, float, int]] = []
+            for p in points:
+                k = (p.model, p.sm_pct, p.batch)
+                if k not in seen:
+                    seen.append(k)
+            picks = seen[:3]
+        fig, axes = plt.subplots(1, len(picks), figsize=(4 * len(picks), 3.6), squeeze=False)
+        for ax, (m, sm, b) in zip(axes[0], picks, strict=True):
+            sub = sorted(
+                (p.quota_pct, p.measured_ms, preds[i], fluid[i])
+                for i, p in enumerate(points)
+                if (p.model, p.sm_pct, p.batch) == (m, sm, b)
+            )
+            qs = [s[0] for s in sub]
+            ax.plot(qs, [s[1] for s in sub], "ko-", ms=3, label="measured")
+            ax.plot(qs, [s[2] for s in sub], "s-", ms=3, label="simulator")
+            ax.plot(qs, [s[3] for s in sub], "^--", ms=3, label="fluid")
+            ax.set_yscale("log")
+            ax.set_title(f"{m} SM {sm:g} % batch {b}", fontsize=9)
+            ax.set_xlabel("quota %")
+        axes[0][0].set_ylabel("latency (ms)")
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / "token_fidelity_curves.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+    return ExperimentResult(
+        experiment="token-fidelity",
+        seed=seed,
+        params=dict(params),
+        rows=rows,
+        summary=summary,
+        plots=[plot_scatter, plot_per_quota, plot_curves],
+        table_columns=(
+            "model", "split", "quota_pct", "points", "floor_ms", "sim_mape_pct",
+            "fluid_mape_pct", "median_sim_over_measured",
+        ),
+    )
