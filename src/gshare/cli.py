@@ -29,8 +29,9 @@ experiment_app = typer.Typer(
 )
 app.add_typer(experiment_app, name="experiment")
 
-console = Console()
-err_console = Console(stderr=True)
+# Wide tables when the output is a file or a pipe (CI logs), the terminal's width otherwise.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 class CliError(Exception):
@@ -61,7 +62,7 @@ def experiment_run(
 ) -> None:
     """Run an experiment; write OUT/NAME/results.json, rows.csv and PNG plots; print a table."""
     from gshare.experiments import registry
-    from gshare.experiments.results import format_value, write_result
+    from gshare.experiments.results import flatten, format_value, write_result
 
     try:
         exp = registry.get(name)
@@ -89,7 +90,7 @@ def experiment_run(
         if len(result.rows) > 60:
             console.print(f"... {len(result.rows) - 60} more rows in {folder / 'rows.csv'}")
     summary = Table("summary", "value", title=f"{exp.name}: summary", box=None)
-    for k, v in result.summary.items():
+    for k, v in flatten(result.summary):
         summary.add_row(k, format_value(v))
     console.print(summary)
     console.print(f"wrote {folder}/results.json ({elapsed:.1f} s)")

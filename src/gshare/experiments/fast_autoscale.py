@@ -48,7 +48,7 @@ FULL = {
     "max_gpus": 16,
     "period_ms": 1000.0,
     "cold_start_ms": 500.0,
-    "headroom": 1.2,
+    "headroom": 1.5,
     "noise_sigma": 0.05,
     "variants": [
         # [autoscaler, placer, interference, profiles]; the first row is the headline.

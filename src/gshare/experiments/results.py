@@ -85,3 +85,15 @@ def format_value(v: Any) -> str:
     if isinstance(v, dict):
         return ", ".join(f"{k}={format_value(x)}" for k, x in v.items())
     return str(v)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested dicts as ``[("a.b.c", value), ...]`` for printing one value per line."""
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.extend(flatten(v, key + "."))
+        else:
+            out.append((key, v))
+    return out
