@@ -33,6 +33,7 @@ from gshare.sim.engine import EventLoop
 from gshare.sim.gateway import Gateway
 from gshare.sim.gpu import GpuStats, InterferenceModel, SimGpu
 from gshare.sim.instance import InstanceConfig, LaunchGating, SimInstance
+from gshare.sim.profiler import DEFAULT_WAKEUP_MS
 from gshare.sim.request import RequestLog
 
 PRIO_CONTROL = 4
@@ -73,7 +74,7 @@ class ClusterConfig:
     noise_sigma: float = 0.0
     launch: LaunchGating | None = field(default_factory=LaunchGating)
     """Burst model of instances (default: launch-gated, validated by ``token-fidelity``)."""
-    token_wakeup_ms: float = 1.0
+    token_wakeup_ms: float = DEFAULT_WAKEUP_MS
     """Wake-up charged to a token a burst had to wait for (``token-fidelity``'s constant)."""
 
 
