@@ -1,0 +1,118 @@
+"""Small helpers shared by the benches (``bench/*.py``): options, a table, the JSON file.
+
+A bench is run as ``.venv/bin/python bench/NAME.py [--quick] [--json PATH]`` from the repo
+root; Python puts ``bench/`` on ``sys.path``, so a bench imports this module as ``_common``::
+
+    from _common import bench_parser, machine_load, percentile, print_table, write_json
+
+    parser = bench_parser(__doc__)          # --quick, --json PATH, --seed N
+    parser.add_argument("--iters", type=int, default=1000)   # add your own
+    args = parser.parse_args()
+    ...
+    print_table("token round trip", ["case", "p50 us"], [["uds", 21.3]])
+    write_json(args.json, {"rtt_us_p50": 21.3}, rows=[...])   # {"summary": {...}, "rows": [...]}
+    summary.update(machine_load())          # how busy the machine was (timings depend on it)
+
+The whole API is those five functions; keep it small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["bench_parser", "machine_load", "percentile", "print_table", "write_json"]
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """An ``ArgumentParser`` with the options every bench takes: ``--quick`` (small sizes, for
+    CI), ``--json PATH`` (write the results there) and ``--seed N`` (default 0). The first
+    line of ``doc`` (the bench's module docstring) is the description."""
+    first = (doc or "").strip().splitlines()
+    parser = argparse.ArgumentParser(description=first[0] if first else None)
+    parser.add_argument("--quick", action="store_true", help="small run (seconds), e.g. in CI")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``values``, linear between order statistics
+    (numpy's default); NaN for an empty sequence."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def machine_load() -> dict[str, float]:
+    """How busy the machine is right now: ``loadavg_1m`` and, where the kernel reports pressure
+    stall information, ``cpu_pressure_pct`` (``/proc/pressure/cpu`` "some avg10": the share of
+    the last 10 s in which runnable tasks waited for a CPU). Benches put these in their summary:
+    latency figures on a shared machine mean little without them."""
+    out = {"loadavg_1m": os.getloadavg()[0], "cpus": float(os.cpu_count() or 0)}
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = f.readline().split()
+        out["cpu_pressure_pct"] = float(some[1].split("=")[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    return out
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return f"{v:.3g}" if abs(v) < 1 else f"{v:,.2f}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def print_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    console: Console | None = None,
+) -> None:
+    """Print ``rows`` (one sequence of cells per row) under ``columns`` as a rich table; floats
+    are shown with 3 significant digits below 1 and 2 decimals above."""
+    table = Table(title=title)
+    for i, c in enumerate(columns):
+        table.add_column(c, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
+    (console or Console()).print(table)
+
+
+def write_json(path: Path | str | None, summary: Mapping[str, Any], **extra: Any) -> None:
+    """Write ``{"summary": summary, **extra}`` to ``path`` (parents created); no-op for None.
+    Non-finite floats are written as null."""
+    if path is None:
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    doc = _finite({"summary": dict(summary), **extra})
+    p.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, Mapping):
+        return {str(k): _finite(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_finite(x) for x in v]
+    return v
