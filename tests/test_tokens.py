@@ -622,3 +622,23 @@ def test_with_overruns_usage_stays_within_the_limit_plus_one_burst(
         assert c.total_used_ms <= bound + EPS
         # the same as a rate: limit x elapsed + one window + one burst
         assert c.total_used_ms <= c.spec.quota_limit * t_end + W + h.max_overrun.get(cid, 0.0) + EPS
+
+
+@pytest.mark.parametrize(("limit", "expected_share"), [(1.0, 1.0), (0.5, 0.5)])
+def test_overrun_is_charged_where_it_happened(limit: float, expected_share: float) -> None:
+    # A lone client runs non-preemptible 300 ms bursts on 40 ms windows. Overruns are charged
+    # to the windows they spanned: with limit 1 each window is charged 40 ms = its cap, so no
+    # debt and no wait (share 1.0); with limit 0.5 each spanned window leaves 20 ms of debt,
+    # 7.5 windows x 20 ms = 150 ms repaid at 20 ms a window = 300 ms of waiting: share ~0.5.
+    s = TokenScheduler(TokenConfig(window_ms=40.0))
+    s.add_client(ClientSpec("a", 100, limit, limit), 0.0)
+    t = busy = 0.0
+    for _ in range(20):
+        grants = s.request("a", t)
+        while not grants:
+            t = s.next_wakeup_ms()
+            grants = s.tick(t)
+        t += 300.0
+        busy += 300.0
+        s.release("a", 300.0, t)
+    assert busy / t == pytest.approx(expected_share, abs=0.03)

@@ -322,16 +322,13 @@ class TokenScheduler:
     def _roll(self, now_ms: float) -> None:
         """Close every window that ended at or before ``now_ms``.
 
-        Running tokens are charged for the part of their run inside the closing window; usage
-        above the limit is carried into the next window as debt.
+        Running tokens are charged for the wall time they were held inside the closing window;
+        usage above the limit is carried into the next window as debt.
         """
         w = self.config.window_ms
         while now_ms >= self.window_start_ms + w - 1e-9:
             n = int((now_ms - self.window_start_ms + 1e-9) // w)
-            if n > 1 and all(
-                c.token is None or c.token.quota_ms - c.charged_in_token_ms <= 1e-12
-                for c in self.clients.values()
-            ):
+            if n > 1 and all(c.token is None for c in self.clients.values()):
                 # Nothing left to charge: close the n windows at once (each only repays debt),
                 # so a long idle gap (or a wall clock far from window_start_ms) costs O(clients).
                 for c in self.clients.values():
@@ -341,10 +338,12 @@ class TokenScheduler:
             end = self.window_start_ms + w
             for c in self.clients.values():
                 if c.token is not None:
+                    # A token holder occupies the device: charge the wall time it held the
+                    # token inside the closing window, even past the token's length (an
+                    # overrun is charged where it happened, so a burst longer than a window
+                    # never owes more than its limit allows per window — a client alone with
+                    # limit 1 owes nothing).
                     ran = max(0.0, end - max(c.token.start_ms, self.window_start_ms))
-                    # Charge at most what the token allows inside this window; any excess is
-                    # only known (and charged) at release.
-                    ran = min(ran, max(0.0, c.token.quota_ms - c.charged_in_token_ms))
                     c.used_ms += ran
                     c.total_used_ms += ran
                     c.charged_in_token_ms += ran

@@ -1,0 +1,381 @@
+"""Share accuracy of the live token mechanism: busy instance processes on one device.
+
+Usage: ``python bench/share_accuracy.py [--quick] [--json PATH] [--phase-s S]``
+
+The live twin of the simulator's ``token-share`` experiment (same scenario table, same
+arithmetic), run with real processes and the wall clock: a ``TokenServer`` in this process (the
+node agent's role) and one process per instance (multiprocessing *spawn*), each running a
+*saturating closed loop* of bursts of CPU spinning under a ``TokenClient``. A burst is
+``kernels`` x 0.25 ms of spinning; before each 0.25-ms "kernel" the client checks
+``should_yield`` and gives the token back when the kernel does not fit (Gemini revocation,
+``completed=False``), then asks again for the rest of the burst. So a compliant instance never
+runs past its token except when the OS deschedules it mid-kernel.
+
+Every client has 100 % of the SMs, so the SM adapter lets only one of them hold a token at a
+time: they *time-share* the device (and, on this CPU-only machine, at most one spins at a time,
+so they do not compete for cores and the shares are decided by the scheduler alone). Expected
+shares (window W = 40 ms), as in ``gshare.experiments.token_share``:
+
+* ``iso-r`` (r = 10, 50, 90): T (request r %, limit r %) and a greedy N (request 100 - r,
+  limit 100). Phase 1, both busy: the requests sum to 100 %, so each gets exactly its request,
+  T = r, N = 100 - r (r = 10: T is guaranteed and capped at 0.10 x 40 = 4 ms of every window,
+  N gets the other 36 ms). Phase 2, T idle: N reclaims the idle time up to its limit, N = 100.
+* ``elastic-r``: T (request r, limit l = 60 / 80 / 100 for r = 10 / 50 / 90) and N (request
+  100 - r, limit 100 - r). Phase 1, both busy: T = r, N = 100 - r. Phase 2, N idle: T reclaims
+  up to its limit, T = l. Phase 3, N back: T = r, N = 100 - r again.
+
+A client's **share** is the busy time it reported on its tokens (the time the scheduler
+charges), placed at each token's grant (``TokenServer.token_records``: the interval
+``[grant, grant + busy]``), summed over a phase minus its first ``settle`` seconds (a
+neighbour just started or stopped), divided by that wall time.
+
+Summary:
+
+* ``max_abs_share_error_pp`` -- max over (scenario, phase, active client) of
+  ``|achieved - expected|`` in percentage points (target <= 3).
+* ``max_over_limit_pp`` -- max over clients and over every *window* of the run (the
+  scheduler's windows, aligned to ``TokenServer.epoch_s``) of ``usage in the window / W - limit``
+  in pp, clipped at 0, where usage is the server-side busy intervals above (target 0). It is
+  positive only when a client ran past its token (an overrun: a spinning process descheduled
+  mid-kernel) or the scheduler over-granted.
+* ``max_over_limit_client_pp`` -- the same from the clients' own logs (each token's first
+  kernel start to last kernel end on ``time.monotonic``, the server's clock): what the device
+  (here: the CPU) actually ran. It differs from the server view by the grant's delivery
+  latency (tens of microseconds), so it may show a few hundredths of a pp.
+* ``max_phase_over_limit_pp`` -- the same over a measured phase instead of a window: an
+  overrun is charged as debt and repaid in the next windows, so over a phase a client stays
+  within its limit (plus at most one burst) even when single windows do not.
+* ``overruns`` -- tokens whose reported busy time exceeded their length, and their total.
+
+``--device sleep`` replaces the spinning by an asynchronous "device": the kernels that fit in
+the token are launched at once and the process sleeps until they are done (as a host waits on
+a GPU stream), so a busy instance does not compete for CPU with the rest of the machine. On a
+machine whose cores are saturated by other work, a spinning instance is descheduled mid-burst
+(an overrun of a scheduler time slice, several ms) and every hand-over of the device waits for
+two wake-ups; both modes then lose accuracy, ``spin`` much more. ``machine_load`` is recorded
+in the summary (``cpu_pressure_pct``: share of the last 10 s in which tasks waited for a CPU).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from _common import bench_parser, machine_load, print_table, write_json
+from gshare.policy.tokens import ClientSpec, TokenConfig
+from gshare.runtime.tokens_uds import TokenClient, TokenRecord, TokenServer
+
+KERNEL_MS = 0.25
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One client of a scenario: its share, its bursts, what it should get in each phase."""
+
+    name: str
+    request_pct: float
+    limit_pct: float
+    burst_ms: float
+    expected_pct: tuple[float | None, ...]
+    """Expected share per phase; None = idle in that phase."""
+
+
+def scenarios(quick: bool) -> list[tuple[str, tuple[Plan, ...]]]:
+    """The scenario table (see the module docstring for the arithmetic)."""
+    out: list[tuple[str, tuple[Plan, ...]]] = []
+    for r in (10, 50, 90):
+        out.append(
+            (
+                f"iso-{r}",
+                (
+                    Plan("T", r, r, 5.0, (r, None)),
+                    Plan("N", 100 - r, 100, 12.0, (100 - r, 100)),
+                ),
+            )
+        )
+    for r, lim in ((10, 60), (50, 80), (90, 100)):
+        if quick and r != 10:
+            continue
+        out.append(
+            (
+                f"elastic-{r}",
+                (
+                    Plan("T", r, lim, 7.0, (r, lim, r)),
+                    Plan("N", 100 - r, 100 - r, 11.0, (100 - r, None, 100 - r)),
+                ),
+            )
+        )
+    return out
+
+
+def _worker(
+    path: str, cid: str, kernels: int, device: str, conn: Connection
+) -> None:  # pragma: no cover - runs in the child
+    """Instance process: wait for the active intervals, run bursts in them, send the log back.
+
+    ``device="spin"``: a kernel is 0.25 ms of CPU spinning, checked one by one with
+    ``should_yield``. ``device="sleep"``: the kernels that fit in the token are "launched" at
+    once and the process sleeps until they are done, as a host waits on a GPU stream.
+    """
+    client = TokenClient(path, cid, timeout_s=30)
+    conn.send("ready")
+    intervals: list[tuple[float, float]] = conn.recv()
+    log: list[tuple[float, float]] = []  # (first kernel start, last kernel end), monotonic
+    perf, mono = time.perf_counter, time.monotonic
+    spin_s = KERNEL_MS / 1000.0
+    for start, end in intervals:
+        time.sleep(max(0.0, start - mono()))
+        while mono() < end:
+            left = kernels
+            while left:
+                client.acquire()
+                t0 = perf()
+                m0 = mono()
+                if device == "spin":
+                    while left and not client.should_yield(KERNEL_MS):
+                        d = perf() + spin_s
+                        while perf() < d:
+                            pass
+                        left -= 1
+                else:
+                    fit = min(left, int(client.token_left_ms() // KERNEL_MS))
+                    d = t0 + fit * spin_s
+                    while (r := d - perf()) > 0:
+                        time.sleep(r)
+                    left -= fit
+                busy_ms = (perf() - t0) * 1000.0
+                m1 = mono()
+                client.release(busy_ms, completed=left == 0)
+                log.append((m0, m1))
+    client.close()
+    conn.send(log)
+    conn.close()
+
+
+def _busy(intervals: Sequence[tuple[float, float]], t0: float, t1: float) -> float:
+    return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in intervals)
+
+
+def _max_over_limit_pp(
+    intervals: Sequence[tuple[float, float]],
+    limit_pct: float,
+    k0: int,
+    k1: int,
+    origin: float,
+    w_s: float,
+) -> float:
+    """Max over windows k0..k1-1 of (usage / W - limit) in pp, clipped at 0."""
+    use = [0.0] * (k1 - k0)
+    for a, b in intervals:
+        i0 = max(k0, int((a - origin) // w_s))
+        i1 = min(k1 - 1, int((b - origin) // w_s))
+        for k in range(i0, i1 + 1):
+            lo = origin + k * w_s
+            use[k - k0] += max(0.0, min(b, lo + w_s) - max(a, lo))
+    return max([0.0] + [u / w_s * 100.0 - limit_pct for u in use])
+
+
+def run_scenario(
+    name: str,
+    plans: Sequence[Plan],
+    phase_s: float,
+    settle_s: float,
+    tmp: str,
+    device: str = "spin",
+) -> tuple[list[dict[str, object]], dict[str, float]]:
+    """Run one scenario; return one row per (phase, client) and its over-limit figures."""
+    config = TokenConfig()
+    w_s = config.window_ms / 1000.0
+    path = os.path.join(tmp, f"{name}.sock")
+    server = TokenServer(path, config, record_tokens=1_000_000)
+    for p in plans:
+        server.add_client(ClientSpec(p.name, 100.0, p.request_pct / 100, p.limit_pct / 100))
+    server.start()
+    ctx = mp.get_context("spawn")
+    procs, pipes = [], []
+    try:
+        for p in plans:
+            here, there = ctx.Pipe()
+            kernels = round(p.burst_ms / KERNEL_MS)
+            proc = ctx.Process(
+                target=_worker, args=(path, p.name, kernels, device, there), daemon=True
+            )
+            proc.start()
+            procs.append(proc)
+            pipes.append(here)
+        for here in pipes:
+            if not here.poll(60) or here.recv() != "ready":
+                sys.exit(f"{name}: an instance did not start")
+        n_phases = len(plans[0].expected_pct)
+        t_go = time.monotonic() + 0.2
+        for p, here in zip(plans, pipes, strict=True):
+            here.send(
+                [
+                    (t_go + i * phase_s, t_go + (i + 1) * phase_s)
+                    for i, e in enumerate(p.expected_pct)
+                    if e is not None
+                ]
+            )
+        logs = {}
+        for p, here in zip(plans, pipes, strict=True):
+            if not here.poll(n_phases * phase_s + 60):
+                sys.exit(f"{name}: instance {p.name} did not finish")
+            logs[p.name] = here.recv()
+        for proc in procs:
+            proc.join(10)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        records: list[TokenRecord] = server.token_records()
+        server.stop()
+
+    srv_iv: dict[str, list[tuple[float, float]]] = {p.name: [] for p in plans}
+    overruns, overrun_ms = 0, 0.0
+    for r in records:
+        srv_iv[r.client_id].append((r.start_s, r.start_s + r.busy_ms / 1000.0))
+        if r.busy_ms > r.quota_ms + 1e-9:
+            overruns += 1
+            overrun_ms += r.busy_ms - r.quota_ms
+    rows: list[dict[str, object]] = []
+    for i in range(n_phases):
+        t0, t1 = t_go + i * phase_s + settle_s, t_go + (i + 1) * phase_s
+        for p in plans:
+            exp = p.expected_pct[i]
+            got = _busy(srv_iv[p.name], t0, t1) / (t1 - t0) * 100.0
+            got_client = _busy(logs[p.name], t0, t1) / (t1 - t0) * 100.0
+            rows.append(
+                {
+                    "scenario": name,
+                    "phase": i + 1,
+                    "client": p.name,
+                    "request_limit": f"{p.request_pct:g}/{p.limit_pct:g}",
+                    "expected_pct": exp,
+                    "share_pct": got,
+                    "share_client_pct": got_client,
+                    "error_pp": abs(got - exp) if exp is not None else None,
+                    "over_limit_pp": max(0.0, got - p.limit_pct),
+                }
+            )
+    # every whole window from the start to the end of the run
+    k0 = int((t_go - server.epoch_s) // w_s) + 1
+    k1 = int((t_go + n_phases * phase_s - server.epoch_s) // w_s)
+    over = max(
+        _max_over_limit_pp(srv_iv[p.name], p.limit_pct, k0, k1, server.epoch_s, w_s) for p in plans
+    )
+    over_client = max(
+        _max_over_limit_pp(logs[p.name], p.limit_pct, k0, k1, server.epoch_s, w_s) for p in plans
+    )
+    return rows, {
+        "over_limit_pp": over,
+        "over_limit_client_pp": over_client,
+        "overruns": overruns,
+        "overrun_ms": overrun_ms,
+        "tokens": len(records),
+    }
+
+
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--phase-s", type=float, default=None, help="phase length (3; quick 1)")
+    parser.add_argument(
+        "--device",
+        choices=("spin", "sleep"),
+        default="spin",
+        help="what a kernel is: CPU spinning (default) or an asynchronous device wait",
+    )
+    args = parser.parse_args()
+    load = machine_load()  # before our own load
+    phase_s = args.phase_s or (1.0 if args.quick else 3.0)
+    settle_s = 0.2 if args.quick else 0.4
+
+    tmp = tempfile.mkdtemp(prefix="gs-share-", dir="/tmp")
+    rows: list[dict[str, object]] = []
+    per_scenario: dict[str, dict[str, float]] = {}
+    try:
+        for name, plans in scenarios(args.quick):
+            r, extra = run_scenario(name, plans, phase_s, settle_s, tmp, args.device)
+            rows += r
+            per_scenario[name] = extra
+    finally:
+        os.rmdir(tmp)
+
+    errors = [float(r["error_pp"]) for r in rows if r["error_pp"] is not None]  # type: ignore[arg-type]
+    summary = {
+        "max_abs_share_error_pp": max(errors),
+        "mean_abs_share_error_pp": sum(errors) / len(errors),
+        "max_over_limit_pp": max(s["over_limit_pp"] for s in per_scenario.values()),
+        "max_over_limit_client_pp": max(s["over_limit_client_pp"] for s in per_scenario.values()),
+        "max_phase_over_limit_pp": max(float(r["over_limit_pp"]) for r in rows),  # type: ignore[arg-type]
+        "overruns": int(sum(s["overruns"] for s in per_scenario.values())),
+        "overrun_ms": sum(s["overrun_ms"] for s in per_scenario.values()),
+        "tokens": int(sum(s["tokens"] for s in per_scenario.values())),
+        "phase_s": phase_s,
+        "device": args.device,
+    }
+    print_table(
+        "share accuracy (live token server, busy instance processes, W = 40 ms)",
+        [
+            "scenario",
+            "phase",
+            "client",
+            "req/lim %",
+            "expected %",
+            "share %",
+            "client log %",
+            "error pp",
+        ],
+        [
+            [
+                r["scenario"],
+                r["phase"],
+                r["client"],
+                r["request_limit"],
+                "idle" if r["expected_pct"] is None else r["expected_pct"],
+                r["share_pct"],
+                r["share_client_pct"],
+                r["error_pp"],
+            ]
+            for r in rows
+        ],
+    )
+    print_table(
+        "per-window limits",
+        [
+            "scenario",
+            "tokens",
+            "over limit pp (server)",
+            "over limit pp (client)",
+            "overruns",
+            "overrun ms",
+        ],
+        [
+            [
+                n,
+                int(s["tokens"]),
+                s["over_limit_pp"],
+                s["over_limit_client_pp"],
+                int(s["overruns"]),
+                s["overrun_ms"],
+            ]
+            for n, s in per_scenario.items()
+        ],
+    )
+    print(
+        f"max_abs_share_error_pp = {summary['max_abs_share_error_pp']:.2f} (target <= 3), "
+        f"max_over_limit_pp = {summary['max_over_limit_pp']:.3f} (target 0), "
+        f"client view {summary['max_over_limit_client_pp']:.3f}"
+    )
+    summary.update(load)
+    print(f"machine load at start: {load}")
+    write_json(args.json, summary, rows=rows, scenarios=per_scenario)
+
+
+if __name__ == "__main__":
+    main()

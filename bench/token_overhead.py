@@ -1,0 +1,226 @@
+"""Latency of a model call with the time-token protocol around it vs without, same process.
+
+Usage: ``python bench/token_overhead.py [--quick] [--json PATH] [--mlp-pairs N] [--resnet-pairs N]``
+
+What an instance pays for time sharing: each inference call (one burst) becomes
+``acquire() -> model(x) -> release(busy_ms)`` (``TokenClient.burst``). Measured for
+
+* ``mlp`` -- a small torch MLP (1024-2048-2048-1000, ReLU, batch 8: a few ms a call, <= 10 ms);
+* ``resnet50`` -- ``transformers``' ``ResNetForImageClassification`` built from ``ResNetConfig()``
+  (the ResNet-50 architecture) with random weights, never downloaded; batch 1, 3x224x224.
+
+Both run in this process with ``torch.set_num_threads(1)`` (the machine has 2 cores shared with
+other work: one intra-op thread leaves a core to the token server and keeps the timings
+steadier) under ``torch.inference_mode``. The ``TokenServer`` runs in a separate process (the
+node agent's role), with this process as its only client (100 % SMs, request = limit = 1).
+Its window is 10 s instead of 40 ms: a CPU ResNet-50 call (~0.2-0.5 s) is longer than a 40-ms
+window, and the policy charges a burst that outruns its token to the following windows as
+debt, which would make even a lone client wait between calls; with windows longer than any
+call the scheduler grants every token at once, so the difference is the protocol's cost alone.
+
+Calls alternate with/without (ABBA order: with-without, then without-with) so that machine
+drift hits both equally. Per model:
+
+* ``overhead_pct`` -- median over pairs of ``(with - without)`` / median(without) x 100: the
+  end-to-end estimate (noisy: it is the difference of two noisy calls);
+* ``protocol_pct`` -- median(time in acquire + release) / median(without) x 100: the same
+  cost measured directly inside the with-calls (steady).
+
+Summary: ``overhead_pct`` = the larger of the two models' end-to-end figures (target <= 3),
+``overhead_pct_<model>``, ``protocol_pct_<model>``, ``protocol_us_p50``, ``call_ms_<model>``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from _common import bench_parser, machine_load, percentile, print_table, write_json
+from gshare.policy.tokens import ClientSpec, TokenConfig
+from gshare.runtime.tokens_uds import TokenClient, TokenServer
+
+CONFIG = TokenConfig(window_ms=10_000.0, max_token_ms=10_000.0)
+
+
+def _serve(path: str, conn: Connection) -> None:  # pragma: no cover - runs in the child
+    """The node agent's part: a token server with one registered client, until told to stop."""
+    server = TokenServer(path, CONFIG)
+    server.add_client(ClientSpec("bench", 100.0, 1.0, 1.0))
+    server.start()
+    conn.send("ready")
+    conn.recv()
+    conn.send(server.stats())
+    server.stop()
+
+
+def _build_models(seed: int) -> dict[str, tuple[Callable[[], Any], str]]:
+    import torch
+
+    torch.manual_seed(seed)
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(1024, 2048),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2048, 2048),
+        torch.nn.ReLU(),
+        torch.nn.Linear(2048, 1000),
+    ).eval()
+    x_mlp = torch.randn(8, 1024)
+
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    resnet = ResNetForImageClassification(ResNetConfig()).eval()  # random weights, no download
+    x_img = torch.randn(1, 3, 224, 224)
+    return {
+        "mlp": (lambda: mlp(x_mlp), "MLP 1024-2048-2048-1000, batch 8"),
+        "resnet50": (lambda: resnet(pixel_values=x_img), "ResNet-50, batch 1, 224x224"),
+    }
+
+
+def measure(
+    call: Callable[[], Any], client: TokenClient, pairs: int, warmup: int
+) -> dict[str, float]:
+    """Interleaved with/without calls; returns the model's figures (see the module docstring)."""
+    perf = time.perf_counter
+
+    def with_tokens() -> tuple[float, float]:
+        t0 = perf()
+        client.acquire()
+        t1 = perf()
+        call()
+        t2 = perf()
+        client.release((t2 - t1) * 1000.0)
+        t3 = perf()
+        return t3 - t0, (t1 - t0) + (t3 - t2)
+
+    def without() -> float:
+        t0 = perf()
+        call()
+        return perf() - t0
+
+    for _ in range(warmup):
+        with_tokens()
+        without()
+    w: list[float] = []
+    wo: list[float] = []
+    proto: list[float] = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            a, p = with_tokens()
+            b = without()
+        else:
+            b = without()
+            a, p = with_tokens()
+        w.append(a)
+        wo.append(b)
+        proto.append(p)
+    base = statistics.median(wo)
+    return {
+        "pairs": pairs,
+        "without_ms_p50": base * 1e3,
+        "with_ms_p50": statistics.median(w) * 1e3,
+        "overhead_pct": statistics.median(x - y for x, y in zip(w, wo, strict=True)) / base * 100,
+        "protocol_us_p50": statistics.median(proto) * 1e6,
+        "protocol_us_p99": percentile(proto, 99) * 1e6,
+        "protocol_pct": statistics.median(proto) / base * 100,
+    }
+
+
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument(
+        "--mlp-pairs", type=int, default=None, help="with/without pairs (2000; quick 400)"
+    )
+    parser.add_argument("--resnet-pairs", type=int, default=None, help="pairs (60; quick 12)")
+    args = parser.parse_args()
+    load = machine_load()  # before our own load
+    pairs = {
+        "mlp": args.mlp_pairs or (400 if args.quick else 2000),
+        "resnet50": args.resnet_pairs or (12 if args.quick else 60),
+    }
+    warmup = {"mlp": 20, "resnet50": 2}
+
+    import torch
+
+    torch.set_num_threads(1)
+    models = _build_models(args.seed)
+
+    tmp = tempfile.mkdtemp(prefix="gs-ovh-", dir="/tmp")
+    path = os.path.join(tmp, "dev0.sock")
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(path, there), daemon=True)
+    proc.start()
+    if not here.poll(60) or here.recv() != "ready":
+        sys.exit("token server process did not start")
+    rows: list[dict[str, Any]] = []
+    try:
+        client = TokenClient(path, "bench", timeout_s=60)
+        with torch.inference_mode():
+            for name, (call, what) in models.items():
+                r = measure(call, client, pairs[name], warmup[name])
+                rows.append({"model": name, "what": what, **r})
+        client.close()
+        here.send("stop")
+        stats = here.recv()
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+        os.rmdir(tmp)
+    if stats["errors"] or stats["malformed"] or stats["undelivered_grants"]:
+        sys.exit(f"token server counters are off: {stats}")
+
+    summary: dict[str, float] = {"overhead_pct": max(r["overhead_pct"] for r in rows)}
+    for r in rows:
+        m = r["model"]
+        summary[f"overhead_pct_{m}"] = r["overhead_pct"]
+        summary[f"protocol_pct_{m}"] = r["protocol_pct"]
+        summary[f"call_ms_{m}"] = r["without_ms_p50"]
+    summary["protocol_us_p50"] = statistics.median(r["protocol_us_p50"] for r in rows)
+    print_table(
+        "token protocol overhead per call (interleaved with/without, same process)",
+        [
+            "model",
+            "pairs",
+            "without ms",
+            "with ms",
+            "overhead %",
+            "protocol us p50",
+            "protocol us p99",
+            "protocol %",
+        ],
+        [
+            [
+                r["model"],
+                r["pairs"],
+                r["without_ms_p50"],
+                r["with_ms_p50"],
+                r["overhead_pct"],
+                r["protocol_us_p50"],
+                r["protocol_us_p99"],
+                r["protocol_pct"],
+            ]
+            for r in rows
+        ],
+    )
+    print(
+        f"overhead_pct = {summary['overhead_pct']:.2f} (target <= 3; larger of the two models); "
+        + ", ".join(
+            f"{r['model']}: {r['overhead_pct']:.2f} % end-to-end, {r['protocol_pct']:.3f} % protocol"
+            for r in rows
+        )
+    )
+    summary.update(load)
+    print(f"machine load at start: {load}")
+    write_json(args.json, summary, rows=rows)
+
+
+if __name__ == "__main__":
+    main()
