@@ -1,0 +1,470 @@
+"""The node agent: one Ray actor per node, owning the node's devices and instances.
+
+Who creates it: the server (``server.start_agents``), one per alive Ray node, pinned there with
+``NodeAffinitySchedulingStrategy``; the controller then calls it (Ray calls, a few per second
+at most, never per request):
+
+* ``start_instance(launch)`` — put the function's weights in the node's ``ModelStore`` once
+  (a one-off Ray task on this node builds them with ``models.state_dict_for``, so the agent's
+  process stays free of CPU-bound work: it hosts the token servers, whose answers need the GIL),
+  register the instance with its device's ``TokenServer`` (``ClientSpec``: SM %, quota request
+  and limit, priority), and create the instance actor on this node (CUDA: with the MPS thread
+  percentage in its environment before it starts; without an MPS daemon a warning says the
+  share is time-only);
+* ``stop_instance(id)`` — kill the instance actor, unregister its token client, remove its
+  socket;
+* ``status()`` — every instance's state (starting / ready / restarting / failed), pid, socket,
+  resident memory and restarts, and each device's token table (``TokenServer.snapshot``):
+  the controller turns ``total_used_ms`` deltas into the achieved share per instance;
+* ``set_share`` — change an instance's token quotas in place (the profiler's quota sweep);
+* ``describe(spec)`` — import the handler once in a throw-away task and report its OIP
+  input description, or the error (a bad ``handler`` fails the deployment, not the first call);
+* ``shutdown()`` — kill every instance, stop the token servers, drop the shared weights,
+  remove the run directory.
+
+Crash handling: a monitor thread checks the instances' processes every
+``MONITOR_PERIOD_S``. An instance whose process died (killed, crashed, or exited over its
+memory limit — it leaves the reason next to its socket) is restarted in place (same id, same
+socket path, ``incarnation`` + 1) up to ``MAX_RESTARTS`` times per ``RESTART_WINDOW_S``;
+beyond that it is marked failed and the controller replaces it. The gateway sees the
+connection drop at once and retries or fails the requests it had sent (see ``gateway``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from gshare.policy.tokens import ClientSpec, TokenConfig
+from gshare.runtime.instance import InstanceActor, InstanceLaunch, launch_to_dict
+
+log = logging.getLogger("gshare.agent")
+
+MONITOR_PERIOD_S = 0.2
+"""How often the agent checks that its instances' processes are alive."""
+MAX_RESTARTS = 3
+"""Restarts of one instance allowed within ``RESTART_WINDOW_S``; more mark it failed."""
+RESTART_WINDOW_S = 60.0
+START_TIMEOUT_S = 600.0
+"""An instance not ready after this long is failed (a model load that hangs)."""
+
+
+def _put_weights(store_root: str | None, spec: dict[str, Any]) -> str | None:
+    """(Ray task on the agent's node) Build the function's weights and put them in the node's
+    store once; return their key (``models.weights_key``: functions of the same built-in, or
+    of the same weights file, share one copy per node), or None when there are none to share.
+    A task, not the agent, builds them: the agent's process hosts the token servers."""
+    from gshare.runtime.model_store import ModelStore
+    from gshare.runtime.models import state_dict_for, weights_key
+    from gshare.spec import load_function_spec
+
+    fspec = load_function_spec(spec)
+    key = weights_key(fspec)
+    store = ModelStore(store_root) if store_root else ModelStore()
+    if store.has(key):
+        return key
+    state = state_dict_for(fspec)
+    if not state:
+        return None
+    store.put(key, state)
+    return key
+
+
+def _describe(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
+    """(Ray task) Import the handler and report its OIP inputs, or the import error."""
+    import sys
+
+    for p in extra_sys_path:
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        from gshare.runtime.models import make_handler
+        from gshare.runtime.oip_tensors import input_spec_dicts
+        from gshare.spec import load_function_spec
+
+        handler = make_handler(load_function_spec(spec))
+        inputs: list[dict[str, Any]] = []
+        if hasattr(handler, "input_spec"):
+            with contextlib.suppress(Exception):
+                inputs = input_spec_dicts(handler.input_spec())
+        return {"ok": True, "inputs": inputs, "example": hasattr(handler, "example_input")}
+    except Exception as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
+
+
+def _last_line(e: BaseException) -> str:
+    """The most useful line of a Ray error: the innermost exception's message."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ":" in ln and not ln.startswith(("File ", "^", "~")):
+            return ln[:500]
+    return (lines[-1] if lines else repr(e))[:500]
+
+
+@dataclass
+class _Managed:
+    launch: InstanceLaunch
+    actor: Any = None
+    ready_ref: Any = None
+    state: str = "starting"
+    """starting | ready | restarting | failed | stopped"""
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    started_s: float = field(default_factory=time.monotonic)
+    restarts: list[float] = field(default_factory=list)
+    total_restarts: int = 0
+    last_exit: str | None = None
+    rss_mb: float = 0.0
+    proc: Any = None
+
+
+class NodeAgent:
+    """The node agent (see the module doc). Wrapped with ``ray.remote`` by the server."""
+
+    def __init__(
+        self,
+        node_id: str,
+        run_dir: str,
+        token_config: dict[str, Any] | None = None,
+        store_root: str | None = None,
+    ) -> None:
+        logging.basicConfig(level=logging.INFO)
+        self.node_id = node_id
+        self.node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.store_root = store_root
+        self.devices = self._detect_devices()
+        self.mps = False
+        if any(d.startswith("cuda") for d in self.devices):
+            from gshare.runtime.partition import mps_available, start_mps_daemon
+
+            self.mps = mps_available() or start_mps_daemon()
+            if not self.mps:
+                log.warning(
+                    "no MPS daemon on node %s: GPU shares are time-only (sm_pct not enforced)",
+                    node_id[:8],
+                )
+        from gshare.runtime.tokens_uds import TokenServer
+
+        cfg = TokenConfig(**(token_config or {}))
+        self.token_servers = []
+        for i, _ in enumerate(self.devices):
+            ts = TokenServer(str(self.run_dir / f"tokens{i}.sock"), cfg)
+            ts.start()
+            self.token_servers.append(ts)
+        self.cpu_count = len(os.sched_getaffinity(0))
+        self._lock = threading.RLock()
+        self._instances: dict[str, _Managed] = {}
+        self._model_keys: set[str] = set()
+        self._model_store: Any = None
+        self._key_locks: dict[str, threading.Lock] = {}
+        self._stop = threading.Event()
+        self._actor_cls: Any = ray.remote(InstanceActor)
+        self._monitor = threading.Thread(target=self._monitor_loop, name="gshare-monitor", daemon=True)
+        self._monitor.start()
+
+    @staticmethod
+    def _detect_devices() -> list[str]:
+        if os.path.exists("/dev/nvidiactl"):
+            try:
+                import torch
+
+                n = torch.cuda.device_count()
+                if n > 0:
+                    return [f"cuda:{i}" for i in range(n)]
+            except Exception:  # no usable CUDA: serve on CPU
+                pass
+        return ["cpu"]
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "devices": self.devices,
+            "cpu_count": self.cpu_count,
+            "pid": os.getpid(),
+            "mps": self.mps,
+            "run_dir": str(self.run_dir),
+        }
+
+    def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
+        task = ray.remote(_describe).options(
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
+        )
+        try:
+            result: dict[str, Any] = ray.get(task.remote(spec, extra_sys_path), timeout=300)
+            return result
+        except Exception as e:
+            return {"ok": False, "error": _last_line(e)}
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            instances = [
+                {
+                    "instance_id": iid,
+                    "function": m.launch.function,
+                    "state": m.state,
+                    "incarnation": m.launch.incarnation,
+                    "pid": m.info.get("pid"),
+                    "uds_path": m.launch.uds_path,
+                    "tcp_port": m.info.get("tcp_port"),
+                    "inputs": m.info.get("inputs"),
+                    "cores": m.info.get("cores"),
+                    "error": m.error,
+                    "last_exit": m.last_exit,
+                    "restarts": m.total_restarts,
+                    "rss_mb": round(m.rss_mb, 1),
+                    "device_index": m.launch.device_index,
+                }
+                for iid, m in self._instances.items()
+            ]
+        tokens: dict[str, dict[str, float]] = {}
+        for ts in self.token_servers:
+            for cid, v in ts.snapshot().items():
+                tokens[cid] = {
+                    "total_used_ms": v.total_used_ms,
+                    "quota_request": v.quota_request,
+                    "quota_limit": v.quota_limit,
+                    "sm_pct": v.sm_pct,
+                }
+        return {
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "now_s": time.monotonic(),
+            "instances": instances,
+            "tokens": tokens,
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start_instance(self, launch: dict[str, Any]) -> None:
+        """Start an instance (returns at once; ``status`` reports it starting, then ready or
+        failed). ``launch`` is an ``InstanceLaunch`` as a dict; the agent fills in the socket
+        paths and the model key."""
+        base = InstanceLaunch(**launch)
+        idx = min(base.device_index, len(self.token_servers) - 1)
+        sock = str(self.run_dir / f"i-{base.instance_id}.sock")
+        env = dict(base.env)
+        device = self.devices[idx]
+        if device.startswith("cuda"):
+            from gshare.runtime.partition import cuda_env
+
+            env.update(cuda_env(base.sm_pct) if self.mps else {})
+        else:
+            from gshare.runtime.partition import cores_for
+
+            n = str(cores_for(base.sm_pct, self.cpu_count))
+            # Threads of a process waiting for its token must not spin on the cores another
+            # instance's token entitles it to (OpenMP workers spin ~200 ms after each parallel
+            # region by default): passive waits, and pools sized to the partition from the
+            # first import of torch. Set at process start, through the actor's runtime env.
+            env.update(
+                {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
+            )
+        filled = replace(
+            base,
+            device=device,
+            device_index=idx,
+            token_socket=self.token_servers[idx].socket_path,
+            uds_path=sock,
+            store_root=self.store_root,
+            env=env,
+        )
+        m = _Managed(filled)
+        with self._lock:
+            if base.instance_id in self._instances:
+                raise ValueError(f"instance {base.instance_id} already exists on this node")
+            self._instances[base.instance_id] = m
+        threading.Thread(target=self._start, args=(m, True), daemon=True).start()
+
+    def _start(self, m: _Managed, first: bool) -> None:
+        launch = m.launch
+        try:
+            if first:
+                lock = self._key_locks.setdefault(launch.function, threading.Lock())
+                with lock:
+                    task = ray.remote(_put_weights).options(
+                        num_cpus=0,
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
+                    )
+                    key = ray.get(task.remote(self.store_root, launch.spec), timeout=START_TIMEOUT_S)
+                if key:
+                    self._model_keys.add(key)
+                    if launch.device.startswith("cuda"):  # one device copy per GPU (CUDA IPC)
+                        self._store().export_cuda(key, launch.device)
+                launch = replace(launch, model_key=key)
+                self.token_servers[launch.device_index].add_client(
+                    ClientSpec(
+                        client_id=launch.instance_id,
+                        sm_pct=launch.sm_pct,
+                        quota_request=launch.quota_request,
+                        quota_limit=launch.quota_limit,
+                        priority=launch.priority,
+                    )
+                )
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(launch.uds_path + ".exit")
+            opts: dict[str, Any] = {
+                "num_cpus": 0,
+                "max_restarts": 0,
+                "max_concurrency": 2,
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(self.node_id, soft=False),
+            }
+            if launch.env:  # set before the process starts (MPS %, OpenMP waits)
+                opts["runtime_env"] = {"env_vars": dict(launch.env)}
+            actor = self._actor_cls.options(**opts).remote(launch_to_dict(launch))
+            with self._lock:
+                if m.state == "stopped":
+                    ray.kill(actor, no_restart=True)
+                    return
+                m.launch = launch
+                m.actor = actor
+                m.ready_ref = actor.ready.remote()
+                m.started_s = time.monotonic()
+        except Exception as e:
+            with self._lock:
+                if m.state != "stopped":
+                    m.state = "failed"
+                    m.error = f"cannot start: {_last_line(e)}"
+
+    def stop_instance(self, instance_id: str) -> None:
+        with self._lock:
+            m = self._instances.pop(instance_id, None)
+            if m is None:
+                return
+            m.state = "stopped"
+            actor = m.actor
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        with contextlib.suppress(Exception):
+            self.token_servers[m.launch.device_index].remove_client(instance_id)
+        for suffix in ("", ".exit"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(m.launch.uds_path + suffix)
+
+    def set_share(self, instance_id: str, quota_request: float, quota_limit: float) -> None:
+        """Change an instance's token quotas (its token client re-registers under the same
+        id). Used by the profiler between trials."""
+        with self._lock:
+            m = self._instances[instance_id]
+            m.launch = replace(m.launch, quota_request=quota_request, quota_limit=quota_limit)
+            ts = self.token_servers[m.launch.device_index]
+        ts.remove_client(instance_id)
+        ts.add_client(
+            ClientSpec(instance_id, m.launch.sm_pct, quota_request, quota_limit, m.launch.priority)
+        )
+
+    def _store(self) -> Any:
+        """This agent's ``ModelStore`` (created on first use: it imports torch)."""
+        if self._model_store is None:
+            from gshare.runtime.model_store import ModelStore
+
+            self._model_store = ModelStore(self.store_root) if self.store_root else ModelStore()
+        return self._model_store
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        with self._lock:
+            ids = list(self._instances)
+        for iid in ids:
+            self.stop_instance(iid)
+        for ts in self.token_servers:
+            with contextlib.suppress(Exception):
+                ts.stop()
+        if self.store_root:  # this server's own store: remove it whole
+            shutil.rmtree(self.store_root, ignore_errors=True)
+        else:
+            for key in list(self._model_keys):
+                with contextlib.suppress(Exception):
+                    self._store().drop(key)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # -- monitor ---------------------------------------------------------------------------------
+
+    def _monitor_loop(self) -> None:
+        import psutil
+
+        while not self._stop.wait(MONITOR_PERIOD_S):
+            with self._lock:
+                items = list(self._instances.items())
+            for _iid, m in items:
+                try:
+                    self._check(m, psutil)
+                except Exception as e:  # keep monitoring the others
+                    log.warning("monitor: %s", e)
+
+    def _check(self, m: _Managed, psutil: Any) -> None:
+        if m.state == "starting" and m.ready_ref is not None:
+            done, _ = ray.wait([m.ready_ref], timeout=0)
+            if done:
+                try:
+                    info = ray.get(done[0])
+                except Exception as e:
+                    self._on_death(m, f"failed to start: {_last_line(e)}", start_failure=True)
+                    return
+                with self._lock:
+                    if m.state == "starting":
+                        m.info = info
+                        m.proc = psutil.Process(info["pid"])
+                        m.state = "ready"
+                        m.error = None
+            elif time.monotonic() - m.started_s > START_TIMEOUT_S:
+                self._on_death(m, f"not ready after {START_TIMEOUT_S:.0f} s", start_failure=True)
+        elif m.state == "ready" and m.proc is not None:
+            try:
+                alive = m.proc.is_running() and m.proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                alive = False
+            if alive:
+                with contextlib.suppress(Exception):
+                    mi = m.proc.memory_info()
+                    m.rss_mb = mi.rss / (1 << 20)
+                return
+            reason = "process exited"
+            with contextlib.suppress(OSError):
+                reason = Path(m.launch.uds_path + ".exit").read_text().strip() or reason
+            self._on_death(m, reason, start_failure=False)
+
+    def _on_death(self, m: _Managed, reason: str, *, start_failure: bool) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if m.state in ("stopped", "failed"):
+                return
+            m.last_exit = reason
+            if m.actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(m.actor, no_restart=True)
+            m.actor = m.ready_ref = m.proc = None
+            m.restarts = [t for t in m.restarts if now - t < RESTART_WINDOW_S]
+            if start_failure and m.launch.incarnation == 0:
+                m.state, m.error = "failed", reason
+                return
+            if len(m.restarts) >= MAX_RESTARTS:
+                m.state = "failed"
+                m.error = f"{reason}; restarted {len(m.restarts)} times in {RESTART_WINDOW_S:.0f} s, giving up"
+                return
+            m.restarts.append(now)
+            m.total_restarts += 1
+            m.launch = replace(m.launch, incarnation=m.launch.incarnation + 1)
+            m.state = "starting"
+            m.info = {}
+        log.warning("instance %s died (%s); restarting", m.launch.instance_id, reason)
+        threading.Thread(target=self._start, args=(m, False), daemon=True).start()
+
+
+__all__ = ["MAX_RESTARTS", "NodeAgent"]

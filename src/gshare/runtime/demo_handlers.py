@@ -1,0 +1,95 @@
+"""Small handlers (``handler: gshare.runtime.demo_handlers:Class``) used by the gateway
+benchmark, the demo and the runtime tests. They follow the ``models.Handler`` convention and
+import nothing heavy, so an instance of them starts fast.
+
+* ``Echo`` — returns each payload unchanged (bytes stay bytes, JSON stays JSON): the
+  "trivial function" of ``bench/gateway.py``.
+* ``Sleep`` — ``{"sleep_ms": N}`` sleeps N ms (default 20) and answers its pid: slow requests
+  for the crash and retry tests.
+* ``Spin`` — ``{"spin_ms": N}`` keeps the CPU busy N ms per request (default 10): a workload
+  whose busy time is known, for share measurements.
+* ``MemoryHog`` — ``{"hold_mb": N}`` allocates and keeps N MiB more (default 64), to trip the
+  instance's memory limit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+
+class Echo:
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        pass
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        return inputs
+
+    def example_input(self) -> Any:
+        return {"hello": "gshare"}
+
+
+def _field(payload: Any, key: str, default: float) -> float:
+    if isinstance(payload, Mapping) and key in payload:
+        v = payload[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            raise ValueError(f"{key} must be a number >= 0, got {v!r}")
+        return float(v)
+    return default
+
+
+class Sleep:
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        pass
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        longest = max(_field(x, "sleep_ms", 20.0) for x in inputs)
+        time.sleep(longest / 1000.0)
+        return [{"slept_ms": longest, "pid": os.getpid()} for _ in inputs]
+
+    def example_input(self) -> Any:
+        return {"sleep_ms": 5}
+
+
+class Spin:
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        pass
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        out = []
+        for x in inputs:
+            ms = _field(x, "spin_ms", 10.0)
+            end = time.perf_counter() + ms / 1000.0
+            n = 0
+            while time.perf_counter() < end:
+                n += 1
+            out.append({"spun_ms": ms, "loops": n})
+        return out
+
+    def example_input(self) -> Any:
+        return {"spin_ms": 5}
+
+
+class MemoryHog:
+    def __init__(self) -> None:
+        self.held: list[bytearray] = []
+
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        pass
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        out = []
+        for x in inputs:
+            mb = int(_field(x, "hold_mb", 64.0))
+            block = bytearray(mb << 20)
+            for i in range(0, len(block), 4096):  # touch every page: resident, not just reserved
+                block[i] = 1
+            self.held.append(block)
+            time.sleep(0.3)  # give the watchdog time to see it
+            out.append({"held_mb": sum(len(b) for b in self.held) >> 20})
+        return out
+
+
+__all__ = ["Echo", "MemoryHog", "Sleep", "Spin"]

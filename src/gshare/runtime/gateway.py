@@ -1,0 +1,900 @@
+"""The gateway: HTTP in (FastAPI + uvicorn), binary frames out to the instances.
+
+Who uses it: ``server`` builds one ``Gateway`` and its FastAPI app (``build_app``) in the
+server process, next to the controller (same asyncio loop). The controller tells the gateway
+which instances are ready (``instance_ready``), draining (``drain``) or gone
+(``instance_gone``), and reads the arrivals it counted (``take_arrivals``) to predict rates.
+
+Data path (``POST /function/{name}``, ``POST /v2/models/{name}/infer``):
+
+1. the body is read under the size limit (413 beyond it) and checked (400 for malformed JSON
+   or OIP tensors); an unknown function is a 404;
+2. the request joins its function's queue; the dispatcher sends it at once to the ready
+   instance with the fewest requests in flight, unless every instance already holds
+   ``inflight_cap`` (4 × its batch, at least 8): then it waits in the queue — also while the
+   function has no ready instance (cold start: the controller is nudged to start one);
+3. the frame goes over the instance's persistent connection (Unix socket on the same node,
+   TCP across nodes; ``instance_protocol``) and the response comes back on it, matched by id;
+4. the HTTP answer carries the function's output; instance errors map to 4xx (the input was
+   rejected) or 5xx (the function raised, the instance crashed or hit its memory limit).
+
+Nothing accepted is lost silently: a request waits at most ``request_timeout_s`` (then 504
+naming what it waited for); when an instance's connection drops, every request it held is put
+back at the head of the queue once (retried on another instance, or on the same one once the
+agent restarted it) and failed with a 502 naming the crash the second time; requests an
+instance reports as over its memory limit are failed with a 503 naming the limit; deleting a
+function fails its queued requests with a 410.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import secrets
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gshare.runtime import instance_protocol as P
+from gshare.runtime.oip_tensors import OipError, check_infer_request
+
+log = logging.getLogger("gshare.gateway")
+
+DEFAULT_MAX_BODY_BYTES = 16 << 20
+"""Largest request body accepted (413 beyond it); ``gshare serve --max-body-mb``."""
+DEFAULT_REQUEST_TIMEOUT_S = 120.0
+"""Longest a request may wait for its answer, cold start included (then 504)."""
+MAX_QUEUE = 10_000
+"""Requests queued per function beyond which new ones get 429."""
+LATENCY_BUCKETS_S = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class HttpError(Exception):
+    """An error answered as ``{"error": message}`` with ``status``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.recorded = False
+        """Set once the request was counted in the metrics."""
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+class Metrics:
+    """The Prometheus metrics of one server (its own registry, served at ``/metrics``)."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "gshare_requests", "Requests answered, by function and HTTP code", ["function", "code"], registry=r
+        )
+        self.latency = Histogram(
+            "gshare_request_latency_seconds",
+            "Gateway arrival to response, successful requests",
+            ["function"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.slo_violations = Counter(
+            "gshare_slo_violations", "Successful requests slower than the function's slo_ms", ["function"], registry=r
+        )
+        self.token_wait = Histogram(
+            "gshare_token_wait_seconds",
+            "Time a request's batch waited for its time token",
+            ["function"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gshare_queue_wait_seconds",
+            "Time a request waited (gateway queue + instance batching) before its batch ran",
+            ["function"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "gshare_batch_size", "Requests per batch", ["function"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r
+        )
+        self.retries = Counter("gshare_request_retries", "Requests re-sent after an instance crash", ["function"], registry=r)
+        self.queued = Gauge("gshare_queue_length", "Requests waiting for an instance", ["function"], registry=r)
+        self.instances = Gauge("gshare_instances", "Instances by state", ["function", "state"], registry=r)
+        self.achieved_share = Gauge(
+            "gshare_achieved_share",
+            "Fraction of device time an instance used over the last reconcile period",
+            ["function", "instance"],
+            registry=r,
+        )
+        self.requested_share = Gauge(
+            "gshare_requested_share", "Quota request of an instance (guaranteed share)", ["function", "instance"], registry=r
+        )
+        self.predicted_rps = Gauge("gshare_predicted_rps", "Rate the autoscaler sized the function for", ["function"], registry=r)
+        self.restarts = Counter("gshare_instance_restarts", "Instance restarts after a crash", ["function"], registry=r)
+        self.cold_starts = Counter("gshare_cold_starts", "Instances started", ["function"], registry=r)
+
+    def forget_instance(self, function: str, instance: str) -> None:
+        for g in (self.achieved_share, self.requested_share):
+            with contextlib.suppress(KeyError):
+                g.remove(function, instance)
+
+
+# -- requests and instance connections ----------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Pending:
+    """One accepted request until it is answered."""
+
+    function: str
+    op: int
+    enc: int
+    payload: bytes
+    arrived: float
+    future: asyncio.Future[tuple[int, int, bytes, tuple[float, float, float, int]]]
+    attempts: int = 0
+    crashed_on: list[str] = field(default_factory=list)
+    req_id: int = 0
+    channel: InstanceChannel | None = None
+
+
+class InstanceChannel(asyncio.Protocol):
+    """The gateway's persistent connection to one instance (incarnation)."""
+
+    def __init__(self, gateway: Gateway, function: str, instance_id: str, cap: int) -> None:
+        self.gateway = gateway
+        self.function = function
+        self.instance_id = instance_id
+        self.cap = cap
+        self.inflight: dict[int, Pending] = {}
+        self.transport: asyncio.Transport | None = None
+        self.reader = P.FrameReader(P.RESP_FIXED)
+        self.closed = False
+        self.draining = False
+
+    @property
+    def usable(self) -> bool:
+        return not self.closed and not self.draining and self.transport is not None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, p: Pending) -> None:
+        assert self.transport is not None
+        p.req_id = self.gateway.next_id()
+        p.channel = self
+        self.inflight[p.req_id] = p
+        self.transport.write(P.encode_request(p.req_id, p.op, p.enc, p.payload))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.reader.feed(data)
+        except P.ProtocolError as e:
+            log.error("instance %s sent a bad frame (%s); closing", self.instance_id, e)
+            if self.transport:
+                self.transport.close()
+            return
+        for f in frames:
+            req_id, status, enc, q_ms, tw_ms, ex_ms, batch = P.RESP_REST.unpack_from(f)
+            p = self.inflight.pop(req_id, None)
+            if p is None:
+                continue  # answered already (timed out)
+            p.channel = None
+            self.gateway.on_response(self, p, status, enc, f[P.RESP_FIXED :], (q_ms, tw_ms, ex_ms, batch))
+        self.gateway.dispatch(self.function)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.transport = None
+        lost = list(self.inflight.values())
+        self.inflight.clear()
+        self.gateway.on_channel_lost(self, lost)
+
+
+@dataclass
+class FunctionRoute:
+    """A deployed function as the gateway sees it."""
+
+    name: str
+    slo_ms: float | None
+    max_batch: int
+    queue: deque[Pending] = field(default_factory=deque)
+    channels: dict[str, InstanceChannel] = field(default_factory=dict)
+    arrivals: int = 0
+    last_arrival_s: float | None = None
+    """Wall time of the last arrival (None: none since the server started)."""
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    start_error: str | None = None
+    """Why the function's last instance start failed (queued requests fail with it)."""
+    exec_ms_per_item: float | None = None
+    """EWMA of the measured busy time per request (exec_ms / batch), for the controller's
+    throughput estimate when the function is not profiled."""
+    rr: int = 0
+
+
+class Gateway:
+    """Routing, queues and instance connections (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        node_id: str = "",
+    ) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout_s = request_timeout_s
+        self.node_id = node_id
+        self.routes: dict[str, FunctionRoute] = {}
+        self.metrics = Metrics()
+        self._ids = itertools.count(1)
+        self._children: dict[tuple[str, int], tuple[Any, ...]] = {}
+        self.on_cold: Callable[[str], None] | None = None
+        """Called (by the controller) when a function has queued requests and no instance."""
+        self.closing = False
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    # -- controller side -----------------------------------------------------------------------
+
+    def add_function(self, name: str, slo_ms: float | None, max_batch: int, inputs: list[dict[str, Any]] | None = None) -> None:
+        r = self.routes.get(name)
+        if r is None:
+            self.routes[name] = FunctionRoute(name, slo_ms, max_batch, inputs=list(inputs or []))
+        else:
+            r.slo_ms, r.max_batch = slo_ms, max_batch
+            if inputs is not None:
+                r.inputs = list(inputs)
+            r.start_error = None
+
+    def remove_function(self, name: str) -> None:
+        r = self.routes.pop(name, None)
+        if r is None:
+            return
+        for key in [k for k in self._children if k[0] == name]:
+            del self._children[key]
+        self._fail_queue(r, 410, f"function {name!r} was deleted while the request waited")
+        for ch in list(r.channels.values()):
+            self._close_channel(ch)
+
+    async def instance_ready(
+        self, function: str, instance_id: str, *, uds_path: str | None, tcp: tuple[str, int] | None, max_batch: int
+    ) -> None:
+        """Connect to a ready instance (Unix socket when given, else TCP) and start sending."""
+        r = self.routes.get(function)
+        if r is None:
+            return
+        old = r.channels.pop(instance_id, None)
+        if old is not None:
+            self._close_channel(old)
+        cap = max(8, 4 * max_batch)
+        loop = asyncio.get_running_loop()
+        ch = InstanceChannel(self, function, instance_id, cap)
+        try:
+            if uds_path:
+                await loop.create_unix_connection(lambda: ch, uds_path)
+            elif tcp:
+                await loop.create_connection(lambda: ch, tcp[0], tcp[1])
+            else:
+                raise OSError("no address")
+        except OSError as e:
+            log.warning("cannot connect to instance %s: %s", instance_id, e)
+            return
+        r.channels[instance_id] = ch
+        r.start_error = None
+        self.dispatch(function)
+
+    def is_connected(self, function: str, instance_id: str) -> bool:
+        r = self.routes.get(function)
+        ch = r.channels.get(instance_id) if r else None
+        return ch is not None and not ch.closed
+
+    def drain(self, function: str, instance_id: str) -> None:
+        """Stop sending to an instance; its in-flight requests still complete."""
+        r = self.routes.get(function)
+        if r and instance_id in r.channels:
+            r.channels[instance_id].draining = True
+
+    def inflight(self, function: str, instance_id: str) -> int:
+        r = self.routes.get(function)
+        ch = r.channels.get(instance_id) if r else None
+        return len(ch.inflight) if ch else 0
+
+    def instance_gone(self, function: str, instance_id: str) -> None:
+        """The instance was stopped: close its connection (anything it held is retried)."""
+        r = self.routes.get(function)
+        ch = r.channels.pop(instance_id, None) if r else None
+        if ch is not None:
+            self._close_channel(ch)
+
+    def take_arrivals(self, function: str) -> int:
+        r = self.routes.get(function)
+        if r is None:
+            return 0
+        n, r.arrivals = r.arrivals, 0
+        return n
+
+    def queued(self, function: str) -> int:
+        r = self.routes.get(function)
+        return len(r.queue) if r else 0
+
+    def set_start_error(self, function: str, message: str) -> None:
+        """No instance of the function could start: fail what waits for one (503)."""
+        r = self.routes.get(function)
+        if r is None:
+            return
+        r.start_error = message
+        if not any(ch.usable for ch in r.channels.values()):
+            self._fail_queue(r, 503, message)
+
+    def fail_all(self, status: int, message: str) -> None:
+        """Server shutdown: answer everything queued or in flight."""
+        self.closing = True
+        for r in self.routes.values():
+            self._fail_queue(r, status, message)
+            for ch in list(r.channels.values()):
+                for p in list(ch.inflight.values()):
+                    self._finish_error(p, status, message)
+                ch.inflight.clear()
+                self._close_channel(ch)
+
+    def _close_channel(self, ch: InstanceChannel) -> None:
+        ch.draining = True
+        if ch.transport is not None:
+            ch.transport.close()
+
+    def _fail_queue(self, r: FunctionRoute, status: int, message: str) -> None:
+        while r.queue:
+            self._finish_error(r.queue.popleft(), status, message)
+
+    # -- data path -----------------------------------------------------------------------------
+
+    def submit(self, function: str, op: int, enc: int, payload: bytes) -> Pending:
+        """Accept a request (raises ``HttpError`` 404 / 429 / 503) and dispatch it."""
+        r = self.routes.get(function)
+        if r is None:
+            raise HttpError(404, f"function {function!r} is not deployed")
+        if self.closing:
+            raise HttpError(503, "the server is shutting down")
+        if len(r.queue) >= MAX_QUEUE:
+            raise HttpError(429, f"function {function!r} has {len(r.queue)} requests queued; try again later")
+        loop = asyncio.get_running_loop()
+        p = Pending(function, op, enc, payload, time.perf_counter(), loop.create_future())
+        r.arrivals += 1
+        r.last_arrival_s = time.time()
+        ch = self._pick(r) if not r.queue else None
+        if ch is not None:
+            ch.send(p)
+        else:
+            r.queue.append(p)
+            if any(c.usable for c in r.channels.values()):
+                self.dispatch(function)  # FIFO: the queue goes first
+            elif self.on_cold is not None:
+                self.on_cold(function)
+        return p
+
+    def _pick(self, r: FunctionRoute) -> InstanceChannel | None:
+        best: InstanceChannel | None = None
+        chans = list(r.channels.values())
+        n = len(chans)
+        if n == 1:
+            c = chans[0]
+            return c if c.usable and len(c.inflight) < c.cap else None
+        r.rr = (r.rr + 1) % max(1, n)
+        for i in range(n):
+            c = chans[(r.rr + i) % n]
+            if c.usable and len(c.inflight) < c.cap and (best is None or len(c.inflight) < len(best.inflight)):
+                best = c
+        return best
+
+    def dispatch(self, function: str) -> None:
+        r = self.routes.get(function)
+        if r is None:
+            return
+        while r.queue:
+            ch = self._pick(r)
+            if ch is None:
+                return
+            ch.send(r.queue.popleft())
+
+    async def wait(self, p: Pending) -> tuple[int, int, bytes, tuple[float, float, float, int]]:
+        """The instance's answer to ``p``; ``HttpError`` 504 after ``request_timeout_s`` (a
+        timer, not ``wait_for``: no extra task per request on the hot path)."""
+        fut = p.future
+        timer = asyncio.get_running_loop().call_later(self.request_timeout_s, self._expire, p)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+
+    def _expire(self, p: Pending) -> None:
+        if p.future.done():
+            return
+        r = self.routes.get(p.function)
+        where = "waiting for an instance to become ready"
+        if p.channel is not None:
+            p.channel.inflight.pop(p.req_id, None)
+            where = f"waiting for instance {p.channel.instance_id} to answer"
+        elif r is not None:
+            with contextlib.suppress(ValueError):
+                r.queue.remove(p)
+        p.future.set_exception(
+            HttpError(504, f"function {p.function!r}: no answer after {self.request_timeout_s:g} s ({where})")
+        )
+
+    def on_response(
+        self, ch: InstanceChannel, p: Pending, status: int, enc: int, payload: bytes, m: tuple[float, float, float, int]
+    ) -> None:
+        if status == P.ST_DRAINING:  # not accepted: send elsewhere (no attempt counted)
+            r = self.routes.get(p.function)
+            ch.draining = True
+            if r is not None:
+                r.queue.appendleft(p)
+            return
+        if status == P.ST_OK:
+            r = self.routes.get(p.function)
+            q_ms, tw_ms, ex_ms, batch = m
+            if r is not None and batch > 0:
+                per = ex_ms / batch
+                r.exec_ms_per_item = per if r.exec_ms_per_item is None else 0.9 * r.exec_ms_per_item + 0.1 * per
+        if not p.future.done():
+            p.future.set_result((status, enc, payload, m))
+
+    def on_channel_lost(self, ch: InstanceChannel, lost: list[Pending]) -> None:
+        r = self.routes.get(ch.function)
+        if r is not None and r.channels.get(ch.instance_id) is ch:
+            del r.channels[ch.instance_id]
+        if self.closing:
+            for p in lost:
+                self._finish_error(p, 503, "the server is shutting down")
+            return
+        retry: list[Pending] = []
+        for p in lost:
+            p.channel = None
+            p.crashed_on.append(ch.instance_id)
+            p.attempts += 1
+            if p.attempts >= 2 or r is None:
+                first = f"function {p.function!r}: instance {ch.instance_id} crashed while running the request (connection lost)"
+                again = f"; it was a retry after instance {p.crashed_on[0]} had crashed too" if len(p.crashed_on) > 1 else ""
+                self._finish_error(p, 502, first + again)
+            else:
+                retry.append(p)
+        if r is not None and retry:
+            self.metrics.retries.labels(ch.function).inc(len(retry))
+            r.queue.extendleft(reversed(retry))
+            self.dispatch(ch.function)
+            if r.queue and not any(c.usable for c in r.channels.values()) and self.on_cold is not None:
+                self.on_cold(ch.function)
+
+    def _finish_error(self, p: Pending, status: int, message: str) -> None:
+        if not p.future.done():
+            p.future.set_exception(HttpError(status, message))
+
+    # -- results -> HTTP ---------------------------------------------------------------------------
+
+    def record(self, function: str, code: int, p: Pending, m: tuple[float, float, float, int] | None) -> None:
+        """Per-request metrics (the labelled children are cached per function and code)."""
+        key = (function, code)
+        c = self._children.get(key)
+        if c is None:
+            mt = self.metrics
+            c = self._children[key] = (
+                mt.requests.labels(function, str(code)),
+                mt.latency.labels(function),
+                mt.token_wait.labels(function),
+                mt.queue_wait.labels(function),
+                mt.batch_size.labels(function),
+                mt.slo_violations.labels(function),
+            )
+        c[0].inc()
+        if m is None or code >= 400:
+            return
+        latency_s = time.perf_counter() - p.arrived
+        c[1].observe(latency_s)
+        _q_ms, tw_ms, ex_ms, batch = m
+        c[2].observe(tw_ms / 1000.0)
+        c[3].observe(max(0.0, latency_s - (tw_ms + ex_ms) / 1000.0))
+        c[4].observe(batch)
+        r = self.routes.get(function)
+        if r is not None and r.slo_ms is not None and latency_s * 1000.0 > r.slo_ms:
+            c[5].inc()
+
+
+def status_of(status: int) -> int:
+    """HTTP code of an instance status."""
+    return {
+        P.ST_OK: 200,
+        P.ST_BAD_INPUT: 400,
+        P.ST_FUNCTION_ERROR: 500,
+        P.ST_MEMORY_LIMIT: 503,
+        P.ST_INTERNAL: 500,
+    }.get(status, 502)
+
+
+# -- the HTTP app --------------------------------------------------------------------------------
+
+
+class ControlPlane:
+    """What the HTTP layer needs from the controller (implemented by ``Controller``)."""
+
+    async def deploy(self, body: bytes, content_type: str, *, update: bool | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def delete(self, name: str) -> None:
+        raise NotImplementedError
+
+    def list_functions(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def function_status(self, name: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def logs(self, name: str, tail: int) -> list[str]:
+        raise NotImplementedError
+
+    async def start_profile(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def profile_status(self, name: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def info(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or ``HttpError`` 413 past ``limit`` bytes (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            n = int(declared)
+        except ValueError:
+            raise HttpError(400, f"bad Content-Length header {declared!r}") from None
+        if n > limit:
+            raise HttpError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes")
+        return await request.body()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(413, f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _is_json(content_type: str) -> bool:
+    ct = content_type.split(";", 1)[0].strip().lower()
+    return ct == "application/json" or ct.endswith("+json")
+
+
+def build_app(gw: Gateway, control: ControlPlane, token: str, *, lifespan: Any = None) -> Any:
+    """The ASGI app: ``InvokeFastPath`` for ``POST /function/{name}`` in front of the FastAPI
+    app with the OpenFaaS-style control routes, OIP v2 and ``/metrics`` (module doc)."""
+    return InvokeFastPath(build_fastapi(gw, control, token, lifespan=lifespan), gw)
+
+
+def build_fastapi(gw: Gateway, control: ControlPlane, token: str, *, lifespan: Any = None) -> FastAPI:
+    """The FastAPI app behind ``InvokeFastPath``."""
+    app = FastAPI(title="gshare", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    expected = f"Bearer {token}".encode()
+
+    @app.exception_handler(HttpError)
+    async def _http_error(_: Request, e: HttpError) -> JSONResponse:
+        return error_response(e.status, e.message)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(500, f"internal error: {type(e).__name__}: {e}")
+
+    def require_token(request: Request) -> None:
+        got = request.headers.get("authorization", "").encode()
+        if not secrets.compare_digest(got, expected):
+            raise HttpError(
+                401,
+                "the control API needs 'Authorization: Bearer <token>' (the token is in the "
+                "server's state directory, file 'token')",
+            )
+
+    async def run(function: str, op: int, enc: int, payload: bytes) -> tuple[Pending, int, int, bytes, Any]:
+        p = gw.submit(function, op, enc, payload)
+        try:
+            status, renc, data, m = await gw.wait(p)
+        except HttpError as e:
+            gw.record(function, e.status, p, None)
+            raise
+        code = status_of(status)
+        gw.record(function, code, p, m)
+        return p, code, renc, data, m
+
+    # -- Open Inference Protocol v2 --
+
+    @app.get("/v2/health/live")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready() -> JSONResponse:
+        ok = control.ready() and not gw.closing
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/v2")
+    async def server_metadata() -> dict[str, Any]:
+        from gshare import __version__
+
+        return {"name": "gshare", "version": __version__, "extensions": []}
+
+    @app.get("/v2/models/{name}")
+    async def model_metadata(name: str) -> dict[str, Any]:
+        st = control.function_status(name)  # 404 if unknown
+        return {
+            "name": name,
+            "versions": [str(st.get("version", 1))],
+            "platform": "gshare/" + (st["spec"].get("model") or "handler"),
+            "inputs": st.get("inputs") or [],
+            "outputs": [],
+        }
+
+    @app.get("/v2/models/{name}/ready")
+    async def model_ready(name: str) -> JSONResponse:
+        st = control.function_status(name)
+        ok = st["start_error"] is None
+        body = {"name": name, "ready": ok, "instances_ready": st["available_replicas"]}
+        if not ok:
+            body["error"] = st["start_error"]
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.post("/v2/models/{name}/infer")
+    async def infer(name: str, request: Request) -> Response:
+        if name not in gw.routes:
+            raise HttpError(404, f"model {name!r} is not deployed")
+        body = await read_body(request, gw.max_body_bytes)
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise HttpError(400, f"malformed JSON body: {e}") from None
+        try:
+            check_infer_request(doc)
+        except OipError as e:
+            raise HttpError(400, str(e)) from None
+        _, code, _renc, data, m = await run(name, P.OP_INVOKE, P.ENC_OIP, body)
+        if code != 200:
+            raise HttpError(code, data.decode("utf-8", errors="replace"))
+        return Response(content=data, media_type="application/json", headers=_timing_headers(m))
+
+    # -- metrics (no token: scraped by Prometheus) --
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- control API (bearer token) --
+
+    @app.get("/system/functions")
+    async def list_functions(request: Request) -> list[dict[str, Any]]:
+        require_token(request)
+        return control.list_functions()
+
+    @app.post("/system/functions")
+    async def deploy(request: Request) -> JSONResponse:
+        require_token(request)
+        body = await read_body(request, gw.max_body_bytes)
+        out = await control.deploy(body, request.headers.get("content-type", ""), update=False)
+        return JSONResponse(out, status_code=201)
+
+    @app.put("/system/functions")
+    async def update(request: Request) -> JSONResponse:
+        require_token(request)
+        body = await read_body(request, gw.max_body_bytes)
+        out = await control.deploy(body, request.headers.get("content-type", ""), update=True)
+        return JSONResponse(out, status_code=200)
+
+    @app.delete("/system/functions")
+    async def delete(request: Request) -> JSONResponse:
+        require_token(request)
+        body = await read_body(request, gw.max_body_bytes)
+        try:
+            doc = json.loads(body or b"{}")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise HttpError(400, f"malformed JSON body: {e}") from None
+        name = doc.get("functionName") if isinstance(doc, dict) else None
+        if not isinstance(name, str) or not name:
+            raise HttpError(400, 'the body must be {"functionName": "<name>"}')
+        await control.delete(name)
+        return JSONResponse({"deleted": name})
+
+    @app.delete("/system/functions/{name}")
+    async def delete_named(name: str, request: Request) -> JSONResponse:
+        require_token(request)
+        await control.delete(name)
+        return JSONResponse({"deleted": name})
+
+    @app.get("/system/function/{name}")
+    async def function_status(name: str, request: Request) -> dict[str, Any]:
+        require_token(request)
+        return control.function_status(name)
+
+    @app.get("/system/logs")
+    async def logs(request: Request, name: str = "", tail: int = 100) -> dict[str, Any]:
+        require_token(request)
+        if not name:
+            raise HttpError(400, "query parameter 'name' is required")
+        if tail < 0:
+            raise HttpError(400, f"tail must be >= 0, got {tail}")
+        return {"name": name, "lines": control.logs(name, tail)}
+
+    @app.post("/system/profile/{name}")
+    async def profile(name: str, request: Request) -> JSONResponse:
+        require_token(request)
+        body = await read_body(request, gw.max_body_bytes)
+        try:
+            params = json.loads(body or b"{}")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise HttpError(400, f"malformed JSON body: {e}") from None
+        if not isinstance(params, dict):
+            raise HttpError(400, "the body must be a JSON object")
+        return JSONResponse(await control.start_profile(name, params), status_code=202)
+
+    @app.get("/system/profile/{name}")
+    async def profile_status(name: str, request: Request) -> dict[str, Any]:
+        require_token(request)
+        return control.profile_status(name)
+
+    @app.get("/system/info")
+    async def info(request: Request) -> dict[str, Any]:
+        require_token(request)
+        return control.info()
+
+    @app.get("/healthz")
+    async def healthz() -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    return app
+
+
+class InvokeFastPath:
+    """ASGI wrapper that serves ``POST /function/{name}`` itself and passes everything else
+    to the FastAPI app: the invocation hot path skips FastAPI's routing, request and response
+    objects (about half of the gateway's CPU per request on a trivial function)."""
+
+    PREFIX = "/function/"
+
+    def __init__(self, app: Any, gw: Gateway) -> None:
+        self.app = app
+        self.gw = gw
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(self.PREFIX):
+            try:
+                await self._invoke(scope, receive, send)
+            except HttpError as e:
+                name = scope["path"][len(self.PREFIX) :]
+                if not e.recorded and name in self.gw.routes:  # rejected before it was queued
+                    self.gw.metrics.requests.labels(name, str(e.status)).inc()
+                await self._send(send, e.status, json.dumps({"error": e.message}).encode(), b"application/json")
+            return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def _send(send: Any, status: int, body: bytes, ctype: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+        if extra:
+            headers.extend(extra)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _invoke(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        gw = self.gw
+        name = scope["path"][len(self.PREFIX) :]
+        if scope["method"] != "POST":
+            raise HttpError(405, f"use POST to invoke a function, not {scope['method']}")
+        if name not in gw.routes or "/" in name:
+            raise HttpError(404, f"function {name!r} is not deployed")
+        ctype = b""
+        declared: int | None = None
+        for k, v in scope["headers"]:
+            if k == b"content-type":
+                ctype = v
+            elif k == b"content-length":
+                try:
+                    declared = int(v)
+                except ValueError:
+                    raise HttpError(400, f"bad Content-Length header {v.decode(errors='replace')!r}") from None
+        limit = gw.max_body_bytes
+        if declared is not None and declared > limit:
+            raise HttpError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+        body = b""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunk = msg.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise HttpError(413, f"request body exceeds the limit of {limit} bytes")
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        enc = P.ENC_RAW
+        if _is_json(ctype.decode("latin-1")):
+            try:
+                json.loads(body)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise HttpError(400, f"malformed JSON body: {e}") from None
+            enc = P.ENC_JSON
+        p = gw.submit(name, P.OP_INVOKE, enc, body)
+        try:
+            status, renc, data, m = await gw.wait(p)
+        except HttpError as e:
+            gw.record(name, e.status, p, None)
+            e.recorded = True
+            raise
+        code = status_of(status)
+        gw.record(name, code, p, m)
+        if code != 200:
+            err = HttpError(code, data.decode("utf-8", errors="replace"))
+            err.recorded = True
+            raise err
+        media = b"application/json" if renc == P.ENC_JSON else b"application/octet-stream"
+        await self._send(send, 200, data, media, [(b"x-gshare-batch", str(m[3]).encode())])
+
+
+def _timing_headers(m: tuple[float, float, float, int] | None) -> dict[str, str]:
+    if m is None:
+        return {}
+    return {"x-gshare-batch": str(m[3]), "x-gshare-exec-ms": f"{m[2]:.3f}", "x-gshare-token-wait-ms": f"{m[1]:.3f}"}
+
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "ControlPlane",
+    "FunctionRoute",
+    "Gateway",
+    "HttpError",
+    "InstanceChannel",
+    "Metrics",
+    "InvokeFastPath",
+    "Pending",
+    "build_app",
+    "build_fastapi",
+]

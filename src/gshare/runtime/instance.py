@@ -1,0 +1,614 @@
+"""A function instance: one process (a Ray actor) serving one function with one GPU share.
+
+Who creates it: the node agent of the node the placement policy chose
+(``NodeAgent.start_instance``), as a Ray actor pinned to that node. Its ``__init__`` does the
+whole cold start, in this order (FaST-GShare §3.3, Fig. 5a):
+
+1. spatial partition — CPU: core affinity + intra-op threads (``partition.apply_cpu_partition``);
+   CUDA: the MPS thread percentage was put in the actor's environment by the agent before the
+   process started, so it holds before the CUDA context exists;
+2. the model — ``models.make_handler(spec)`` and ``handler.load(weights, device)`` where the
+   weights are the node's shared read-only copy (``ModelStore.get``, put there by the agent);
+3. the time-token client (``TokenClient``) on the device's token-server socket;
+4. the data-path server: a Unix-domain socket (and a TCP port when the gateway runs on another
+   node) speaking ``instance_protocol``; plus the batching thread and the memory watchdog.
+
+Data path: frames arrive on an asyncio loop (IO thread) and are queued; the batching thread
+takes up to ``max_batch`` requests, waiting at most ``max_wait_ms`` after the first for more
+(a full batch goes at once), asks the token server for a token (``acquire``), runs
+``handler.predict`` on the batch, releases the token with the measured busy time, and sends the
+responses with per-request metrics (queue wait, token wait, busy time, batch size). A batch
+whose ``predict`` raises is re-run one request at a time so that one bad input fails alone.
+
+Preemption points (FaST-GShare §3.3.2's hook library, at the framework level): FaST's
+frontend intercepts every kernel launch and asks for a new token once the one it holds is
+consumed, so no client runs far past its token. A CPU burst (one ``predict``) can take longer
+than a whole token window, so the instance installs a global torch forward pre-hook: before
+every ``nn.Module`` call inside a burst it checks the token, and when it is used up releases
+it (``completed=False``, charging the time used) and blocks for the next one before the module
+runs. A burst therefore overruns its token by at most one module's forward, and bursts of two
+instances interleave at layer granularity. Handlers that do not use torch modules are
+preempted only between batches.
+
+Memory limit (``mem_mb`` > 0, CPU): ``mem_mb`` is the memory the instance's model may use,
+as on a GPU where it caps the allocator and excludes the CUDA context. The watchdog samples
+the process's private resident memory (RSS minus shared and file-backed pages: the shared
+model weights do not count) every 100 ms and compares its growth over the *baseline* — the
+private RSS once the runtime (Python, torch) is imported, before the model loads — with
+``mem_mb``. Over the limit it answers every queued and running request with
+``ST_MEMORY_LIMIT`` naming the limit and the measured size, writes the reason next to its
+socket (the agent logs it) and exits; the agent restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gshare.runtime import instance_protocol as P
+
+WATCHDOG_PERIOD_S = 0.1
+"""How often the memory watchdog samples the process's resident memory."""
+
+
+@dataclass(frozen=True)
+class InstanceLaunch:
+    """Everything an instance needs to start; built by the controller, completed by the agent
+    (socket paths, model key), pickled to the actor. Plain data."""
+
+    instance_id: str
+    function: str
+    spec: dict[str, Any]
+    """The function spec (``FunctionSpec.model_dump(mode="json")``)."""
+    sm_pct: float
+    quota_request: float
+    quota_limit: float
+    mem_mb: float
+    priority: int
+    max_batch: int
+    max_wait_ms: float
+    device: str = "cpu"
+    """``cpu`` or ``cuda:N``."""
+    device_index: int = 0
+    sm_offset_pct: float = 0.0
+    """Start of the instance's SM band (the placement rectangle's y)."""
+    token_socket: str = ""
+    uds_path: str = ""
+    listen_tcp: bool = False
+    """Also listen on TCP (the gateway runs on another node)."""
+    model_key: str | None = None
+    """Key of the shared weights in the node's ``ModelStore`` (None: the handler has none)."""
+    store_root: str | None = None
+    incarnation: int = 0
+    """0 for the first start, +1 for every restart by the agent."""
+    extra_sys_path: tuple[str, ...] = ()
+    """Folders to put on ``sys.path`` before importing a ``handler: module:Class``."""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Item:
+    req_id: int
+    op: int
+    enc: int
+    payload: bytes
+    writer: _Conn
+    arrived: float
+
+
+class _Conn(asyncio.Protocol):
+    """One gateway connection on the instance's IO loop."""
+
+    def __init__(self, server: InstanceServer) -> None:
+        self.server = server
+        self.reader = P.FrameReader(P.REQ_FIXED)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.reader.feed(data)
+        except P.ProtocolError:
+            if self.transport:
+                self.transport.close()
+            return
+        now = time.perf_counter()
+        srv = self.server
+        items: list[_Item] = []
+        for f in frames:
+            req_id, op, enc = P.REQ_REST.unpack_from(f)
+            payload = f[P.REQ_FIXED :]
+            if op == P.OP_CONTROL:
+                self.write(srv.control(req_id, payload))
+            elif srv.draining:
+                self.write(P.encode_response(req_id, P.ST_DRAINING, P.ENC_RAW, b"draining"))
+            else:
+                items.append(_Item(req_id, op, enc, payload, self, now))
+        if items:
+            srv.enqueue(items)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, bytes | bytearray):
+        return o.decode("utf-8", errors="replace")
+    if isinstance(o, set | tuple):
+        return list(o)
+    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
+
+
+def _private_rss_mb(proc: Any) -> float:
+    mi = proc.memory_info()
+    shared = int(getattr(mi, "shared", 0))
+    return float(max(0, int(mi.rss) - shared)) / (1 << 20)
+
+
+class InstanceServer:
+    """The instance's machinery (see the module doc). ``InstanceActor`` wraps it for Ray; it
+    can also run in a plain process."""
+
+    def __init__(self, launch: InstanceLaunch) -> None:
+        self.launch = launch
+        self.started_s = time.time()
+        self.draining = False
+        self.max_batch = max(1, launch.max_batch)
+        self.max_wait_s = max(0.0, launch.max_wait_ms) / 1000.0
+        self._cond = threading.Condition()
+        self._queue: deque[_Item] = deque()
+        self._running: list[_Item] = []
+        self._stop = threading.Event()
+        self._dead = False
+        self.stats = {"requests": 0, "batches": 0, "busy_ms": 0.0, "token_wait_ms": 0.0}
+        for k, v in launch.env.items():
+            os.environ[k] = v
+        import sys
+
+        for p in launch.extra_sys_path:
+            if p not in sys.path:
+                sys.path.insert(0, p)
+
+        # 1. spatial partition, before torch creates its thread pools.
+        self.cores: list[int] = []
+        if launch.device == "cpu":
+            from gshare.runtime.partition import apply_cpu_partition
+
+            self.cores = list(
+                apply_cpu_partition(launch.sm_pct, sm_offset_pct=launch.sm_offset_pct)
+            )
+        # 2. model.
+        from gshare.runtime.models import make_handler
+        from gshare.spec import load_function_spec
+
+        self.baseline_mb = 0.0
+        if launch.mem_mb > 0 and launch.device == "cpu":
+            import psutil
+
+            self.baseline_mb = _private_rss_mb(psutil.Process())  # torch is imported now
+
+        self.spec = load_function_spec(launch.spec)
+        self.handler: Any = make_handler(self.spec)
+        weights = None
+        if launch.model_key:
+            from gshare.runtime.model_store import ModelStore
+
+            store = ModelStore(launch.store_root) if launch.store_root else ModelStore()
+            weights = store.get(launch.model_key, device=launch.device)
+        if launch.device.startswith("cuda") and launch.mem_mb > 0:
+            import torch
+
+            from gshare.runtime.partition import set_cuda_memory_fraction
+
+            total_mb = torch.cuda.get_device_properties(launch.device).total_memory / (1 << 20)
+            set_cuda_memory_fraction(min(1.0, launch.mem_mb / total_mb))
+        self.handler.load(weights, launch.device)
+        self.input_spec: list[Any] = []
+        if hasattr(self.handler, "input_spec"):
+            with contextlib.suppress(Exception):
+                self.input_spec = list(self.handler.input_spec() or [])
+        # 3. token client, and the preemption points inside a burst.
+        from gshare.runtime.tokens_uds import TokenClient
+
+        self.tokens = TokenClient(launch.token_socket, launch.instance_id)
+        self._in_burst = False
+        self._worker_ident = -1
+        self._seg_start = self._busy_s = self._rewait_s = 0.0
+        import sys as _sys
+
+        if "torch" in _sys.modules:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._hook = register_module_forward_pre_hook(self._token_hook)
+        # 4. data path.
+        self._loop = asyncio.new_event_loop()
+        self._servers: list[asyncio.AbstractServer] = []
+        self.tcp_port: int | None = None
+        ready = threading.Event()
+        errors: list[BaseException] = []
+        self._io = threading.Thread(
+            target=self._io_main, args=(ready, errors), name="gshare-io", daemon=True
+        )
+        self._io.start()
+        ready.wait(30)
+        if errors:
+            raise RuntimeError(f"instance {launch.instance_id}: cannot listen: {errors[0]}")
+        self._worker = threading.Thread(target=self._batch_loop, name="gshare-batch", daemon=True)
+        self._worker.start()
+        if launch.mem_mb > 0 and launch.device == "cpu":
+            threading.Thread(target=self._watchdog, name="gshare-mem", daemon=True).start()
+
+    # -- info --------------------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """What the agent reports once the instance is ready."""
+        from gshare.runtime.oip_tensors import input_spec_dicts
+
+        return {
+            "pid": os.getpid(),
+            "uds_path": self.launch.uds_path,
+            "tcp_port": self.tcp_port,
+            "cores": self.cores,
+            "inputs": input_spec_dicts(self.input_spec),
+            "incarnation": self.launch.incarnation,
+        }
+
+    # -- IO loop ------------------------------------------------------------------------------
+
+    def _io_main(self, ready: threading.Event, errors: list[BaseException]) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            path = self.launch.uds_path
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            srv = self._loop.run_until_complete(
+                self._loop.create_unix_server(lambda: _Conn(self), path=path, backlog=256)
+            )
+            self._servers.append(srv)
+            if self.launch.listen_tcp:
+                tcp = self._loop.run_until_complete(
+                    self._loop.create_server(lambda: _Conn(self), host="0.0.0.0", port=0)
+                )
+                self._servers.append(tcp)
+                self.tcp_port = tcp.sockets[0].getsockname()[1]
+        except BaseException as e:  # reported to __init__
+            errors.append(e)
+            ready.set()
+            return
+        ready.set()
+        self._loop.run_forever()
+
+    def _send(self, out: list[tuple[_Conn, bytes]]) -> None:
+        """Write responses from the batching thread (one loop wake-up per batch)."""
+        if not out or self._loop.is_closed():
+            return
+
+        def write_all() -> None:
+            for conn, data in out:
+                conn.write(data)
+
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(write_all)
+
+    def enqueue(self, items: list[_Item]) -> None:
+        with self._cond:
+            self._queue.extend(items)
+            self._cond.notify()
+
+    def control(self, req_id: int, payload: bytes) -> bytes:
+        """An ``OP_CONTROL`` command, answered on the IO thread."""
+        try:
+            cmd = json.loads(payload or b"{}")
+            name = cmd.get("cmd")
+            if name == "set_batching":
+                with self._cond:
+                    self.max_batch = max(1, int(cmd.get("max_batch", self.max_batch)))
+                    self.max_wait_s = max(0.0, float(cmd.get("max_wait_ms", 0.0))) / 1000.0
+                    self._cond.notify()
+                reply: dict[str, Any] = {"ok": True}
+            elif name == "drain":
+                self.draining = True
+                reply = {"ok": True}
+            elif name == "stats":
+                with self._cond:
+                    reply = {**self.stats, "queued": len(self._queue), "running": len(self._running)}
+            else:
+                return P.encode_response(req_id, P.ST_BAD_INPUT, P.ENC_RAW, f"unknown command {name!r}".encode())
+            return P.encode_response(req_id, P.ST_OK, P.ENC_JSON, json.dumps(reply).encode())
+        except (ValueError, TypeError, AttributeError) as e:
+            return P.encode_response(req_id, P.ST_BAD_INPUT, P.ENC_RAW, f"bad control frame: {e}".encode())
+
+    # -- batching ------------------------------------------------------------------------------
+
+    def _take_batch(self) -> list[_Item] | None:
+        with self._cond:
+            while not self._queue:
+                if self._stop.is_set():
+                    return None
+                self._cond.wait(0.5)
+            first = self._queue[0]
+            deadline = first.arrived + self.max_wait_s
+            while len(self._queue) < self.max_batch and not self._stop.is_set():
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            n = min(self.max_batch, len(self._queue))
+            batch = [self._queue.popleft() for _ in range(n)]
+            self._running = batch
+            return batch
+
+    def _decode(self, item: _Item) -> Any:
+        if item.op == P.OP_EXAMPLE:
+            if not hasattr(self.handler, "example_input"):
+                raise ValueError("the handler has no example_input()")
+            return self.handler.example_input()
+        if item.enc == P.ENC_RAW:
+            return item.payload
+        if item.enc == P.ENC_JSON:
+            return json.loads(item.payload)
+        if item.enc == P.ENC_OIP:
+            from gshare.runtime.oip_tensors import decode_inputs
+
+            body = json.loads(item.payload)
+            return decode_inputs(body["inputs"], self.input_spec)
+        raise ValueError(f"unknown payload encoding {item.enc}")
+
+    def _encode(self, item: _Item, output: Any) -> tuple[int, bytes]:
+        if item.enc == P.ENC_OIP:
+            from gshare.runtime.oip_tensors import encode_outputs
+
+            body = json.loads(item.payload)
+            resp: dict[str, Any] = {
+                "model_name": self.launch.function,
+                "model_version": "1",
+                "outputs": encode_outputs(output),
+            }
+            if "id" in body:
+                resp["id"] = body["id"]
+            return P.ENC_JSON, json.dumps(resp).encode()
+        if isinstance(output, bytes | bytearray | memoryview):
+            return P.ENC_RAW, bytes(output)
+        return P.ENC_JSON, json.dumps(output, default=_json_default).encode()
+
+    def _batch_loop(self) -> None:
+        self._worker_ident = threading.get_ident()
+        while not self._stop.is_set():
+            batch = self._take_batch()
+            if batch is None:
+                return
+            try:
+                self._run_batch(batch)
+            except BaseException as e:  # never let the batching thread die silently
+                msg = f"internal error in instance {self.launch.instance_id}: {e!r}".encode()
+                self._send([(it.writer, P.encode_response(it.req_id, P.ST_INTERNAL, P.ENC_RAW, msg)) for it in batch])
+            finally:
+                with self._cond:
+                    self._running = []
+
+    def _run_batch(self, batch: list[_Item]) -> None:
+        out: list[tuple[_Conn, bytes]] = []
+        inputs: list[Any] = []
+        good: list[_Item] = []
+        for it in batch:
+            try:
+                inputs.append(self._decode(it))
+                good.append(it)
+            except Exception as e:
+                msg = _input_error(e)
+                out.append((it.writer, P.encode_response(it.req_id, P.ST_BAD_INPUT, P.ENC_RAW, msg.encode())))
+        if not good:
+            self._send(out)
+            return
+        t_ask = time.perf_counter()
+        self._acquire()
+        t0 = time.perf_counter()
+        self._seg_start = t0
+        self._busy_s = 0.0
+        self._rewait_s = 0.0
+        self._in_burst = True
+        results: list[tuple[bool, Any]]
+        try:
+            try:
+                outputs = self.handler.predict(inputs)
+                if len(outputs) != len(inputs):
+                    raise RuntimeError(
+                        f"predict returned {len(outputs)} outputs for {len(inputs)} inputs"
+                    )
+                results = [(True, o) for o in outputs]
+            except Exception:
+                if len(inputs) == 1:
+                    results = [(False, _function_error())]
+                else:  # isolate the failing request(s)
+                    results = []
+                    for x in inputs:
+                        try:
+                            results.append((True, self.handler.predict([x])[0]))
+                        except Exception:
+                            results.append((False, _function_error()))
+        finally:
+            self._in_burst = False
+        seg_s = time.perf_counter() - self._seg_start
+        self.tokens.release(seg_s * 1000.0)
+        busy_ms = (self._busy_s + seg_s) * 1000.0
+        token_wait_ms = (t0 - t_ask + self._rewait_s) * 1000.0
+        self.stats["requests"] += len(good)
+        self.stats["batches"] += 1
+        self.stats["busy_ms"] += busy_ms
+        self.stats["token_wait_ms"] += token_wait_ms
+        n = len(good)
+        for it, (ok, value) in zip(good, results, strict=True):
+            queue_ms = (t_ask - it.arrived) * 1000.0
+            if ok:
+                try:
+                    enc, data = self._encode(it, value)
+                    status = P.ST_OK
+                except Exception as e:
+                    status, enc, data = P.ST_FUNCTION_ERROR, P.ENC_RAW, f"cannot encode the output: {e}".encode()
+            else:
+                status, enc, data = value
+            out.append(
+                (it.writer, P.encode_response(it.req_id, status, enc, data, queue_ms, token_wait_ms, busy_ms, n))
+            )
+        self._send(out)
+
+    def _token_hook(self, module: Any, args: Any) -> None:
+        """Global torch forward pre-hook: the frontend's preemption point (module doc)."""
+        if not self._in_burst or threading.get_ident() != self._worker_ident:
+            return
+        if self.tokens.token_left_ms() > 0.0:
+            return
+        now = time.perf_counter()
+        seg_s = now - self._seg_start
+        self._busy_s += seg_s
+        self.tokens.release(seg_s * 1000.0, completed=False)
+        self._acquire()
+        t1 = time.perf_counter()
+        self._rewait_s += t1 - now
+        self._seg_start = t1
+
+    def _acquire(self) -> float:
+        """``TokenClient.acquire``; when the agent re-registered this client (a quota change:
+        the profiler's sweep) or the token server restarted, reconnect and ask again."""
+        from gshare.runtime.tokens_uds import TokenClient, TokenRuntimeError
+
+        try:
+            return self.tokens.acquire()
+        except (TokenRuntimeError, ConnectionError):
+            pass
+        deadline = time.monotonic() + 10.0
+        while True:
+            with contextlib.suppress(Exception):
+                self.tokens.close()
+            try:
+                self.tokens = TokenClient(self.launch.token_socket, self.launch.instance_id)
+                return self.tokens.acquire()
+            except (TokenRuntimeError, ConnectionError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    # -- memory watchdog ------------------------------------------------------------------------
+
+    def _watchdog(self) -> None:
+        import psutil
+
+        proc = psutil.Process()
+        limit = self.launch.mem_mb
+        while not self._stop.wait(WATCHDOG_PERIOD_S):
+            used = _private_rss_mb(proc) - self.baseline_mb
+            if used > limit:
+                self._die_over_limit(used, limit)
+                return
+
+    def _die_over_limit(self, used_mb: float, limit_mb: float) -> None:
+        reason = (
+            f"instance {self.launch.instance_id} exceeded its memory limit (model memory "
+            f"{used_mb:.0f} MiB above the runtime's {self.baseline_mb:.0f} MiB > mem_mb "
+            f"{limit_mb:.0f} MiB) and is being restarted"
+        )
+        self.draining = True
+        with self._cond:
+            victims = list(self._running) + list(self._queue)
+            self._queue.clear()
+        msg = reason.encode()
+        done = threading.Event()
+
+        def fail_all() -> None:
+            for it in victims:
+                it.writer.write(P.encode_response(it.req_id, P.ST_MEMORY_LIMIT, P.ENC_RAW, msg))
+            done.set()
+
+        with contextlib.suppress(Exception), open(self.launch.uds_path + ".exit", "w") as f:
+            f.write(reason)
+        try:
+            self._loop.call_soon_threadsafe(fail_all)
+            done.wait(1.0)
+            time.sleep(0.05)  # let the transports flush
+        finally:
+            os._exit(75)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        with contextlib.suppress(Exception):
+            self.tokens.close()
+
+        def close() -> None:
+            for s in self._servers:
+                s.close()
+            self._loop.stop()
+
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(close)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.launch.uds_path)
+
+
+def _input_error(e: Exception) -> str:
+    from gshare.runtime.oip_tensors import OipError
+
+    if isinstance(e, OipError):
+        return str(e)
+    if isinstance(e, json.JSONDecodeError):
+        return f"malformed JSON body: {e}"
+    return f"the function cannot decode the input: {type(e).__name__}: {e}"
+
+
+def _function_error() -> tuple[int, int, bytes]:
+    """The (status, encoding, message) of the exception being handled: input-like errors
+    (ValueError, TypeError, KeyError, IndexError) are the caller's fault (4xx), others 5xx."""
+    import sys
+
+    exc = sys.exc_info()[1]
+    assert exc is not None
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+    text = f"{type(exc).__name__}: {exc}{where}"
+    if isinstance(exc, ValueError | TypeError | KeyError | IndexError):
+        return P.ST_BAD_INPUT, P.ENC_RAW, f"the function rejected the input: {text}".encode()
+    return P.ST_FUNCTION_ERROR, P.ENC_RAW, f"the function raised {text}".encode()
+
+
+class InstanceActor:
+    """The Ray actor around ``InstanceServer`` (the agent wraps it with ``ray.remote``)."""
+
+    def __init__(self, launch: dict[str, Any]) -> None:
+        self.server = InstanceServer(InstanceLaunch(**launch))
+
+    def ready(self) -> dict[str, Any]:
+        return self.server.info()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def launch_to_dict(launch: InstanceLaunch) -> dict[str, Any]:
+    return asdict(launch)
+
+
+__all__ = ["InstanceActor", "InstanceLaunch", "InstanceServer", "launch_to_dict"]

@@ -1,0 +1,169 @@
+"""The gateway ↔ instance data-path protocol: length-prefixed binary frames.
+
+Ray places and supervises instances but carries no request: the gateway keeps one persistent
+stream connection per instance (a Unix domain socket when both are on the same node, TCP
+across nodes) and multiplexes requests on it by id, so many requests are in flight on one
+connection and responses may come back in any order (batches complete out of arrival order
+when an instance is restarted or a request is retried).
+
+Request frame (gateway → instance), little-endian::
+
+    u32 length of the rest | u64 request id | u8 op | u8 encoding | payload (length - 10 bytes)
+
+Response frame (instance → gateway)::
+
+    u32 length of the rest | u64 request id | u8 status | u8 encoding
+    | f32 queue_ms | f32 token_wait_ms | f32 exec_ms | u16 batch | payload (length - 24 bytes)
+
+``queue_ms`` is the time the request waited at the instance before its batch started (batching
+wait included), ``token_wait_ms`` the time the batch waited for its time token, ``exec_ms`` the
+batch's busy time (the time reported to the token server), ``batch`` the batch size.
+
+Ops: ``OP_INVOKE`` (run the handler on the payload), ``OP_EXAMPLE`` (run the handler on its
+own ``example_input()``; the profiler's closed loop uses it so it needs no knowledge of the
+function's input format), ``OP_CONTROL`` (payload: JSON command, e.g. ``{"cmd":
+"set_batching", "max_batch": 4, "max_wait_ms": 500}``; answered with a JSON object).
+
+Encodings: ``ENC_RAW`` (bytes, handed to the handler as ``bytes``), ``ENC_JSON`` (a JSON
+document, decoded with ``json.loads``), ``ENC_OIP`` (an Open Inference Protocol v2 request
+body whose structure the gateway validated; the instance checks names, shapes and datatypes
+against the handler's ``input_spec`` and turns the tensors into ``torch`` tensors).
+
+Statuses: ``ST_OK``; ``ST_BAD_INPUT`` (the input was rejected: a 4xx for the client);
+``ST_FUNCTION_ERROR`` (the handler raised: a 5xx); ``ST_MEMORY_LIMIT`` (the instance went
+over its memory limit while the request was queued or running; it is being restarted);
+``ST_DRAINING`` (the instance is stopping and did not accept the request: the gateway sends it
+elsewhere); ``ST_INTERNAL``. Error payloads are UTF-8 messages.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+REQ_HEADER: Final = struct.Struct("<IQBB")
+"""length, request id, op, encoding."""
+RESP_HEADER: Final = struct.Struct("<IQBBfffH")
+"""length, request id, status, encoding, queue_ms, token_wait_ms, exec_ms, batch."""
+REQ_REST: Final = struct.Struct("<QBB")
+"""A request frame after its length prefix (``FrameReader`` strips the prefix)."""
+RESP_REST: Final = struct.Struct("<QBBfffH")
+"""A response frame after its length prefix."""
+REQ_FIXED: Final[int] = REQ_REST.size
+RESP_FIXED: Final[int] = RESP_REST.size
+MAX_FRAME_BYTES: Final[int] = 1 << 30
+"""Frames larger than this are a protocol error (the gateway's body limit is far below)."""
+
+OP_INVOKE: Final[int] = 1
+OP_CONTROL: Final[int] = 2
+OP_EXAMPLE: Final[int] = 3
+
+ENC_RAW: Final[int] = 0
+ENC_JSON: Final[int] = 1
+ENC_OIP: Final[int] = 2
+
+ST_OK: Final[int] = 0
+ST_BAD_INPUT: Final[int] = 1
+ST_FUNCTION_ERROR: Final[int] = 2
+ST_MEMORY_LIMIT: Final[int] = 3
+ST_DRAINING: Final[int] = 4
+ST_INTERNAL: Final[int] = 5
+
+STATUS_NAMES: Final[dict[int, str]] = {
+    ST_OK: "ok",
+    ST_BAD_INPUT: "bad input",
+    ST_FUNCTION_ERROR: "function error",
+    ST_MEMORY_LIMIT: "memory limit",
+    ST_DRAINING: "draining",
+    ST_INTERNAL: "internal error",
+}
+
+
+class ProtocolError(Exception):
+    """A malformed frame; the connection is closed."""
+
+
+def encode_request(request_id: int, op: int, encoding: int, payload: bytes) -> bytes:
+    return REQ_HEADER.pack(REQ_FIXED + len(payload), request_id, op, encoding) + payload
+
+
+def encode_response(
+    request_id: int,
+    status: int,
+    encoding: int,
+    payload: bytes,
+    queue_ms: float = 0.0,
+    token_wait_ms: float = 0.0,
+    exec_ms: float = 0.0,
+    batch: int = 0,
+) -> bytes:
+    return (
+        RESP_HEADER.pack(
+            RESP_FIXED + len(payload),
+            request_id,
+            status,
+            encoding,
+            queue_ms,
+            token_wait_ms,
+            exec_ms,
+            min(batch, 0xFFFF),
+        )
+        + payload
+    )
+
+
+class FrameReader:
+    """Incremental splitter of a byte stream into frames (``feed`` returns complete frames,
+    each without its u32 length prefix). Used by both ends."""
+
+    __slots__ = ("_buf", "_min")
+
+    def __init__(self, min_frame: int) -> None:
+        self._buf = bytearray()
+        self._min = min_frame
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf
+        buf += data
+        out: list[bytes] = []
+        pos = 0
+        n = len(buf)
+        while n - pos >= 4:
+            (length,) = struct.unpack_from("<I", buf, pos)
+            if length < self._min or length > MAX_FRAME_BYTES:
+                raise ProtocolError(f"bad frame length {length}")
+            end = pos + 4 + length
+            if end > n:
+                break
+            out.append(bytes(buf[pos + 4 : end]))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return out
+
+
+__all__ = [
+    "ENC_JSON",
+    "ENC_OIP",
+    "ENC_RAW",
+    "OP_CONTROL",
+    "OP_EXAMPLE",
+    "OP_INVOKE",
+    "REQ_FIXED",
+    "REQ_HEADER",
+    "REQ_REST",
+    "RESP_FIXED",
+    "RESP_REST",
+    "RESP_HEADER",
+    "STATUS_NAMES",
+    "ST_BAD_INPUT",
+    "ST_DRAINING",
+    "ST_FUNCTION_ERROR",
+    "ST_INTERNAL",
+    "ST_MEMORY_LIMIT",
+    "ST_OK",
+    "FrameReader",
+    "ProtocolError",
+    "encode_request",
+    "encode_response",
+]

@@ -1,0 +1,357 @@
+"""``gshare serve``: one process that runs the gateway and the controller, on Ray.
+
+Processes (DESIGN.md §5)::
+
+    gshare serve (this process: Ray driver)
+      ├─ uvicorn + FastAPI gateway ─┐ one asyncio loop
+      ├─ controller ────────────────┘ (autoscale + place every second; SQLite state)
+      └─ Ray: a local instance (default) or a cluster (--address)
+           ├─ node agent per node (actor, pinned with NodeAffinitySchedulingStrategy):
+           │    token server per device (UDS), model store, instance lifecycle, MPS
+           └─ instances (actors, pinned to the node the placer chose):
+                batching + token client + model; a UDS/TCP server for the gateway
+
+``run_server`` binds the HTTP socket first (a busy port fails in a second, before Ray starts),
+starts Ray, one agent per alive node, then serves until SIGINT or SIGTERM. Shutdown, in
+order: stop accepting, answer everything queued or in flight with 503, stop the controller
+and every instance, shut the agents down (token servers, model store, run directory), and
+``ray.shutdown()`` — which, for the local instance this process started, stops every Ray
+process (GCS, raylet, workers), so nothing is left behind. ``state_dir/server.json`` tells
+clients where the server listens while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import AsyncIterator, Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("gshare.server")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+SERVER_FILE = "server.json"
+NODE_SCAN_S = 5.0
+"""How often the server looks for Ray nodes without an agent (nodes that joined)."""
+
+
+class ServeError(Exception):
+    """A startup failure with a one-line message (the CLI prints it)."""
+
+
+@dataclass
+class ServeOptions:
+    address: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    state: str | None = None
+    max_body_mb: float = 16.0
+    request_timeout_s: float = 120.0
+    placer: str = "mra"
+    autoscaler: str = "fast-heuristic"
+    period_s: float = 1.0
+    num_cpus: int | None = None
+    object_store_mb: int = 256
+    log_level: str = "info"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit TCP_NODELAY (Linux): uvicorn writes a response's headers
+    # and body separately, and with Nagle the body of every response after the first on a
+    # keep-alive connection waits for the client's delayed ACK (~40 ms).
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def run_server(opts: ServeOptions) -> None:
+    """Run ``gshare serve`` until a signal (see the module doc). Raises ``ServeError``."""
+    import uvicorn
+
+    from gshare.policy.autoscale import AUTOSCALERS
+    from gshare.policy.placement import PLACERS
+    from gshare.runtime.state import StateStore, ensure_token, resolve_state_dir
+
+    if opts.placer not in PLACERS:
+        raise ServeError(f"unknown placer {opts.placer!r} (known: {', '.join(sorted(PLACERS))})")
+    if opts.autoscaler not in AUTOSCALERS:
+        raise ServeError(f"unknown autoscaler {opts.autoscaler!r} (known: {', '.join(sorted(AUTOSCALERS))})")
+    logging.basicConfig(
+        level=getattr(logging, opts.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    state_dir = resolve_state_dir(opts.state)
+    try:
+        store = StateStore.open(state_dir)
+        token = ensure_token(state_dir)
+    except OSError as e:
+        raise ServeError(f"cannot use state directory {state_dir}: {e.strerror or e}") from None
+    sock = _bind(opts.host, opts.port)
+    port = sock.getsockname()[1]
+    url = f"http://{opts.host if ':' not in opts.host else '[' + opts.host + ']'}:{port}"
+
+    stop = threading.Event()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def early(sig: int, _frame: Any) -> None:  # a signal while Ray starts: stop after it
+        stop.set()
+
+    for s in previous:
+        signal.signal(s, early)
+    runtime: _Runtime | None = None
+    try:
+        runtime = _Runtime(opts, store, token, state_dir)
+        runtime.start_ray()
+        for s in previous:  # ray.init installs its own SIGTERM handler
+            signal.signal(s, early)
+        if stop.is_set():
+            return
+        runtime.start_agents()
+        if stop.is_set():
+            return
+        app = runtime.build()
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            loop="uvloop",
+            http="httptools",
+        )
+        server = _UvicornServer(config)
+        server.should_exit = stop.is_set()
+        (state_dir / SERVER_FILE).write_text(json.dumps({"url": url, "pid": os.getpid()}))
+        print(f"gshare: serving on {url} (state {state_dir}, {len(runtime.agents)} node(s))", file=sys.stderr, flush=True)
+        asyncio.run(server.serve(sockets=[sock]))
+    finally:
+        for s in previous:
+            with contextlib.suppress(Exception):
+                signal.signal(s, signal.SIG_IGN)
+        try:
+            if runtime is not None:
+                runtime.shutdown()
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+            with contextlib.suppress(OSError):
+                (state_dir / SERVER_FILE).unlink()
+            store.close()
+            for s, h in previous.items():
+                with contextlib.suppress(Exception):
+                    signal.signal(s, h)
+        print("gshare: stopped", file=sys.stderr, flush=True)
+
+
+class _UvicornServer:
+    """uvicorn.Server whose signal handlers only ask it to exit (uvicorn's own re-raise the
+    signal after shutdown, which would kill the process before Ray is shut down)."""
+
+    def __new__(cls, config: Any) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Generator[None, None, None]:
+                if threading.current_thread() is not threading.main_thread():
+                    yield
+                    return
+
+                def handle(sig: int, _frame: Any) -> None:
+                    if self.should_exit and sig == signal.SIGINT:
+                        self.force_exit = True
+                    self.should_exit = True
+
+                old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+                try:
+                    yield
+                finally:
+                    for s, h in old.items():
+                        signal.signal(s, h)
+
+        return Server(config)
+
+
+class _Runtime:
+    """Ray, agents, gateway and controller of one server."""
+
+    def __init__(self, opts: ServeOptions, store: Any, token: str, state_dir: Path) -> None:
+        self.opts = opts
+        self.store = store
+        self.token = token
+        self.state_dir = state_dir
+        self.session = uuid.uuid4().hex[:8]
+        uid = os.getuid()
+        self.run_dir = os.path.join(tempfile.gettempdir(), f"gshare-{uid}", self.session)
+        self.store_root = f"/dev/shm/gshare-{uid}-{self.session}" if os.path.isdir("/dev/shm") else None
+        self.agents: dict[str, Any] = {}
+        self.ray_started = False
+        self.controller: Any = None
+        self.gateway: Any = None
+
+    def start_ray(self) -> None:
+        import ray
+
+        kwargs: dict[str, Any] = {
+            "include_dashboard": False,
+            "logging_level": logging.WARNING,
+            "log_to_driver": True,
+            "namespace": "gshare",
+        }
+        if self.opts.address:
+            kwargs["address"] = self.opts.address
+        else:
+            kwargs["address"] = "local"
+            kwargs["num_cpus"] = self.opts.num_cpus or os.cpu_count() or 1
+            kwargs["object_store_memory"] = max(80, self.opts.object_store_mb) << 20
+        try:
+            ray.init(**kwargs)
+        except Exception as e:
+            raise ServeError(f"cannot start Ray ({'join ' + self.opts.address if self.opts.address else 'local'}): {e}") from None
+        self.ray_started = True
+
+    def start_agents(self) -> None:
+        self.infos: dict[str, dict[str, Any]] = {}
+        try:
+            self.infos = self.new_agents(timeout_s=120)
+        except Exception as e:
+            raise ServeError(f"node agents did not start: {e}") from None
+
+    def new_agents(self, timeout_s: float = 60) -> dict[str, dict[str, Any]]:
+        """Start an agent on every alive Ray node that has none; return their infos. Called at
+        start and every ``NODE_SCAN_S`` (nodes that join the cluster later get one too)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from gshare.runtime.agent import NodeAgent
+
+        cls = ray.remote(NodeAgent)
+        started: dict[str, Any] = {}
+        for n in ray.nodes():  # type: ignore[no-untyped-call]
+            nid = n["NodeID"]
+            if not n.get("Alive") or nid in self.agents:
+                continue
+            started[nid] = cls.options(
+                num_cpus=0,
+                max_concurrency=32,
+                max_restarts=0,
+                name=f"gshare-agent-{self.session}-{nid[:12]}",
+                scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
+            ).remote(nid, self.run_dir, None, self.store_root)
+        if not started:
+            return {}
+        infos = ray.get([a.info.remote() for a in started.values()], timeout=timeout_s)
+        self.agents.update(started)
+        return dict(zip(started, infos, strict=True))
+
+    def build(self) -> Any:
+        import ray
+
+        from gshare.runtime.controller import Controller, ControllerConfig
+        from gshare.runtime.gateway import Gateway, build_app
+        from gshare.runtime.profiler import LiveProfiler
+
+        node_id = ray.get_runtime_context().get_node_id()
+        self.gateway = Gateway(
+            max_body_bytes=int(self.opts.max_body_mb * (1 << 20)),
+            request_timeout_s=self.opts.request_timeout_s,
+            node_id=node_id,
+        )
+        self.controller = Controller(
+            self.store,
+            self.gateway,
+            ControllerConfig(
+                period_s=self.opts.period_s,
+                autoscaler=self.opts.autoscaler,
+                placer=self.opts.placer,
+                drain_timeout_s=self.opts.request_timeout_s,  # never cut an accepted request short
+            ),
+            gateway_node_id=node_id,
+            extra_sys_path=(os.getcwd(),),
+        )
+        for nid, actor in self.agents.items():
+            self.controller.add_agent(nid, actor, self.infos[nid])
+        LiveProfiler(self.controller)
+        controller, gateway = self.controller, self.gateway
+
+        async def scan_nodes() -> None:
+            while True:
+                await asyncio.sleep(NODE_SCAN_S)
+                try:
+                    for nid, info in (await asyncio.to_thread(self.new_agents)).items():
+                        controller.add_agent(nid, self.agents[nid], info)
+                        log.info("node %s joined: agent started (%s)", nid[:8], ", ".join(info["devices"]))
+                except Exception as e:  # a node that fails to start an agent is retried later
+                    log.warning("node scan: %s", e)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_app: Any) -> AsyncIterator[None]:
+            await controller.start()
+            scanner = asyncio.create_task(scan_nodes())
+            try:
+                yield
+            finally:
+                scanner.cancel()
+                log.info("stopping the controller and every instance")
+                gateway.fail_all(503, "the server is shutting down")
+                if controller.profiler is not None:
+                    for name in list(controller.profiler.jobs):
+                        controller.profiler.cancel(name)
+                await controller.stop()
+
+        return build_app(gateway, controller, self.token, lifespan=lifespan)
+
+    def shutdown(self) -> None:
+        if not self.ray_started:
+            return
+        import time
+
+        import ray
+
+        t0 = time.monotonic()
+        log.info("shutting down %d agent(s)", len(self.agents))
+        refs = []
+        for a in self.agents.values():
+            with contextlib.suppress(Exception):
+                refs.append(a.shutdown.remote())
+        with contextlib.suppress(Exception):
+            ray.get(refs, timeout=30)
+        for a in self.agents.values():
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        log.info("agents stopped (%.1f s); stopping Ray", time.monotonic() - t0)
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        log.info("Ray stopped (%.1f s)", time.monotonic() - t0)
+        self.ray_started = False
+        import shutil
+
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.store_root:
+            shutil.rmtree(self.store_root, ignore_errors=True)
+
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "SERVER_FILE", "ServeError", "ServeOptions", "run_server"]

@@ -1,0 +1,96 @@
+"""``gshare serve`` start, stop and restart: state survives a restart, a shutdown (SIGTERM or
+SIGINT) leaves no process behind, startup errors are one line; CLI errors are one line."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from test_runtime_support import REPO, ServerProcess, alive, wait_until
+
+ECHO = """\
+name: echo
+handler: gshare.runtime.demo_handlers:Echo
+device: cpu
+batching: {max_batch: 2, max_wait_ms: 1}
+"""
+
+
+def gshare(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gshare.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout
+    )
+
+
+@pytest.mark.slow
+def test_restart_serves_deployed_functions_and_shutdown_leaves_no_process(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    spec = tmp_path / "echo.yaml"
+    spec.write_text(ECHO)
+
+    first = ServerProcess(state).start()
+    try:
+        assert first.cli("deploy", str(spec)).returncode == 0
+        r = httpx.post(first.url + "/function/echo", content=b"one", timeout=120)
+        assert r.status_code == 200 and r.content == b"one"
+        wait_until(lambda: first.client().get("echo")["availableReplicas"] == 1, 30, "a ready instance")
+        procs = first.tree()
+        assert len(procs) >= 4  # server, Ray (GCS, raylet), agent, instance, ...
+        assert first.stop(signal.SIGTERM) == 0
+        wait_until(lambda: not alive(procs), 30, "every process of the first server to exit")
+    finally:
+        first.kill()
+
+    second = ServerProcess(state).start()
+    try:
+        fns = second.client().list()
+        assert [f["name"] for f in fns] == ["echo"]
+        r = httpx.post(second.url + "/function/echo", content=b"two", timeout=120)
+        assert r.status_code == 200 and r.content == b"two"
+        assert any("restored" in ln for ln in second.client().logs("echo"))
+        procs = second.tree()
+        assert second.stop(signal.SIGINT) == 0  # Ctrl-C
+        wait_until(lambda: not alive(procs), 30, "every process of the second server to exit")
+    finally:
+        second.kill()
+
+
+def test_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = gshare("serve", "--port", str(port), "--state", str(tmp_path / "state"))
+    assert r.returncode == 1
+    assert r.stderr.strip().count("\n") == 0
+    assert r.stderr.startswith(f"gshare: error: cannot listen on 127.0.0.1:{port}")
+
+
+def test_unknown_placer_is_a_one_line_error(tmp_path: Path) -> None:
+    r = gshare("serve", "--placer", "nope", "--state", str(tmp_path / "state"))
+    assert r.returncode == 1
+    assert r.stderr.strip() == "gshare: error: unknown placer 'nope' (known: best-fit, first-fit, mra, mra-defrag, time-share)"
+
+
+def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+    r = gshare("deploy", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and r.stderr.strip() == f"gshare: error: no such spec file: {tmp_path / 'missing.yaml'}"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel: mlp\nresources: {sm_pct: 150, quota_request: 0.5}\n")
+    r = gshare("deploy", str(bad), "--url", "http://127.0.0.1:9", "--token", "t")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1
+    assert "resources.sm_pct: must be a number in (0, 100], got 150" in r.stderr  # checked before sending
+    r = gshare("invoke", "echo", "--data", "[1]", "--url", "http://127.0.0.1:9")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "cannot reach the gshare server" in r.stderr
+    r = gshare("invoke", "echo", "--data", "{bad", "--url", "http://127.0.0.1:9")
+    assert r.returncode == 2 and r.stderr.startswith("gshare: error: --data is not valid JSON")
+    r = gshare("list", "--url", "http://127.0.0.1:9", "--state", str(tmp_path / "no-state"))
+    assert r.returncode == 1 and "no control-API token" in r.stderr and r.stderr.count("\n") == 1
+    r = gshare("profile", "x", "--sm", "a,b", "--url", "http://127.0.0.1:9", "--token", "t")
+    assert r.returncode == 2 and "--sm: expected a comma-separated list" in r.stderr
