@@ -13,6 +13,7 @@ from typing import Final
 
 from gshare.policy.workflow.dispatch import DispatchRequest, InvokerState, Via
 from gshare.policy.workflow.replan import StageLike, WorkflowLike
+from gshare.policy.workflow.schedulers import StagePlan
 from gshare.workflows.config import MIN_CONFIG, ConfigOption, FunctionConfig
 
 Z_P95: Final[float] = 1.6448536269514722
@@ -205,3 +206,17 @@ def landed_via(inv: InvokerState, request: DispatchRequest) -> Via:
     if inv.invoker_id in request.preferred:
         return "home" if request.first_stage else "predecessor"
     return "warm" if inv.is_warm(request.function) else "cold"
+
+
+def candidates_plan(policy: str, configs: Sequence[FunctionConfig], target_ms: float) -> StagePlan:
+    """The ``StagePlan`` of a per-function baseline: its feasible ``configs`` in preference
+    order, or the minimum configuration when none meets ``target_ms`` (a note says which)."""
+    if not configs:
+        return StagePlan(
+            (FALLBACK_CONFIG,),
+            note=f"{policy}: nothing meets stage target {target_ms:.1f} ms: min config fallback",
+        )
+    return StagePlan(
+        tuple(configs),
+        note=f"{policy}: {len(configs)} configs meet stage target {target_ms:.1f} ms",
+    )

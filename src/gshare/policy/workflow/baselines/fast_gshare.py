@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from gshare.policy.workflow.baselines.common import (
-    FALLBACK_CONFIG,
+    candidates_plan,
     landed_via,
     service_time_slo_split,
     stage_options,
@@ -156,16 +156,7 @@ class FastGSharePolicy:
         opts = stage_options(ctx.workflow, ctx.stage, ctx.options)
         cands = fast_candidates(opts, target, ctx.queue_len, node_vcpus=self.node_vcpus,
                                 node_vgpus=self.node_vgpus)
-        if not cands:
-            return StagePlan(
-                (FALLBACK_CONFIG,),
-                note=f"fast-gshare: nothing meets stage target {target:.1f} ms: min config "
-                "fallback",
-            )
-        return StagePlan(
-            tuple(o.config for o in cands),
-            note=f"fast-gshare: {len(cands)} configs meet stage target {target:.1f} ms",
-        )
+        return candidates_plan("fast-gshare", [o.config for o in cands], target)
 
     def select_invoker(
         self,

@@ -17,7 +17,7 @@ from typing import Final
 import numpy as np
 
 from gshare.policy.workflow.baselines.common import (
-    FALLBACK_CONFIG,
+    candidates_plan,
     landed_via,
     service_time_slo_split,
     stage_options,
@@ -206,15 +206,7 @@ class InflessPolicy:
         cands = infless_candidates(
             opts, target, ctx.queue_len, batch_wait_half_slo=self.batch_wait_half_slo
         )
-        if not cands:
-            return StagePlan(
-                (FALLBACK_CONFIG,),
-                note=f"infless: nothing meets stage target {target:.1f} ms: min config fallback",
-            )
-        return StagePlan(
-            tuple(o.config for o in cands),
-            note=f"infless: {len(cands)} configs meet stage target {target:.1f} ms",
-        )
+        return candidates_plan("infless", [o.config for o in cands], target)
 
     def select_invoker(
         self,
