@@ -25,7 +25,10 @@ EXPERIMENT_MODULES = (
     "gshare.experiments.token_share",
     "gshare.experiments.token_fidelity",
     "gshare.experiments.packing_scale",
-    "gshare.experiments.esg_endtoend", "gshare.experiments.esg_overhead", "gshare.experiments.esg_ablation", "gshare.experiments.esg_trace",
+    "gshare.experiments.esg_endtoend",
+    "gshare.experiments.esg_overhead",
+    "gshare.experiments.esg_ablation",
+    "gshare.experiments.esg_trace",
 )
 
 
