@@ -1,33 +1,43 @@
-"""Latency of a model call with the time-token protocol around it vs without, same process.
+"""Latency of model calls with the time-token protocol around them vs without, same process.
 
-Usage: ``python bench/token_overhead.py [--quick] [--json PATH] [--mlp-pairs N] [--resnet-pairs N]``
+Usage: ``python bench/token_overhead.py [--quick] [--json PATH] [--mlp-pairs N] [--resnet-pairs N]
+[--idle-token-ms MS]``
 
-What an instance pays for time sharing: each inference call (one burst) becomes
-``acquire() -> model(x) -> release(busy_ms)`` (``TokenClient.burst``). Measured for
+What an instance pays for time sharing, measured for
 
 * ``mlp`` -- a small torch MLP (1024-2048-2048-1000, ReLU, batch 8: a few ms a call, <= 10 ms);
 * ``resnet50`` -- ``transformers``' ``ResNetForImageClassification`` built from ``ResNetConfig()``
   (the ResNet-50 architecture) with random weights, never downloaded; batch 1, 3x224x224.
 
-Both run in this process with ``torch.set_num_threads(1)`` (the machine has 2 cores shared with
-other work: one intra-op thread leaves a core to the token server and keeps the timings
-steadier) under ``torch.inference_mode``. The ``TokenServer`` runs in a separate process (the
-node agent's role), with this process as its only client (100 % SMs, request = limit = 1).
-Its window is 10 s instead of 40 ms: a CPU ResNet-50 call (~0.2-0.5 s) is longer than a 40-ms
-window, and the policy charges a burst that outruns its token to the following windows as
-debt, which would make even a lone client wait between calls; with windows longer than any
-call the scheduler grants every token at once, so the difference is the protocol's cost alone.
+Two protocols, both against the runtime's token configuration (``TokenConfig()``, what the node
+agent uses by default: 40-ms windows, dynamic quota; ``--idle-token-ms`` sets the opt-in
+uncontended token length):
 
-Calls alternate with/without (ABBA order: with-without, then without-with) so that machine
-drift hits both equally. Per model:
+* ``per-burst`` (the old frontend) -- every call is ``acquire() -> model(x) -> release(busy)``;
+  calls alternate with/without one by one (ABBA order, so machine drift hits both equally);
+* ``reuse`` (the instance's pattern, ``gshare.runtime.instance``) -- while work is queued the
+  instance runs batch after batch on one token (``start_burst`` reuses the held token while its
+  rest fits the predicted burst, else releases it and acquires another; ``end_burst`` keeps it)
+  and gives it back (``idle``) when the queue is empty. Measured as *blocks* of ``K``
+  back-to-back calls (``--block``; MLP 10, ResNet 3) followed by ``idle()``, alternating ABBA
+  with blocks of ``K`` plain calls.
+
+The ``TokenServer`` runs in a separate process (the node agent's role), with this process as
+its only client (100 % SMs, request = limit = 1: a lone client limited to the whole device never
+owes debt, whatever its bursts' lengths). Both models run with ``torch.set_num_threads(1)`` (the
+machine has 2 cores shared with other work: one intra-op thread leaves a core to the token
+server) under ``torch.inference_mode``. Per model and protocol:
 
 * ``overhead_pct`` -- median over pairs of ``(with - without)`` / median(without) x 100: the
-  end-to-end estimate (noisy: it is the difference of two noisy calls);
-* ``protocol_pct`` -- median(time in acquire + release) / median(without) x 100: the same
-  cost measured directly inside the with-calls (steady).
+  end-to-end estimate (noisy: it is the difference of two noisy calls or blocks);
+* ``protocol_pct`` -- median(time inside the token calls) / median(without) x 100: the same cost
+  measured directly inside the with-calls (steady).
 
-Summary: ``overhead_pct`` = the larger of the two models' end-to-end figures (target <= 3),
-``overhead_pct_<model>``, ``protocol_pct_<model>``, ``protocol_us_p50``, ``call_ms_<model>``.
+Summary: ``overhead_pct`` = the larger of the two models' end-to-end figures with the runtime's
+protocol (``reuse``; target <= 3); ``overhead_pct_<model>`` (reuse),
+``overhead_pct_perburst_<model>`` (old protocol), ``protocol_pct_<model>``,
+``protocol_pct_perburst_<model>``, ``tokens_per_call_<model>`` (reuse), ``protocol_us_p50``
+(per-burst), ``call_ms_<model>``.
 """
 
 from __future__ import annotations
@@ -46,12 +56,10 @@ from _common import bench_parser, machine_load, percentile, print_table, write_j
 from gshare.policy.tokens import ClientSpec, TokenConfig
 from gshare.runtime.tokens_uds import TokenClient, TokenServer
 
-CONFIG = TokenConfig(window_ms=10_000.0, max_token_ms=10_000.0)
 
-
-def _serve(path: str, conn: Connection) -> None:  # pragma: no cover - runs in the child
+def _serve(path: str, config: TokenConfig, conn: Connection) -> None:  # pragma: no cover
     """The node agent's part: a token server with one registered client, until told to stop."""
-    server = TokenServer(path, CONFIG)
+    server = TokenServer(path, config)
     server.add_client(ClientSpec("bench", 100.0, 1.0, 1.0))
     server.start()
     conn.send("ready")
@@ -122,13 +130,80 @@ def measure(
         proto.append(p)
     base = statistics.median(wo)
     return {
+        "protocol": "per-burst",
         "pairs": pairs,
+        "calls_per_pair": 1,
         "without_ms_p50": base * 1e3,
         "with_ms_p50": statistics.median(w) * 1e3,
         "overhead_pct": statistics.median(x - y for x, y in zip(w, wo, strict=True)) / base * 100,
         "protocol_us_p50": statistics.median(proto) * 1e6,
         "protocol_us_p99": percentile(proto, 99) * 1e6,
         "protocol_pct": statistics.median(proto) / base * 100,
+        "tokens_per_call": 1.0,
+    }
+
+
+def measure_reuse(
+    call: Callable[[], Any], client: TokenClient, pairs: int, block: int, warmup: int
+) -> dict[str, float]:
+    """Blocks of ``block`` back-to-back calls on reused tokens, then ``idle()``, alternating
+    ABBA with blocks of plain calls; figures per block (see the module docstring)."""
+    perf = time.perf_counter
+    acquired = [0]
+
+    def with_tokens() -> tuple[float, float]:
+        proto = 0.0
+        t0 = perf()
+        for _ in range(block):
+            a = perf()
+            r0 = client.reused
+            client.start_burst()
+            acquired[0] += client.reused == r0
+            b = perf()
+            call()
+            c = perf()
+            client.end_burst()
+            proto += (b - a) + (perf() - c)
+        a = perf()
+        client.idle()
+        t1 = perf()
+        return t1 - t0, proto + (t1 - a)
+
+    def without() -> float:
+        t0 = perf()
+        for _ in range(block):
+            call()
+        return perf() - t0
+
+    for _ in range(warmup):
+        with_tokens()
+        without()
+    acquired[0] = 0
+    w: list[float] = []
+    wo: list[float] = []
+    proto: list[float] = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            a, p = with_tokens()
+            b = without()
+        else:
+            b = without()
+            a, p = with_tokens()
+        w.append(a)
+        wo.append(b)
+        proto.append(p)
+    base = statistics.median(wo)
+    return {
+        "protocol": "reuse",
+        "pairs": pairs,
+        "calls_per_pair": block,
+        "without_ms_p50": base * 1e3 / block,
+        "with_ms_p50": statistics.median(w) * 1e3 / block,
+        "overhead_pct": statistics.median(x - y for x, y in zip(w, wo, strict=True)) / base * 100,
+        "protocol_us_p50": statistics.median(proto) * 1e6 / block,
+        "protocol_us_p99": percentile(proto, 99) * 1e6 / block,
+        "protocol_pct": statistics.median(proto) / base * 100,
+        "tokens_per_call": acquired[0] / (pairs * block),
     }
 
 
@@ -138,13 +213,24 @@ def main() -> None:
         "--mlp-pairs", type=int, default=None, help="with/without pairs (2000; quick 400)"
     )
     parser.add_argument("--resnet-pairs", type=int, default=None, help="pairs (60; quick 12)")
+    parser.add_argument(
+        "--block", type=int, default=None, help="calls per reuse block (MLP 10, ResNet 3)"
+    )
+    parser.add_argument(
+        "--idle-token-ms",
+        type=float,
+        default=0.0,
+        help="TokenConfig.idle_token_ms (0: the runtime's default, off)",
+    )
     args = parser.parse_args()
     load = machine_load()  # before our own load
     pairs = {
         "mlp": args.mlp_pairs or (400 if args.quick else 2000),
         "resnet50": args.resnet_pairs or (12 if args.quick else 60),
     }
+    block = {"mlp": args.block or 10, "resnet50": args.block or 3}
     warmup = {"mlp": 20, "resnet50": 2}
+    config = TokenConfig(idle_token_ms=args.idle_token_ms)
 
     import torch
 
@@ -155,7 +241,7 @@ def main() -> None:
     path = os.path.join(tmp, "dev0.sock")
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(path, there), daemon=True)
+    proc = ctx.Process(target=_serve, args=(path, config, there), daemon=True)
     proc.start()
     if not here.poll(60) or here.recv() != "ready":
         sys.exit("token server process did not start")
@@ -165,6 +251,9 @@ def main() -> None:
         with torch.inference_mode():
             for name, (call, what) in models.items():
                 r = measure(call, client, pairs[name], warmup[name])
+                rows.append({"model": name, "what": what, **r})
+                n = max(1, pairs[name] // block[name])
+                r = measure_reuse(call, client, n, block[name], warmup[name])
                 rows.append({"model": name, "what": what, **r})
         client.close()
         here.send("stop")
@@ -177,43 +266,62 @@ def main() -> None:
     if stats["errors"] or stats["malformed"] or stats["undelivered_grants"]:
         sys.exit(f"token server counters are off: {stats}")
 
-    summary: dict[str, float] = {"overhead_pct": max(r["overhead_pct"] for r in rows)}
-    for r in rows:
+    new = [r for r in rows if r["protocol"] == "reuse"]
+    old = [r for r in rows if r["protocol"] == "per-burst"]
+    summary: dict[str, float] = {
+        "overhead_pct": max(r["overhead_pct"] for r in new),
+        "overhead_pct_perburst": max(r["overhead_pct"] for r in old),
+        "idle_token_ms": args.idle_token_ms,
+    }
+    for r in new:
         m = r["model"]
         summary[f"overhead_pct_{m}"] = r["overhead_pct"]
         summary[f"protocol_pct_{m}"] = r["protocol_pct"]
+        summary[f"tokens_per_call_{m}"] = r["tokens_per_call"]
         summary[f"call_ms_{m}"] = r["without_ms_p50"]
-    summary["protocol_us_p50"] = statistics.median(r["protocol_us_p50"] for r in rows)
+    for r in old:
+        m = r["model"]
+        summary[f"overhead_pct_perburst_{m}"] = r["overhead_pct"]
+        summary[f"protocol_pct_perburst_{m}"] = r["protocol_pct"]
+    summary["protocol_us_p50"] = statistics.median(r["protocol_us_p50"] for r in old)
     print_table(
         "token protocol overhead per call (interleaved with/without, same process)",
         [
             "model",
+            "protocol",
             "pairs",
+            "calls/pair",
             "without ms",
             "with ms",
             "overhead %",
             "protocol us p50",
             "protocol us p99",
             "protocol %",
+            "tokens/call",
         ],
         [
             [
                 r["model"],
+                r["protocol"],
                 r["pairs"],
+                r["calls_per_pair"],
                 r["without_ms_p50"],
                 r["with_ms_p50"],
                 r["overhead_pct"],
                 r["protocol_us_p50"],
                 r["protocol_us_p99"],
                 r["protocol_pct"],
+                r["tokens_per_call"],
             ]
             for r in rows
         ],
     )
     print(
-        f"overhead_pct = {summary['overhead_pct']:.2f} (target <= 3; larger of the two models); "
+        f"overhead_pct = {summary['overhead_pct']:.2f} (target <= 3; reuse protocol, larger of "
+        f"the two models; per-burst protocol: {summary['overhead_pct_perburst']:.2f}); "
         + ", ".join(
-            f"{r['model']}: {r['overhead_pct']:.2f} % end-to-end, {r['protocol_pct']:.3f} % protocol"
+            f"{r['model']} {r['protocol']}: {r['overhead_pct']:.2f} % end-to-end, "
+            f"{r['protocol_pct']:.3f} % protocol"
             for r in rows
         )
     )

@@ -465,3 +465,43 @@ def test_stop_removes_the_socket_and_disconnects_clients(sock_path: str) -> None
             assert c2.acquire() > 0
         with pytest.raises(RuntimeError, match="already listens"):
             TokenServer(sock_path).start()
+
+
+def test_token_reuse_runs_back_to_back_bursts_on_one_token(sock_path: str) -> None:
+    # Uncontended tokens of 30 ms (request = limit = 1, so the 40-ms cap never clips them):
+    # bursts of ~2 ms reuse the first token while its rest fits the EWMA of the bursts, and the
+    # release charges the busy time of all of them.
+    cfg = TokenConfig(idle_token_ms=30.0)
+    with TokenServer(sock_path, cfg, record_tokens=1000) as srv:
+        srv.add_client(spec("A", req=1.0))
+        with TokenClient(sock_path, "A", timeout_s=10) as c:
+            for _ in range(5):
+                with c.burst(reuse=True) as left:
+                    assert left > 0
+                    t = time.perf_counter() + 0.002
+                    while time.perf_counter() < t:
+                        pass
+            assert c.token_ms == pytest.approx(30.0)
+            assert c.reused == 4  # one acquire, four bursts on the same token
+            assert 1.5 < c.predicted_burst_ms < 10.0
+            with pytest.raises(TokenRuntimeError, match="not in a burst"):
+                c.end_burst()
+            assert c.idle()
+            assert not c.idle()  # nothing held any more
+            wait_until(lambda: not srv.snapshot()["A"].running)
+            recs = srv.token_records()
+            assert len(recs) == 1 and recs[0].completed
+            assert 10.0 <= recs[0].busy_ms < 30.0  # five bursts of >= 2 ms on one token
+            # A token whose rest cannot fit the predicted burst is given back (completed=False,
+            # work is still queued) and a new one acquired.
+            c.start_burst()
+            c.predicted_burst_ms = 1e6
+            c.end_burst()
+            c.predicted_burst_ms = 1e6
+            c.start_burst()
+            assert c.in_burst and c.reused == 4
+            c.end_burst()
+            c.idle()
+            wait_until(lambda: len(srv.token_records()) == 3)
+            assert [r.completed for r in srv.token_records()] == [True, False, True]
+        assert srv.stats()["errors"] == 0

@@ -251,6 +251,42 @@ def test_dynamic_quota_follows_the_burst_ewma(
     assert only(s.request("a", t)).quota_ms == pytest.approx(token_ms)
 
 
+@pytest.mark.parametrize(
+    ("idle_token_ms", "req", "max_token_ms", "contended", "token_ms"),
+    [
+        (0.0, 0.5, 40.0, False, 12.5),  # off (the default): default burst 10 x headroom 1.25
+        (30.0, 0.5, 40.0, False, 20.0),  # min(30, remaining quota 0.5 x 40 = 20, max 40) = 20
+        (30.0, 1.0, 40.0, False, 30.0),  # min(30, remaining 1.0 x 40 = 40, max 40) = 30
+        (60.0, 1.0, 40.0, False, 40.0),  # min(60, 40, max 40) = 40
+        (60.0, 1.0, 25.0, False, 25.0),  # min(60, 40, max 25) = 25
+        (30.0, 0.5, 40.0, True, 12.5),  # b waits too: contended, back to 10 x 1.25 = 12.5
+        (0.0, 0.5, 40.0, True, 12.5),  # off and contended: 12.5
+    ],
+)
+def test_uncontended_tokens_are_long_only_when_nobody_else_waits(
+    idle_token_ms: float, req: float, max_token_ms: float, contended: bool, token_ms: float
+) -> None:
+    # h (100 % SMs, request 0.2 -> 8 ms) holds the device from 0 to 5 while a (and, when
+    # contended, b) wait; a and b have 50 % SMs each, so they fit side by side and only h
+    # conflicts with them. At 5 h releases having used 5 ms: it is still owed 0.2 x 40 - 5 =
+    # 3 ms, so the reservation slack for a is 40 - 5 - 3 = 32 ms and its own missing quota is
+    # req x 40; neither clips the figures above (max(req x 40, 32) >= 20 and >= 40).
+    s = sched(
+        spec("h", 100, 0.2),
+        spec("a", 50, req),
+        spec("b", 50, req),
+        idle_token_ms=idle_token_ms,
+        max_token_ms=max_token_ms,
+    )
+    only(s.request("h", 0.0))
+    assert s.request("a", 1.0) == []
+    if contended:
+        assert s.request("b", 1.0) == []
+    grants = {g.client_id: g for g in s.release("h", 5.0, 5.0)}
+    assert set(grants) == ({"a", "b"} if contended else {"a"})
+    assert grants["a"].quota_ms == pytest.approx(token_ms)
+
+
 def test_dynamic_quota_off_gives_the_whole_remaining_quota() -> None:
     # 0.6 x 40 = 24 ms remaining; max_token 40 -> 24.
     s = sched(spec("a", 100, 0.6), dynamic_quota=False)
@@ -408,6 +444,7 @@ def test_bad_client_specs_name_the_field(kwargs: dict[str, float], match: str) -
         ({"min_token_ms": 5.0, "max_token_ms": 1.0}, "min_token_ms <= max_token_ms"),
         ({"burst_ewma_alpha": 0.0}, "burst_ewma_alpha"),
         ({"token_headroom": 0.5}, "token_headroom must be >= 1"),
+        ({"idle_token_ms": -1.0}, "idle_token_ms must be >= 0"),
     ],
 )
 def test_bad_configs_name_the_field(kwargs: dict[str, float], match: str) -> None:

@@ -70,6 +70,17 @@ from dataclasses import dataclass, field
 # are due; idle clients reserve nothing (work conservation), and a client that goes idle stops
 # reserving one window after its last request or release. Conflicts are judged pairwise, which
 # is exact for two clients per SM band and an approximation beyond.
+#
+# NOTE — uncontended tokens (gshare runtime, ``TokenConfig.idle_token_ms``, off by default).
+# The live runtime pays 100-300 us per token on a machine where waking a sleeping thread is
+# slow, so a burst of a few ms that asks for its own token loses several % of its time. Gemini's
+# answer is that a token is a time slice: the client keeps launching while its token is valid
+# (``TokenClient.start_burst`` reuses a held token while the predicted next burst fits) and asks
+# again only when it expires. For that to pay off the token must be longer than one burst, which
+# costs nothing when nobody else is waiting: then a token is at least ``idle_token_ms``
+# (clipped like any token: remaining quota, ``max_token_ms``, reservations). A client that
+# arrives while such a token runs waits at most its rest; the reservation still keeps time owed
+# to active neighbours out of it. The simulator keeps 0 (off), so its results do not change.
 
 
 class TokenError(ValueError):
@@ -104,6 +115,13 @@ class TokenConfig:
     """No token eats into guaranteed time still owed, in this window, to a client that cannot
     run beside it (see the NOTE on reservations). False restores plain dispatch by missing
     quota, where back-to-back bursts can lose their guarantee to a neighbour's long token."""
+    idle_token_ms: float = 0.0
+    """Uncontended tokens (opt-in; 0 = off, the simulator's default). When > 0 and no other
+    client is waiting at dispatch, a token is at least ``idle_token_ms`` long instead of the
+    predicted burst x headroom, still clipped to the client's remaining quota in the window,
+    ``max_token_ms`` and the guarantee reservation: a client that reuses its token for
+    back-to-back bursts (Gemini: a token is a time slice) then pays the protocol once per
+    slice. See the NOTE on uncontended tokens."""
 
     def __post_init__(self) -> None:
         if self.window_ms <= 0:
@@ -118,6 +136,8 @@ class TokenConfig:
             raise TokenError(f"burst_ewma_alpha must be in (0, 1], got {self.burst_ewma_alpha}")
         if self.token_headroom < 1:
             raise TokenError(f"token_headroom must be >= 1, got {self.token_headroom}")
+        if not (self.idle_token_ms >= 0):
+            raise TokenError(f"idle_token_ms must be >= 0, got {self.idle_token_ms}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,12 +375,14 @@ class TokenScheduler:
         q = c.spec.quota_limit if self.config.elastic else c.spec.quota_request
         return q * self.config.window_ms
 
-    def _token_length(self, c: ClientState, remaining_ms: float) -> float:
+    def _token_length(self, c: ClientState, remaining_ms: float, contended: bool = True) -> float:
         cfg = self.config
         if not cfg.dynamic_quota:
             return min(remaining_ms, cfg.max_token_ms)
         predicted = c.predicted_burst_ms if c.predicted_burst_ms > 0 else cfg.default_burst_ms
         want = max(cfg.min_token_ms, predicted * cfg.token_headroom)
+        if not contended and cfg.idle_token_ms > 0:
+            want = max(want, cfg.idle_token_ms)  # NOTE on uncontended tokens
         return min(want, remaining_ms, cfg.max_token_ms)
 
     def _owed_to_others_ms(self, c: ClientState, now_ms: float) -> float:
@@ -409,6 +431,12 @@ class TokenScheduler:
         guaranteed.sort(key=lambda k: k[:4])
         elastic.sort(key=lambda k: k[:4])
         running_sm = self.running_sm_pct()
+        # Uncontended: a single client waits (NOTE on uncontended tokens).
+        contended = len(guaranteed) + len(elastic) > 1 or any(
+            c.waiting and c.token is None
+            for c in self.clients.values()
+            if self._cap_ms(c) - c.used_ms < cfg.min_token_ms
+        )
         grants: list[Grant] = []
         blocked = False
         for phase_elastic, queue in ((False, guaranteed), (True, elastic)):
@@ -426,7 +454,7 @@ class TokenScheduler:
                 # A token never lets the client pass its cap (limit, or request without
                 # elasticity); its length is the predicted burst (dynamic quota) within that,
                 # and never eats into time owed to conflicting clients (reservation NOTE).
-                length = self._token_length(c, self._cap_ms(c) - c.used_ms)
+                length = self._token_length(c, self._cap_ms(c) - c.used_ms, contended)
                 if cfg.reserve_guarantees:
                     own_miss = c.spec.quota_request * w - c.used_ms
                     slack = self.window_start_ms + w - now_ms - self._owed_to_others_ms(c, now_ms)

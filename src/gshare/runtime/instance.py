@@ -16,9 +16,13 @@ whole cold start, in this order (FaST-GShare §3.3, Fig. 5a):
 Data path: frames arrive on an asyncio loop (IO thread) and are queued; the batching thread
 takes up to ``max_batch`` requests, waiting at most ``max_wait_ms`` after the first for more
 (a full batch goes at once), asks the token server for a token (``acquire``), runs
-``handler.predict`` on the batch, releases the token with the measured busy time, and sends the
-responses with per-request metrics (queue wait, token wait, busy time, batch size). A batch
-whose ``predict`` raises is re-run one request at a time so that one bad input fails alone.
+``handler.predict`` on the batch, and sends the responses with per-request metrics (queue
+wait, token wait, busy time, batch size). A batch whose ``predict`` raises is re-run one request at a time so that one bad input fails alone.
+Token reuse (Gemini: a token is a time slice): while the next batch can start at once the
+instance keeps its token and runs that batch on it if the token's rest fits the predicted
+batch (``TokenClient.reusable``), else releases it and acquires another; when the queue has no
+batch ready it releases the token (``idle``) with the busy time of all the batches it ran, so
+the protocol is paid once per token under load, not once per batch.
 
 Preemption points (FaST-GShare §3.3.2's hook library, at the framework level): FaST's
 frontend intercepts every kernel launch and asks for a new token once the one it holds is
@@ -406,6 +410,15 @@ class InstanceServer:
             finally:
                 with self._cond:
                     self._running = []
+                    q = self._queue
+                    # Token reuse: keep the token only when the next batch can start at once
+                    # (full, or its oldest request waited max_wait already); else give it back
+                    # now, so that it never idles while others wait.
+                    keep = bool(q) and (
+                        len(q) >= self.max_batch or q[0].arrived + self.max_wait_s <= time.perf_counter()
+                    )
+                if not keep:
+                    self._idle_tokens()
 
     def _run_batch(self, batch: list[_Item]) -> None:
         out: list[tuple[_Conn, bytes]] = []
@@ -422,7 +435,10 @@ class InstanceServer:
             self._send(out)
             return
         t_ask = time.perf_counter()
-        self._acquire()
+        if not self.tokens.reusable():  # token reuse: a held token whose rest fits the batch
+            self.tokens.release_if_held(completed=False)
+            self._acquire()
+        self.tokens.begin_burst()
         t0 = time.perf_counter()
         self._seg_start = t0
         self._busy_s = 0.0
@@ -450,7 +466,8 @@ class InstanceServer:
         finally:
             self._in_burst = False
         seg_s = time.perf_counter() - self._seg_start
-        self.tokens.release(seg_s * 1000.0)
+        if self.tokens.in_burst:
+            self.tokens.end_burst()  # the token is kept for the next batch (see _batch_loop)
         busy_ms = (self._busy_s + seg_s) * 1000.0
         token_wait_ms = (t0 - t_ask + self._rewait_s) * 1000.0
         self.stats["requests"] += len(good)
@@ -473,6 +490,16 @@ class InstanceServer:
             )
         self._send(out)
 
+    def _idle_tokens(self) -> None:
+        """Release the held token, if any (the batch queue is empty: token reuse ends)."""
+        from gshare.runtime.tokens_uds import TokenRuntimeError
+
+        # A failure closes the client; the next ``_acquire`` reconnects.
+        with contextlib.suppress(TokenRuntimeError, ConnectionError, TimeoutError, ValueError):
+            if self.tokens.in_burst:
+                self.tokens.end_burst()
+            self.tokens.idle()
+
     def _token_hook(self, module: Any, args: Any) -> None:
         """Global torch forward pre-hook: the frontend's preemption point (module doc)."""
         if not self._in_burst or threading.get_ident() != self._worker_ident:
@@ -482,8 +509,10 @@ class InstanceServer:
         now = time.perf_counter()
         seg_s = now - self._seg_start
         self._busy_s += seg_s
-        self.tokens.release(seg_s * 1000.0, completed=False)
+        self.tokens.release_if_held(completed=False)
         self._acquire()
+        if not self.tokens.in_burst:  # a new client after a reconnect
+            self.tokens.begin_burst()
         t1 = time.perf_counter()
         self._rewait_s += t1 - now
         self._seg_start = t1

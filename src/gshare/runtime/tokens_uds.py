@@ -12,7 +12,13 @@ Who uses what (DESIGN.md §5):
   frontend calls ``acquire()`` before each burst (one batch on the device), runs the burst, and
   calls ``release(busy_ms)`` after it, or uses ``with client.burst(): ...``. Before each kernel
   it may ask ``should_yield(next_kernel_ms)`` and give the token back early (Gemini
-  revocation, ``release(..., completed=False)``) rather than overrun it.
+  revocation, ``release(..., completed=False)``) rather than overrun it. A frontend with work
+  queued back to back reuses its token instead (Gemini: a token is a time slice):
+  ``start_burst()`` runs the next burst on the held token while its rest fits the predicted
+  burst (the EWMA of its own bursts), else releases it and acquires another; ``end_burst()``
+  keeps the token; ``idle()`` releases it, charged with the busy time of all its bursts, when
+  the queue is empty. The round trip (100-300 us where waking a sleeping thread is slow) is then
+  paid once per token, not once per burst.
 
 What must hold:
 
@@ -735,6 +741,18 @@ class TokenClient:
         self.elastic = False
         """Whether the token held is elastic (idle time beyond the guarantee)."""
         self._t_grant = 0.0
+        self._used_ms = 0.0
+        """Busy time of the bursts ended on the held token (reuse protocol)."""
+        self._in_burst = False
+        self._seg_t0 = 0.0
+        """Start of the open burst segment (``perf_counter``), valid while ``_in_burst``."""
+        self._burst_done_ms = 0.0
+        """Busy time of the open burst on earlier tokens (a burst renewed mid-way)."""
+        self.predicted_burst_ms = 0.0
+        """EWMA of this client's completed bursts (0 = no history): the reuse test."""
+        self.burst_ewma_alpha = 0.3
+        self.reused = 0
+        """Bursts that ran on a token already held (no round trip to the server)."""
         self._seq = 0
         self._out = bytearray(FRAME_SIZE)
         self._in = bytearray(FRAME_SIZE)
@@ -781,6 +799,9 @@ class TokenClient:
                 self._t_grant = time.perf_counter()
                 self.token_ms = value
                 self.elastic = bool(flags & 1)
+                self._used_ms = 0.0
+                if self._in_burst:
+                    self._seg_t0 = self._t_grant
                 return value
             if op == OP_ERROR:
                 text = self._read_text(length)
@@ -811,18 +832,106 @@ class TokenClient:
         self._seq = (self._seq + 1) & _SEQ_MASK
         _FRAME.pack_into(self._out, 0, OP_RELEASE, 1 if completed else 0, 0, self._seq, busy_ms)
         self.token_ms = None
+        self._used_ms = 0.0
         self._io(sock.sendall, self._out)
 
     @contextlib.contextmanager
-    def burst(self) -> Iterator[float]:
+    def burst(self, reuse: bool = False) -> Iterator[float]:
         """``with client.burst() as token_ms: run()`` -- acquire, run, release the time measured
-        with ``time.perf_counter`` (also when the body raises)."""
+        with ``time.perf_counter`` (also when the body raises).
+
+        ``reuse=True``: ``start_burst`` / ``end_burst`` instead -- the token is kept after the
+        body for the next burst (yields the time left on it); call ``idle()`` when done."""
+        if reuse:
+            left = self.start_burst()
+            try:
+                yield left
+            finally:
+                self.end_burst()
+            return
         token_ms = self.acquire()
         t0 = self._t_grant
         try:
             yield token_ms
         finally:
             self.release((time.perf_counter() - t0) * 1000.0)
+
+    # -- token reuse (Gemini: a token is a time slice) -----------------------------------------
+
+    def reusable(self) -> bool:
+        """True when a token is held and its rest fits the predicted next burst (the EWMA of
+        this client's bursts; any rest > 0 before the first burst ends)."""
+        if self.token_ms is None:
+            return False
+        left = self.token_left_ms()
+        return left > 0.0 and not should_yield(left, self.predicted_burst_ms)
+
+    def start_burst(self) -> float:
+        """Begin a burst on the held token if its rest fits the predicted burst (``reusable``),
+        else give it back (``completed=False``: work is still queued) and ``acquire`` a new
+        one. Returns the time left on the token. End the burst with ``end_burst``; call
+        ``release_if_held`` when the caller goes idle (no more work queued), so the protocol is
+        paid once per token, not once per burst."""
+        if self._in_burst:
+            raise TokenRuntimeError(f"client {self.client_id!r} is already in a burst")
+        if self.reusable():
+            self.reused += 1
+        else:
+            self.release_if_held(completed=False)
+            self.acquire()
+        self.begin_burst()
+        return self.token_left_ms()
+
+    @property
+    def in_burst(self) -> bool:
+        """Between ``start_burst``/``begin_burst`` and ``end_burst``."""
+        return self._in_burst
+
+    def begin_burst(self) -> None:
+        """Mark the start of a burst on the token held now (``start_burst`` without the
+        acquire, for callers that acquire through their own reconnect logic)."""
+        if self.token_ms is None:
+            raise TokenRuntimeError(f"client {self.client_id!r} holds no token")
+        self._in_burst = True
+        self._seg_t0 = time.perf_counter()
+        self._burst_done_ms = 0.0
+
+    def end_burst(self) -> float:
+        """End the burst: its busy time (measured since ``start_burst``, across renewed
+        tokens) feeds the burst EWMA and is added to the time used on the held token, which is
+        kept for the next burst. Returns the burst's busy ms."""
+        if not self._in_burst:
+            raise TokenRuntimeError(f"client {self.client_id!r} is not in a burst")
+        self._in_burst = False
+        seg_ms = (time.perf_counter() - self._seg_t0) * 1000.0 if self.token_ms is not None else 0.0
+        self._used_ms += seg_ms
+        burst_ms = self._burst_done_ms + seg_ms
+        self._burst_done_ms = 0.0
+        if self.predicted_burst_ms <= 0.0:
+            self.predicted_burst_ms = burst_ms
+        else:
+            a = self.burst_ewma_alpha
+            self.predicted_burst_ms = a * burst_ms + (1.0 - a) * self.predicted_burst_ms
+        return burst_ms
+
+    def release_if_held(self, completed: bool = True) -> bool:
+        """Give back the held token, if any, charged with the busy time used on it (bursts
+        ended on it plus the open burst's segment). Inside a burst (the token ran out mid-way,
+        ``completed=False``) the burst stays open and continues on the next ``acquire``.
+        Returns whether a token was released."""
+        if self.token_ms is None:
+            return False
+        busy_ms = self._used_ms
+        if self._in_burst:
+            seg_ms = (time.perf_counter() - self._seg_t0) * 1000.0
+            self._burst_done_ms += seg_ms
+            busy_ms += seg_ms
+        self.release(busy_ms, completed=completed)
+        return True
+
+    def idle(self) -> bool:
+        """The caller has no more work queued: ``release_if_held(completed=True)``."""
+        return self.release_if_held(completed=True)
 
     def token_left_ms(self) -> float:
         """Time left on the held token (0 when none is held)."""
@@ -838,6 +947,8 @@ class TokenClient:
         """Close the connection (a held token is released by the server). Idempotent."""
         sock, self._sock = self._sock, None
         self.token_ms = None
+        self._in_burst = False
+        self._used_ms = 0.0
         if sock is not None:
             sock.close()
 
