@@ -49,6 +49,8 @@ from pydantic import (
     model_validator,
 )
 
+from gshare.workflows.dag import kahn_order
+
 if TYPE_CHECKING:
     import networkx as nx
 
@@ -292,24 +294,7 @@ def topological_order(predecessors: Mapping[str, Collection[str]]) -> tuple[str,
     cycle = find_cycle(predecessors)
     if cycle:
         raise ValueError(f"cycle: {' -> '.join([*cycle, cycle[0]])}")
-    indeg = {n: sum(1 for p in ps if p in predecessors) for n, ps in predecessors.items()}
-    succ: dict[str, list[str]] = {n: [] for n in predecessors}
-    for n, ps in predecessors.items():
-        for p in ps:
-            if p in succ:
-                succ[p].append(n)
-    rank = {n: i for i, n in enumerate(predecessors)}
-    ready = sorted((n for n, d in indeg.items() if d == 0), key=rank.__getitem__)
-    out: list[str] = []
-    while ready:
-        n = ready.pop(0)
-        out.append(n)
-        for s in succ[n]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                ready.append(s)
-                ready.sort(key=rank.__getitem__)
-    return tuple(out)
+    return tuple(kahn_order(predecessors))
 
 
 def _known_functions(context: Any) -> Collection[str]:

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gshare.workflows.dag import kahn_order
+
 DEFAULT_MAX_GROUP_SIZE: Final[int] = 3
 """ESG's default maximum group size ``g`` (§5.4)."""
 VIRTUAL_ROOT: Final[str] = "<root>"
@@ -225,7 +227,7 @@ def split_slo(
                 raise ValueError(f"stage {s!r} runs after unknown stage {p!r}")
         if s not in anl:
             raise ValueError(f"no ANL label for stage {s!r}")
-    topo = _topological(predecessors)
+    topo = kahn_order(predecessors)
     rank = {s: i for i, s in enumerate(topo)}
     succ: dict[str, list[str]] = {s: [] for s in stages}
     for s in topo:
@@ -392,27 +394,3 @@ def _render(items: Sequence[_Item]) -> str:
         else:
             parts.append(it)
     return " ".join(parts)
-
-
-def _topological(predecessors: Mapping[str, Sequence[str]]) -> list[str]:
-    """Kahn's algorithm, ties by mapping order; ``ValueError`` naming a stage on a cycle."""
-    pos = {s: i for i, s in enumerate(predecessors)}
-    indeg = {s: len(ps) for s, ps in predecessors.items()}
-    succ: dict[str, list[str]] = {s: [] for s in predecessors}
-    for s, ps in predecessors.items():
-        for p in ps:
-            succ[p].append(s)
-    ready = sorted((s for s, d in indeg.items() if d == 0), key=pos.__getitem__)
-    out: list[str] = []
-    while ready:
-        s = ready.pop(0)
-        out.append(s)
-        for t in succ[s]:
-            indeg[t] -= 1
-            if indeg[t] == 0:
-                ready.append(t)
-                ready.sort(key=pos.__getitem__)
-    if len(out) != len(predecessors):
-        stuck = next(s for s in predecessors if s not in set(out))
-        raise ValueError(f"the DAG has a cycle through stage {stuck!r}")
-    return out

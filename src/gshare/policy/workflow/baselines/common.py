@@ -15,6 +15,7 @@ from gshare.policy.workflow.dispatch import DispatchRequest, InvokerState, Via
 from gshare.policy.workflow.replan import StageLike, WorkflowLike
 from gshare.policy.workflow.schedulers import StagePlan
 from gshare.workflows.config import MIN_CONFIG, ConfigOption, FunctionConfig
+from gshare.workflows.dag import kahn_order
 
 Z_P95: Final[float] = 1.6448536269514722
 """Standard normal 95th percentile (``NormalDist().inv_cdf(0.95)``), written out so the policy
@@ -38,28 +39,12 @@ def topological(workflow: WorkflowLike, within: Sequence[str] | None = None) -> 
     """Stages (of ``within``, default all) in an execution order: Kahn's algorithm with ties
     in written order; predecessors outside ``within`` are ignored. ``ValueError`` on a cycle."""
     stages = stage_map(workflow)
-    names = [n for n in stages if within is None or n in set(within)]
-    keep = set(names)
-    indeg = {n: sum(1 for p in stages[n].after if p in keep) for n in names}
-    succ: dict[str, list[str]] = {n: [] for n in names}
-    for n in names:
-        for p in stages[n].after:
-            if p in keep:
-                succ[p].append(n)
-    rank = {n: i for i, n in enumerate(names)}
-    ready = sorted((n for n in names if indeg[n] == 0), key=rank.__getitem__)
-    out: list[str] = []
-    while ready:
-        n = ready.pop(0)
-        out.append(n)
-        for s in succ[n]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                ready.append(s)
-                ready.sort(key=rank.__getitem__)
-    if len(out) != len(names):
-        raise ValueError(f"workflow {workflow.name!r} has a cycle")
-    return out
+    keep = set(stages) if within is None else set(within)
+    preds = {n: stages[n].after for n in stages if n in keep}
+    try:
+        return kahn_order(preds)
+    except ValueError:
+        raise ValueError(f"workflow {workflow.name!r} has a cycle") from None
 
 
 def source_to_sink_paths(
