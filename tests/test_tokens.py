@@ -586,6 +586,18 @@ def _window_usage(runs: list[tuple[float, float]], w: float) -> dict[int, float]
     return use
 
 
+def _drive(s: TokenScheduler, h: Harness, reqs: list[tuple[float, int]], n_clients: int) -> float:
+    """Play the random request stream (gap, client index) on ``s``; returns the last time."""
+    t = 0.0
+    for dt, i in reqs:
+        t += dt
+        h.advance(t)
+        cid = f"c{i % n_clients}"
+        if cid not in h.held:
+            h.check_and_take(s.request(cid, t))
+    return t
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     clients=st.lists(client_st, min_size=1, max_size=4),
@@ -605,13 +617,7 @@ def test_random_events_keep_sm_tokens_and_per_window_limits(
     # the time the clients really ran.
     s = _build(clients, cfg)
     h = Harness(s, fracs, no_overrun=True)
-    t = 0.0
-    for dt, i in reqs:
-        t += dt
-        h.advance(t)
-        cid = f"c{i % len(clients)}"
-        if cid not in h.held:
-            h.check_and_take(s.request(cid, t))
+    t = _drive(s, h, reqs, len(clients))
     h.advance(t + 10 * W)  # let every token end
     for cid, c in s.clients.items():
         cap = (c.spec.quota_limit if s.config.elastic else c.spec.quota_request) * W
@@ -642,13 +648,7 @@ def test_with_overruns_usage_stays_within_the_limit_plus_one_burst(
     #   and used now <= cap + max overrun (a token is only granted while used < cap).
     s = _build(clients, cfg)
     h = Harness(s, fracs)
-    t = 0.0
-    for dt, i in reqs:
-        t += dt
-        h.advance(t)
-        cid = f"c{i % len(clients)}"
-        if cid not in h.held:
-            h.check_and_take(s.request(cid, t))
+    t = _drive(s, h, reqs, len(clients))
     t_end = t + 10 * W
     h.advance(t_end)
     s.tick(t_end)
