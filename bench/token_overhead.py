@@ -91,6 +91,36 @@ def _build_models(seed: int) -> dict[str, tuple[Callable[[], Any], str]]:
     }
 
 
+def interleave(
+    with_tokens: Callable[[], tuple[float, float]],
+    without: Callable[[], float],
+    pairs: int,
+    warmup: int,
+    after_warmup: Callable[[], None] | None = None,
+) -> tuple[list[float], list[float], list[float]]:
+    """ABBA-interleaved runs (drift cancels): per pair the with-token time, the plain time and
+    the protocol's share of the with-token time, after ``warmup`` unmeasured pairs."""
+    for _ in range(warmup):
+        with_tokens()
+        without()
+    if after_warmup is not None:
+        after_warmup()
+    w: list[float] = []
+    wo: list[float] = []
+    proto: list[float] = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            a, p = with_tokens()
+            b = without()
+        else:
+            b = without()
+            a, p = with_tokens()
+        w.append(a)
+        wo.append(b)
+        proto.append(p)
+    return w, wo, proto
+
+
 def measure(
     call: Callable[[], Any], client: TokenClient, pairs: int, warmup: int
 ) -> dict[str, float]:
@@ -112,22 +142,7 @@ def measure(
         call()
         return perf() - t0
 
-    for _ in range(warmup):
-        with_tokens()
-        without()
-    w: list[float] = []
-    wo: list[float] = []
-    proto: list[float] = []
-    for i in range(pairs):
-        if i % 2 == 0:
-            a, p = with_tokens()
-            b = without()
-        else:
-            b = without()
-            a, p = with_tokens()
-        w.append(a)
-        wo.append(b)
-        proto.append(p)
+    w, wo, proto = interleave(with_tokens, without, pairs, warmup)
     base = statistics.median(wo)
     return {
         "protocol": "per-burst",
@@ -175,23 +190,9 @@ def measure_reuse(
             call()
         return perf() - t0
 
-    for _ in range(warmup):
-        with_tokens()
-        without()
-    acquired[0] = 0
-    w: list[float] = []
-    wo: list[float] = []
-    proto: list[float] = []
-    for i in range(pairs):
-        if i % 2 == 0:
-            a, p = with_tokens()
-            b = without()
-        else:
-            b = without()
-            a, p = with_tokens()
-        w.append(a)
-        wo.append(b)
-        proto.append(p)
+    w, wo, proto = interleave(
+        with_tokens, without, pairs, warmup, after_warmup=lambda: acquired.__setitem__(0, 0)
+    )
     base = statistics.median(wo)
     return {
         "protocol": "reuse",
