@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from test_runtime_support import REPO, ServerProcess, alive, wait_until
@@ -61,6 +62,35 @@ def test_restart_serves_deployed_functions_and_shutdown_leaves_no_process(tmp_pa
         second.kill()
 
 
+@pytest.mark.slow
+def test_ray_launcher_runs_each_instance_as_a_ray_actor(tmp_path: Path) -> None:
+    """``--launcher ray``: the same instance, in a Ray worker process of its own; the default
+    forks it from the node's template instead (its parent is the template, not a raylet)."""
+    spec = tmp_path / "echo.yaml"
+    spec.write_text(ECHO)
+    for launcher in ("ray", "fork"):
+        server = ServerProcess(tmp_path / f"state-{launcher}", "--launcher", launcher).start()
+        try:
+            assert server.cli("deploy", str(spec)).returncode == 0
+            r = httpx.post(server.url + "/function/echo", content=launcher.encode(), timeout=120)
+            assert r.status_code == 200 and r.content == launcher.encode()
+            st = wait_until(lambda s=server: (g := s.client().get("echo"))["instances"] and g, 30, "status")
+            pid = st["instances"][0]["pid"]
+            parent = psutil.Process(pid).parent()
+            assert parent is not None
+            node = next(n for n in server.client().info()["nodes"])
+            assert node["launcher"] == launcher
+            if launcher == "ray":
+                assert "raylet" in parent.name()
+            else:
+                assert parent.cmdline()[-1] == "gshare.runtime.launcher"
+            procs = server.tree()
+            assert server.stop(signal.SIGTERM) == 0
+            wait_until(lambda procs=procs: not alive(procs), 30, "every process to exit")
+        finally:
+            server.kill()
+
+
 def test_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,6 +100,12 @@ def test_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0
     assert r.stderr.startswith(f"gshare: error: cannot listen on 127.0.0.1:{port}")
+
+
+def test_unknown_launcher_is_a_one_line_error(tmp_path: Path) -> None:
+    r = gshare("serve", "--launcher", "nope", "--state", str(tmp_path / "state"))
+    assert r.returncode == 1
+    assert r.stderr.strip() == "gshare: error: unknown launcher 'nope' (known: fork, ray)"
 
 
 def test_unknown_placer_is_a_one_line_error(tmp_path: Path) -> None:

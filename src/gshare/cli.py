@@ -131,6 +131,7 @@ def serve_cmd(
     placer: str = typer.Option("mra", "--placer", help="Placement policy (policy.placement.PLACERS)."),
     autoscaler: str = typer.Option("fast-heuristic", "--autoscaler", help="Autoscaling policy (policy.autoscale.AUTOSCALERS)."),
     period_s: float = typer.Option(1.0, "--period-s", min=0.05, help="Controller reconcile period."),
+    launcher: str = typer.Option("fork", "--launcher", help="How instance processes start: fork (from a pre-imported template per node: shared imports, fast cold starts) or ray (one Ray actor each)."),
 ) -> None:
     """Run the gateway, the controller and one node agent per Ray node until Ctrl-C / SIGTERM."""
     from gshare.runtime.server import ServeError, ServeOptions, run_server
@@ -147,6 +148,7 @@ def serve_cmd(
                 placer=placer,
                 autoscaler=autoscaler,
                 period_s=period_s,
+                launcher=launcher,
             )
         )
     except ServeError as e:

@@ -5,22 +5,30 @@ Who creates it: the server (``server.start_agents``), one per alive Ray node, pi
 at most, never per request):
 
 * ``start_instance(launch)`` — put the function's weights in the node's ``ModelStore`` once
-  (a one-off Ray task on this node builds them with ``models.state_dict_for``, so the agent's
-  process stays free of CPU-bound work: it hosts the token servers, whose answers need the GIL),
+  (``node_tasks.put_weights`` in a throw-away process on this node, so the agent's process
+  stays free of CPU-bound work: it hosts the token servers, whose answers need the GIL),
   register the instance with its device's ``TokenServer`` (``ClientSpec``: SM %, quota request
-  and limit, priority), and create the instance actor on this node (CUDA: with the MPS thread
-  percentage in its environment before it starts; without an MPS daemon a warning says the
-  share is time-only);
-* ``stop_instance(id)`` — kill the instance actor, unregister its token client, remove its
+  and limit, priority), and start the instance process on this node (CUDA: with the MPS thread
+  percentage in its environment before its CUDA context exists; without an MPS daemon a
+  warning says the share is time-only);
+* ``stop_instance(id)`` — kill the instance process, unregister its token client, remove its
   socket;
 * ``status()`` — every instance's state (starting / ready / restarting / failed), pid, socket,
   resident memory and restarts, and each device's token table (``TokenServer.snapshot``):
   the controller turns ``total_used_ms`` deltas into the achieved share per instance;
 * ``set_share`` — change an instance's token quotas in place (the profiler's quota sweep);
-* ``describe(spec)`` — import the handler once in a throw-away task and report its OIP
+* ``describe(spec)`` — import the handler once in a throw-away process and report its OIP
   input description, or the error (a bad ``handler`` fails the deployment, not the first call);
 * ``shutdown()`` — kill every instance, stop the token servers, drop the shared weights,
   remove the run directory.
+
+How instance processes start (``launcher``): ``fork`` (the default) forks them from the
+node's pre-imported template process (``launcher.Launcher``): they share its import heap
+(Python, torch, transformers) copy-on-write as they share the weights through the store, and
+a cold start skips the imports. The template is a child of the agent; it and every instance
+die with the agent. ``ray`` makes each instance a Ray actor of its own (``InstanceActor``),
+pinned to this node with ``NodeAffinitySchedulingStrategy``, and runs the one-off jobs as Ray
+tasks. Both run the same ``InstanceServer``; the agent supervises both the same way, by pid.
 
 Crash handling: a monitor thread checks the instances' processes every
 ``MONITOR_PERIOD_S``. An instance whose process died (killed, crashed, or exited over its
@@ -33,6 +41,7 @@ connection drop at once and retries or fails the requests it had sent (see ``gat
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -46,7 +55,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from gshare.policy.tokens import ClientSpec, TokenConfig
+from gshare.runtime import node_tasks
 from gshare.runtime.instance import InstanceActor, InstanceLaunch, launch_to_dict
+from gshare.runtime.launcher import Launcher
 
 log = logging.getLogger("gshare.agent")
 
@@ -57,49 +68,10 @@ MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
 START_TIMEOUT_S = 600.0
 """An instance not ready after this long is failed (a model load that hangs)."""
-
-
-def _put_weights(store_root: str | None, spec: dict[str, Any]) -> str | None:
-    """(Ray task on the agent's node) Build the function's weights and put them in the node's
-    store once; return their key (``models.weights_key``: functions of the same built-in, or
-    of the same weights file, share one copy per node), or None when there are none to share.
-    A task, not the agent, builds them: the agent's process hosts the token servers."""
-    from gshare.runtime.model_store import ModelStore
-    from gshare.runtime.models import state_dict_for, weights_key
-    from gshare.spec import load_function_spec
-
-    fspec = load_function_spec(spec)
-    key = weights_key(fspec)
-    store = ModelStore(store_root) if store_root else ModelStore()
-    if store.has(key):
-        return key
-    state = state_dict_for(fspec)
-    if not state:
-        return None
-    store.put(key, state)
-    return key
-
-
-def _describe(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
-    """(Ray task) Import the handler and report its OIP inputs, or the import error."""
-    import sys
-
-    for p in extra_sys_path:
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    try:
-        from gshare.runtime.models import make_handler
-        from gshare.runtime.oip_tensors import input_spec_dicts
-        from gshare.spec import load_function_spec
-
-        handler = make_handler(load_function_spec(spec))
-        inputs: list[dict[str, Any]] = []
-        if hasattr(handler, "input_spec"):
-            with contextlib.suppress(Exception):
-                inputs = input_spec_dicts(handler.input_spec())
-        return {"ok": True, "inputs": inputs, "example": hasattr(handler, "example_input")}
-    except Exception as e:
-        return {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
+LAUNCHERS = ("fork", "ray")
+"""How instance processes start: ``fork`` — forked from the node's pre-imported template
+(``launcher.Launcher``; the default); ``ray`` — each a Ray actor of its own (a fresh Python
+process that imports the runtime itself: seconds more per cold start, ~300 MB more each)."""
 
 
 def _last_line(e: BaseException) -> str:
@@ -126,6 +98,8 @@ class _Managed:
     last_exit: str | None = None
     rss_mb: float = 0.0
     proc: Any = None
+    pid: int | None = None
+    """The instance's pid when forked from the template (``launcher="fork"``)."""
 
 
 class NodeAgent:
@@ -137,8 +111,11 @@ class NodeAgent:
         run_dir: str,
         token_config: dict[str, Any] | None = None,
         store_root: str | None = None,
+        launcher: str = "fork",
     ) -> None:
         logging.basicConfig(level=logging.INFO)
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         self.node_id = node_id
         self.node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self.run_dir = Path(run_dir)
@@ -170,7 +147,13 @@ class NodeAgent:
         self._model_store: Any = None
         self._key_locks: dict[str, threading.Lock] = {}
         self._stop = threading.Event()
+        self.launcher_kind = launcher
         self._actor_cls: Any = ray.remote(InstanceActor)
+        self._launcher: Launcher | None = None
+        self._launcher_lock = threading.Lock()
+        if launcher == "fork":  # import the runtime now, not at the first deployment
+            self._launcher = Launcher()
+            threading.Thread(target=self._launcher_started, name="gshare-template", daemon=True).start()
         self._monitor = threading.Thread(target=self._monitor_loop, name="gshare-monitor", daemon=True)
         self._monitor.start()
 
@@ -198,18 +181,35 @@ class NodeAgent:
             "pid": os.getpid(),
             "mps": self.mps,
             "run_dir": str(self.run_dir),
+            "launcher": self.launcher_kind,
         }
 
     def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
-        task = ray.remote(_describe).options(
-            num_cpus=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
-        )
         try:
-            result: dict[str, Any] = ray.get(task.remote(spec, extra_sys_path), timeout=300)
+            result: dict[str, Any] = self._node_task("describe_handler", [spec, extra_sys_path], 300.0)
             return result
         except Exception as e:
             return {"ok": False, "error": _last_line(e)}
+
+    def _launcher_started(self) -> Launcher:
+        """The node's template process, started (or restarted after a death) on first need."""
+        assert self._launcher is not None
+        with self._launcher_lock:
+            if not self._launcher.alive():
+                if self._launcher.pid is not None:
+                    log.warning("the instance template of node %s died; starting a new one", self.node_id[:8])
+                self._launcher.start()
+        return self._launcher
+
+    def _node_task(self, name: str, args: list[Any], timeout_s: float) -> Any:
+        """Run ``node_tasks.NAME(*args)`` in a throw-away process on this node."""
+        if self._launcher is not None:
+            return self._launcher_started().call(f"gshare.runtime.node_tasks:{name}", args, timeout_s)
+        task = ray.remote(getattr(node_tasks, name)).options(
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
+        )
+        return ray.get(task.remote(*args), timeout=timeout_s)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -297,11 +297,7 @@ class NodeAgent:
             if first:
                 lock = self._key_locks.setdefault(launch.function, threading.Lock())
                 with lock:
-                    task = ray.remote(_put_weights).options(
-                        num_cpus=0,
-                        scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
-                    )
-                    key = ray.get(task.remote(self.store_root, launch.spec), timeout=START_TIMEOUT_S)
+                    key = self._node_task("put_weights", [self.store_root, launch.spec], START_TIMEOUT_S)
                 if key:
                     self._model_keys.add(key)
                     if launch.device.startswith("cuda"):  # one device copy per GPU (CUDA IPC)
@@ -316,8 +312,12 @@ class NodeAgent:
                         priority=launch.priority,
                     )
                 )
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(launch.uds_path + ".exit")
+            for suffix in (".exit", ".ready"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(launch.uds_path + suffix)
+            if self._launcher is not None:
+                self._fork_instance(m, launch)
+                return
             opts: dict[str, Any] = {
                 "num_cpus": 0,
                 "max_restarts": 0,
@@ -341,19 +341,43 @@ class NodeAgent:
                     m.state = "failed"
                     m.error = f"cannot start: {_last_line(e)}"
 
+    def _fork_instance(self, m: _Managed, launch: InstanceLaunch) -> None:
+        """``launcher="fork"``: fork the instance from the node's template (``_start``'s end)."""
+        import psutil
+
+        log_path = str(self.run_dir / f"i-{launch.instance_id}.log")
+        pid = self._launcher_started().launch(launch_to_dict(launch), log_path)
+        with self._lock:
+            m.launch = launch
+            m.pid = pid
+            m.started_s = time.monotonic()
+            with contextlib.suppress(psutil.Error):
+                m.proc = psutil.Process(pid)
+            if m.state == "stopped":
+                self._kill(m)
+
+    def _kill(self, m: _Managed) -> None:
+        """Kill the instance's process (either launcher); the caller holds the lock. A forked
+        process the template reported dead is not signalled (its pid may be reused)."""
+        if m.actor is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(m.actor, no_restart=True)
+        elif m.pid is not None and (self._launcher is None or self._launcher.exit_code(m.pid) is None):
+            import signal
+
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(m.pid, signal.SIGKILL)
+
     def stop_instance(self, instance_id: str) -> None:
         with self._lock:
             m = self._instances.pop(instance_id, None)
             if m is None:
                 return
             m.state = "stopped"
-            actor = m.actor
-        if actor is not None:
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
+            self._kill(m)
         with contextlib.suppress(Exception):
             self.token_servers[m.launch.device_index].remove_client(instance_id)
-        for suffix in ("", ".exit"):
+        for suffix in ("", ".exit", ".ready"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(m.launch.uds_path + suffix)
 
@@ -383,6 +407,9 @@ class NodeAgent:
             ids = list(self._instances)
         for iid in ids:
             self.stop_instance(iid)
+        if self._launcher is not None:
+            with contextlib.suppress(Exception):
+                self._launcher.stop()
         for ts in self.token_servers:
             with contextlib.suppress(Exception):
                 ts.stop()
@@ -409,7 +436,26 @@ class NodeAgent:
                     log.warning("monitor: %s", e)
 
     def _check(self, m: _Managed, psutil: Any) -> None:
-        if m.state == "starting" and m.ready_ref is not None:
+        if m.state == "starting" and m.pid is not None:  # forked: its .ready file says when
+            try:
+                info = json.loads(Path(m.launch.uds_path + ".ready").read_text())
+            except (OSError, ValueError):
+                info = None
+            if info is not None:
+                with self._lock:
+                    if m.state == "starting":
+                        m.info = info
+                        m.state = "ready"
+                        m.error = None
+            elif not self._alive(m, psutil):
+                reason = "failed to start: the process exited"
+                with contextlib.suppress(OSError):
+                    reason = Path(m.launch.uds_path + ".exit").read_text().strip() or reason
+                log_path = self.run_dir / f"i-{m.launch.instance_id}.log"
+                self._on_death(m, f"{reason} (log: {log_path})", start_failure=True)
+            elif time.monotonic() - m.started_s > START_TIMEOUT_S:
+                self._on_death(m, f"not ready after {START_TIMEOUT_S:.0f} s", start_failure=True)
+        elif m.state == "starting" and m.ready_ref is not None:
             done, _ = ray.wait([m.ready_ref], timeout=0)
             if done:
                 try:
@@ -426,11 +472,7 @@ class NodeAgent:
             elif time.monotonic() - m.started_s > START_TIMEOUT_S:
                 self._on_death(m, f"not ready after {START_TIMEOUT_S:.0f} s", start_failure=True)
         elif m.state == "ready" and m.proc is not None:
-            try:
-                alive = m.proc.is_running() and m.proc.status() != psutil.STATUS_ZOMBIE
-            except psutil.Error:
-                alive = False
-            if alive:
+            if self._alive(m, psutil):
                 with contextlib.suppress(Exception):
                     mi = m.proc.memory_info()
                     m.rss_mb = mi.rss / (1 << 20)
@@ -440,16 +482,24 @@ class NodeAgent:
                 reason = Path(m.launch.uds_path + ".exit").read_text().strip() or reason
             self._on_death(m, reason, start_failure=False)
 
+    def _alive(self, m: _Managed, psutil: Any) -> bool:
+        if m.pid is not None and self._launcher is not None and self._launcher.exit_code(m.pid) is not None:
+            return False
+        if m.proc is None:
+            return False
+        try:
+            return bool(m.proc.is_running() and m.proc.status() != psutil.STATUS_ZOMBIE)
+        except psutil.Error:
+            return False
+
     def _on_death(self, m: _Managed, reason: str, *, start_failure: bool) -> None:
         now = time.monotonic()
         with self._lock:
             if m.state in ("stopped", "failed"):
                 return
             m.last_exit = reason
-            if m.actor is not None:
-                with contextlib.suppress(Exception):
-                    ray.kill(m.actor, no_restart=True)
-            m.actor = m.ready_ref = m.proc = None
+            self._kill(m)
+            m.actor = m.ready_ref = m.proc = m.pid = None
             m.restarts = [t for t in m.restarts if now - t < RESTART_WINDOW_S]
             if start_failure and m.launch.incarnation == 0:
                 m.state, m.error = "failed", reason

@@ -142,6 +142,26 @@ class FrameReader:
         return out
 
 
+def call_once(uds_path: str, op: int, encoding: int, payload: bytes, timeout_s: float = 60.0) -> tuple[int, bytes]:
+    """One blocking request on a fresh connection to an instance's Unix socket; returns
+    ``(status, payload)``. For tools, benches and tests (the gateway multiplexes instead).
+    Raises ``ProtocolError`` when the instance closes the connection without an answer."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout_s)
+        s.connect(uds_path)
+        s.sendall(encode_request(1, op, encoding, payload))
+        reader = FrameReader(RESP_FIXED)
+        while True:
+            data = s.recv(1 << 16)
+            if not data:
+                raise ProtocolError("the instance closed the connection without an answer")
+            for frame in reader.feed(data):
+                _rid, status, *_rest = RESP_REST.unpack_from(frame)
+                return int(status), frame[RESP_FIXED:]
+
+
 __all__ = [
     "ENC_JSON",
     "ENC_OIP",
@@ -164,6 +184,7 @@ __all__ = [
     "ST_OK",
     "FrameReader",
     "ProtocolError",
+    "call_once",
     "encode_request",
     "encode_response",
 ]

@@ -65,6 +65,9 @@ class ServeOptions:
     num_cpus: int | None = None
     object_store_mb: int = 256
     log_level: str = "info"
+    launcher: str = "fork"
+    """How instance processes start (``agent.LAUNCHERS``): forked from a pre-imported
+    template per node, or one Ray actor each."""
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -98,6 +101,8 @@ def run_server(opts: ServeOptions) -> None:
         raise ServeError(f"unknown placer {opts.placer!r} (known: {', '.join(sorted(PLACERS))})")
     if opts.autoscaler not in AUTOSCALERS:
         raise ServeError(f"unknown autoscaler {opts.autoscaler!r} (known: {', '.join(sorted(AUTOSCALERS))})")
+    if opts.launcher not in ("fork", "ray"):  # agent.LAUNCHERS (not imported here: it imports ray)
+        raise ServeError(f"unknown launcher {opts.launcher!r} (known: fork, ray)")
     logging.basicConfig(
         level=getattr(logging, opts.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -260,7 +265,7 @@ class _Runtime:
                 max_restarts=0,
                 name=f"gshare-agent-{self.session}-{nid[:12]}",
                 scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
-            ).remote(nid, self.run_dir, None, self.store_root)
+            ).remote(nid, self.run_dir, None, self.store_root, self.opts.launcher)
         if not started:
             return {}
         infos = ray.get([a.info.remote() for a in started.values()], timeout=timeout_s)
