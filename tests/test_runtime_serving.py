@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from gshare.runtime.client import ClientError
@@ -292,6 +293,28 @@ def test_killed_instance_requests_are_retried_or_failed_explicitly(server: Serve
     logs = c.logs("sleepy")
     assert any("crashed and restarted" in ln for ln in logs)
     c.delete("sleepy")
+
+
+def test_a_killed_template_takes_its_instances_and_both_come_back(server: ServerProcess) -> None:
+    """The node's instance template (``runtime.launcher``) dies: its instances die with it (no
+    orphans); the agent starts a new template and restarts the instances from it."""
+    c = server.client()
+    c.deploy({"name": "tmpl", "handler": "gshare.runtime.demo_handlers:Echo", "device": "cpu",
+              "min_instances": 1, "max_instances": 1})
+    inst = wait_until(lambda: [i for i in status(server, "tmpl")["instances"] if i["state"] == "ready"], 90, "tmpl ready")[0]
+    template = psutil.Process(inst["pid"]).parent()
+    assert template is not None and template.cmdline()[-1] == "gshare.runtime.launcher"
+    template.kill()
+    wait_until(lambda: not psutil.pid_exists(inst["pid"]) or psutil.Process(inst["pid"]).status() == psutil.STATUS_ZOMBIE,
+               10, "the instance to die with its template")
+    new = wait_until(
+        lambda: [i for i in status(server, "tmpl")["instances"] if i["state"] == "ready" and i["pid"] != inst["pid"]],
+        90, "the instance to be restarted",
+    )[0]
+    new_template = psutil.Process(new["pid"]).parent()
+    assert new_template is not None and new_template.pid != template.pid
+    assert c.invoke_raw("tmpl", b"back").content == b"back"
+    c.delete("tmpl")
 
 
 def test_memory_limit_restarts_the_instance_and_fails_its_requests(server: ServerProcess) -> None:
