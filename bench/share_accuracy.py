@@ -15,12 +15,17 @@ the rest). The per-window table says which: ``over windows`` counts (client, win
 the limit and ``with overrun`` those in which that client had a token that ran past its length.
 
 ``--protocol reuse`` (the default, the runtime instance's pattern): bursts run back to back on
-one token (``TokenClient.start_burst`` reuses it while its rest fits the predicted burst,
-``end_burst`` keeps it; a kernel that does not fit releases it with ``completed=False`` and asks
-again), and the token is given back (``idle``) when the phase ends; each token's record then
-holds the busy time of all its bursts. ``--protocol per-burst`` releases after every burst (the
+one token (``TokenClient.start_burst`` reuses it while any time is left on it -- the client is
+built with ``split_bursts=True``, since it checks every kernel; ``end_burst`` keeps it; a kernel
+that does not fit releases it with ``completed=False`` and asks again for the rest of the
+burst), and the token is given back (``idle``) when the phase ends; each token's record then
+holds the busy time of all its bursts. The runtime instance, whose preemption points are
+coarser (torch modules), reuses a token only while its rest fits the predicted burst. ``--protocol per-burst`` releases after every burst (the
 old frontend: a hand-over of the device, two wake-ups, per burst, which cost the clients 2-6 pp
 of their shares on this VM).
+
+The token server runs with the live node agent's configuration,
+``gshare.runtime.tokens_uds.LIVE_TOKEN_CONFIG`` (``--token-config JSON`` overrides fields of it).
 
 Every client has 100 % of the SMs, so the SM adapter lets only one of them hold a token at a
 time: they *time-share* the device (and, on this CPU-only machine, at most one spins at a time,
@@ -64,23 +69,25 @@ a GPU stream), so a busy instance does not compete for CPU with the rest of the 
 machine whose cores are saturated by other work, a spinning instance is descheduled mid-burst
 (an overrun of a scheduler time slice, several ms) and every hand-over of the device waits for
 two wake-ups; both modes then lose accuracy, ``spin`` much more. ``machine_load`` is recorded
-in the summary (``cpu_pressure_pct``: share of the last 10 s in which tasks waited for a CPU).
+in the summary at the start and (``*_end``) at the end of the run (``cpu_pressure_pct``: share
+of the last 10 s in which tasks waited for a CPU).
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection
 
 from _common import bench_parser, machine_load, print_table, write_json
 from gshare.policy.tokens import ClientSpec, TokenConfig
-from gshare.runtime.tokens_uds import TokenClient, TokenRecord, TokenServer
+from gshare.runtime.tokens_uds import LIVE_TOKEN_CONFIG, TokenClient, TokenRecord, TokenServer
 
 KERNEL_MS = 0.25
 WAKE_MARGIN_S = 0.0005
@@ -136,7 +143,9 @@ def _worker(
     ``should_yield``. ``device="sleep"``: the kernels that fit in the token are "launched" at
     once and the process sleeps until they are done, as a host waits on a GPU stream.
     """
-    client = TokenClient(path, cid, timeout_s=30)
+    # Every kernel is checked with should_yield, so a burst may start on any rest of a token and
+    # be cut where the token ends (TokenClient.reusable, the NOTE on split bursts).
+    client = TokenClient(path, cid, timeout_s=30, split_bursts=True)
     conn.send("ready")
     intervals: list[tuple[float, float]] = conn.recv()
     log: list[tuple[float, float]] = []  # (first kernel start, last kernel end), monotonic
@@ -219,9 +228,9 @@ def run_scenario(
     tmp: str,
     device: str = "spin",
     reuse: bool = True,
+    config: TokenConfig = LIVE_TOKEN_CONFIG,
 ) -> tuple[list[dict[str, object]], dict[str, float]]:
     """Run one scenario; return one row per (phase, client) and its over-limit figures."""
-    config = TokenConfig()
     w_s = config.window_ms / 1000.0
     path = os.path.join(tmp, f"{name}.sock")
     server = TokenServer(path, config, record_tokens=1_000_000)
@@ -347,7 +356,15 @@ def main() -> None:
         default="reuse",
         help="token reuse across back-to-back bursts (the runtime's, default) or one per burst",
     )
+    parser.add_argument(
+        "--token-config",
+        default="{}",
+        metavar="JSON",
+        help="TokenConfig fields to override in the live agent's LIVE_TOKEN_CONFIG, "
+        'e.g. \'{"idle_token_ms": 0}\'',
+    )
     args = parser.parse_args()
+    config = replace(LIVE_TOKEN_CONFIG, **json.loads(args.token_config))
     load = machine_load()  # before our own load
     phase_s = args.phase_s or (1.0 if args.quick else 3.0)
     settle_s = 0.2 if args.quick else 0.4
@@ -358,7 +375,7 @@ def main() -> None:
     try:
         for name, plans in scenarios(args.quick):
             r, extra = run_scenario(
-                name, plans, phase_s, settle_s, tmp, args.device, args.protocol == "reuse"
+                name, plans, phase_s, settle_s, tmp, args.device, args.protocol == "reuse", config
             )
             rows += r
             per_scenario[name] = extra
@@ -383,6 +400,7 @@ def main() -> None:
         "phase_s": phase_s,
         "device": args.device,
         "protocol": args.protocol,
+        "token_config": asdict(config),
     }
     print_table(
         "share accuracy (live token server, busy instance processes, W = 40 ms)",
@@ -446,8 +464,10 @@ def main() -> None:
         f"{summary['over_windows_with_overrun']} of them with an overrun token "
         f"(max overrun {summary['max_overrun_ms']:.3f} ms)"
     )
+    load_end = machine_load()  # other work that started during the run shows here
     summary.update(load)
-    print(f"machine load at start: {load}")
+    summary.update({f"{k}_end": v for k, v in load_end.items() if k != "cpus"})
+    print(f"machine load at start: {load}; at the end: {load_end}")
     write_json(args.json, summary, rows=rows, scenarios=per_scenario)
 
 

@@ -1,7 +1,7 @@
 """Latency of model calls with the time-token protocol around them vs without, same process.
 
 Usage: ``python bench/token_overhead.py [--quick] [--json PATH] [--mlp-pairs N] [--resnet-pairs N]
-[--idle-token-ms MS]``
+[--token-config JSON]``
 
 What an instance pays for time sharing, measured for
 
@@ -9,9 +9,10 @@ What an instance pays for time sharing, measured for
 * ``resnet50`` -- ``transformers``' ``ResNetForImageClassification`` built from ``ResNetConfig()``
   (the ResNet-50 architecture) with random weights, never downloaded; batch 1, 3x224x224.
 
-Two protocols, both against the runtime's token configuration (``TokenConfig()``, what the node
-agent uses by default: 40-ms windows, dynamic quota; ``--idle-token-ms`` sets the opt-in
-uncontended token length):
+Two protocols, both against the live runtime's token configuration
+(``gshare.runtime.tokens_uds.LIVE_TOKEN_CONFIG``, what the node agent uses: 40-ms windows,
+dynamic quota, uncontended tokens of up to 40 ms; ``--token-config JSON`` overrides fields of
+it, e.g. ``'{"idle_token_ms": 0}'``):
 
 * ``per-burst`` (the old frontend) -- every call is ``acquire() -> model(x) -> release(busy)``;
   calls alternate with/without one by one (ABBA order, so machine drift hits both equally);
@@ -42,6 +43,7 @@ protocol (``reuse``; target <= 3); ``overhead_pct_<model>`` (reuse),
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import statistics
@@ -49,12 +51,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
 from _common import bench_parser, machine_load, percentile, print_table, write_json
 from gshare.policy.tokens import ClientSpec, TokenConfig
-from gshare.runtime.tokens_uds import TokenClient, TokenServer
+from gshare.runtime.tokens_uds import LIVE_TOKEN_CONFIG, TokenClient, TokenServer
 
 
 def _serve(path: str, config: TokenConfig, conn: Connection) -> None:  # pragma: no cover
@@ -218,10 +221,11 @@ def main() -> None:
         "--block", type=int, default=None, help="calls per reuse block (MLP 10, ResNet 3)"
     )
     parser.add_argument(
-        "--idle-token-ms",
-        type=float,
-        default=0.0,
-        help="TokenConfig.idle_token_ms (0: the runtime's default, off)",
+        "--token-config",
+        default="{}",
+        metavar="JSON",
+        help="TokenConfig fields to override in the live agent's LIVE_TOKEN_CONFIG, "
+        'e.g. \'{"idle_token_ms": 0}\'',
     )
     args = parser.parse_args()
     load = machine_load()  # before our own load
@@ -231,7 +235,7 @@ def main() -> None:
     }
     block = {"mlp": args.block or 10, "resnet50": args.block or 3}
     warmup = {"mlp": 20, "resnet50": 2}
-    config = TokenConfig(idle_token_ms=args.idle_token_ms)
+    config = replace(LIVE_TOKEN_CONFIG, **json.loads(args.token_config))
 
     import torch
 
@@ -269,10 +273,11 @@ def main() -> None:
 
     new = [r for r in rows if r["protocol"] == "reuse"]
     old = [r for r in rows if r["protocol"] == "per-burst"]
-    summary: dict[str, float] = {
+    summary: dict[str, Any] = {
         "overhead_pct": max(r["overhead_pct"] for r in new),
         "overhead_pct_perburst": max(r["overhead_pct"] for r in old),
-        "idle_token_ms": args.idle_token_ms,
+        "idle_token_ms": config.idle_token_ms,
+        "token_config": asdict(config),
     }
     for r in new:
         m = r["model"]
@@ -326,8 +331,10 @@ def main() -> None:
             for r in rows
         )
     )
+    load_end = machine_load()  # other work that started during the run shows here
     summary.update(load)
-    print(f"machine load at start: {load}")
+    summary.update({f"{k}_end": v for k, v in load_end.items() if k != "cpus"})
+    print(f"machine load at start: {load}; at the end: {load_end}")
     write_json(args.json, summary, rows=rows)
 
 

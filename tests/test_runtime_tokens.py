@@ -505,3 +505,25 @@ def test_token_reuse_runs_back_to_back_bursts_on_one_token(sock_path: str) -> No
             wait_until(lambda: len(srv.token_records()) == 3)
             assert [r.completed for r in srv.token_records()] == [True, False, True]
         assert srv.stats()["errors"] == 0
+
+
+def test_split_bursts_reuse_a_token_whatever_the_predicted_burst(sock_path: str) -> None:
+    # A frontend that yields before every kernel (split_bursts=True) keeps running on the held
+    # token while any time is left on it, even when its rest cannot fit the predicted burst
+    # (the NOTE on split bursts in TokenClient.reusable): no early release, one token.
+    cfg = TokenConfig(idle_token_ms=30.0)
+    with TokenServer(sock_path, cfg, record_tokens=1000) as srv:
+        srv.add_client(spec("A", req=1.0))
+        with TokenClient(sock_path, "A", timeout_s=10, split_bursts=True) as c:
+            c.start_burst()
+            c.end_burst()
+            c.predicted_burst_ms = 1e6  # could never fit: the default client would give it back
+            assert c.reusable()
+            c.start_burst()
+            assert c.reused == 1
+            c.end_burst()
+            c.idle()
+            assert not c.reusable()  # nothing held
+            wait_until(lambda: len(srv.token_records()) == 1)
+            assert [r.completed for r in srv.token_records()] == [True]
+        assert srv.stats()["errors"] == 0

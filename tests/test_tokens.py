@@ -324,6 +324,65 @@ def test_an_overrun_is_carried_as_debt_and_repaid() -> None:
     assert s.snapshot()["a"].total_used_ms == pytest.approx(30.0)
 
 
+@pytest.mark.parametrize(
+    ("req", "lim", "elastic", "token_ms"),
+    [
+        (0.10, 0.10, True, 3.9),  # cap 0.10 x 40 = 4 ms, below the window: 4 - 0.1 = 3.9
+        (0.25, 0.75, True, 29.9),  # cap 0.75 x 40 = 30: 30 - 0.1
+        (0.25, 1.00, False, 9.9),  # elasticity off: cap = request 0.25 x 40 = 10: 10 - 0.1
+        (0.50, 1.00, True, 40.0),  # cap = the whole window: nothing to exceed, no margin
+    ],
+)
+def test_limit_margin_keeps_tokens_short_of_a_cap_below_the_window(
+    req: float, lim: float, elastic: bool, token_ms: float
+) -> None:
+    # NOTE on the limit margin: with dynamic quota off the first token is the whole cap, minus
+    # the 0.1-ms margin when the cap is below the window. After it the client has only the
+    # margin left, 0.1 < min_token 0.5: filtered until the next window, which starts over.
+    s = sched(spec("a", 100, req, lim), dynamic_quota=False, elastic=elastic, limit_margin_ms=0.1)
+    g = only(s.request("a", 0.0))
+    assert g.quota_ms == pytest.approx(token_ms)
+    s.release("a", g.quota_ms, g.quota_ms)
+    if token_ms < W:
+        assert s.request("a", g.quota_ms) == []  # only the margin is left
+        assert only(s.tick(W)).quota_ms == pytest.approx(token_ms)
+
+
+def test_limit_margin_absorbs_an_overrun_up_to_its_length() -> None:
+    # limit 0.1 -> cap 4 ms, margin 0.1 -> token 3.9 ms. The burst overruns it by 0.08 ms
+    # (descheduled mid-kernel): usage 3.98 <= 4, within the limit, so no debt reaches the next
+    # window (3.98 - 4 < 0), whose token is 3.9 again. Without the margin the token is 4 ms and
+    # the same overrun puts the window at 4.08 ms, over the limit, and 0.08 ms of debt is carried.
+    s = sched(spec("a", 100, 0.1), dynamic_quota=False, limit_margin_ms=0.1)
+    g = only(s.request("a", 0.0))
+    s.release("a", g.quota_ms + 0.08, g.quota_ms + 0.08)
+    assert s.snapshot()["a"].used_ms == pytest.approx(3.98)
+    assert s.snapshot()["a"].used_ms <= 0.1 * W
+    assert s.request("a", 5.0) == []
+    assert only(s.tick(W)).quota_ms == pytest.approx(3.9)
+    s0 = sched(spec("a", 100, 0.1), dynamic_quota=False)
+    g0 = only(s0.request("a", 0.0))
+    s0.release("a", g0.quota_ms + 0.08, g0.quota_ms + 0.08)
+    assert s0.snapshot()["a"].used_ms == pytest.approx(4.08)
+    assert s0.request("a", 5.0) == []
+    assert only(s0.tick(W)).quota_ms == pytest.approx(4.0 - 0.08)
+
+
+def test_limit_margin_reserves_only_what_a_neighbour_can_still_be_given() -> None:
+    # b (request = limit 0.5: cap 20, minus the 0.1 margin = 19.9 it can be given) and a
+    # (request 0.25, limit 1) share all SMs. b asks alone: an uncontended token of 40, clipped
+    # to 19.9. a asks at 1 and waits. At 19.9 b releases having used 19.9: it has only the
+    # margin left (filtered), so nothing is owed to it any more, and a (owed 10 itself) may take
+    # the rest of the window, 40 - 19.9 = 20.1 ms. Counting b's unusable 0.1 ms as owed would
+    # clip a to 40 - 19.9 - 0.1 = 20.0.
+    s = sched(spec("a", 100, 0.25, 1.0), spec("b", 100, 0.5), idle_token_ms=40.0, limit_margin_ms=0.1)
+    assert only(s.request("b", 0.0)).quota_ms == pytest.approx(19.9)
+    assert s.request("a", 1.0) == []
+    ga = only(s.release("b", 19.9, 19.9))
+    assert ga.client_id == "a"
+    assert ga.quota_ms == pytest.approx(40.0 - 19.9)
+
+
 # -- guarantee reservation and fairness (the bugs fixed in this module) ------------------------
 
 
@@ -445,6 +504,8 @@ def test_bad_client_specs_name_the_field(kwargs: dict[str, float], match: str) -
         ({"burst_ewma_alpha": 0.0}, "burst_ewma_alpha"),
         ({"token_headroom": 0.5}, "token_headroom must be >= 1"),
         ({"idle_token_ms": -1.0}, "idle_token_ms must be >= 0"),
+        ({"limit_margin_ms": -0.1}, "0 <= limit_margin_ms < min_token_ms"),
+        ({"limit_margin_ms": 0.5}, "0 <= limit_margin_ms < min_token_ms"),
     ],
 )
 def test_bad_configs_name_the_field(kwargs: dict[str, float], match: str) -> None:

@@ -19,7 +19,9 @@ What must hold (tested by properties in ``tests/test_tokens.py``):
 * a client's usage charged to a window never exceeds ``quota_limit * window_ms`` unless it ran
   past its token (an overrun, possible only on hardware that cannot preempt a burst); an overrun
   past the limit is carried into the next window as debt, so over any run the client's share
-  stays within its limit plus at most one burst;
+  stays within its limit plus at most one burst; with ``TokenConfig.limit_margin_ms`` = m > 0 the
+  tokens of a client whose cap is below the window stop m short of that cap, so an overrun of
+  up to m stays within the limit too;
 * a waiting client whose guaranteed quota is not yet used in this window is served before any
   client asking for elastic time;
 * no token takes time still owed in this window to an active client that cannot run beside it
@@ -81,6 +83,20 @@ from dataclasses import dataclass, field
 # (clipped like any token: remaining quota, ``max_token_ms``, reservations). A client that
 # arrives while such a token runs waits at most its rest; the reservation still keeps time owed
 # to active neighbours out of it. The simulator keeps 0 (off), so its results do not change.
+#
+# NOTE — limit margin (gshare runtime, ``TokenConfig.limit_margin_ms``, off by default). The
+# limit is a hard cap (FaST-GShare: a client never gets more than Ql of a window), but a live
+# burst can run a little past its token even when the frontend yields before every kernel that
+# does not fit: its process is descheduled in the middle of a kernel, or wakes late. When that
+# happens on the token that takes the client up to its cap, the window ends over the limit (the
+# debt is repaid in the next window, so only that one window is over). With a margin m, a
+# client whose cap is below the window (limit < 1, or its request without elasticity) is only
+# given tokens up to ``cap - m``: an overrun of up to m then stays within the limit. The rest of
+# the cap (m < ``min_token_ms``) is never handed out, so a saturating client with request =
+# limit gets m less than its request per window: the margin should be a small multiple of the
+# overruns the device shows (tens of microseconds on the CPU runtime), not a burst. A client
+# with the whole window as its cap (limit 1) cannot pass it and keeps its full quota. The
+# guarantee reservation counts only what a client can still be given (at most ``cap - m``).
 
 
 class TokenError(ValueError):
@@ -122,6 +138,12 @@ class TokenConfig:
     ``max_token_ms`` and the guarantee reservation: a client that reuses its token for
     back-to-back bursts (Gemini: a token is a time slice) then pays the protocol once per
     slice. See the NOTE on uncontended tokens."""
+    limit_margin_ms: float = 0.0
+    """Limit margin (opt-in; 0 = off, the simulator's default). A client whose per-window cap
+    (limit x window, or request x window without elasticity) is below the window gets no token
+    past ``cap - limit_margin_ms``, so an overrun of up to this long keeps its window within the
+    limit; it costs such a client that much of its cap. Must be below ``min_token_ms``. See the
+    NOTE on the limit margin."""
 
     def __post_init__(self) -> None:
         if self.window_ms <= 0:
@@ -138,6 +160,11 @@ class TokenConfig:
             raise TokenError(f"token_headroom must be >= 1, got {self.token_headroom}")
         if not (self.idle_token_ms >= 0):
             raise TokenError(f"idle_token_ms must be >= 0, got {self.idle_token_ms}")
+        if not (0 <= self.limit_margin_ms < self.min_token_ms):
+            raise TokenError(
+                f"need 0 <= limit_margin_ms < min_token_ms, got {self.limit_margin_ms}, "
+                f"{self.min_token_ms}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +402,14 @@ class TokenScheduler:
         q = c.spec.quota_limit if self.config.elastic else c.spec.quota_request
         return q * self.config.window_ms
 
+    def _remaining_ms(self, c: ClientState) -> float:
+        """What may still be given to ``c`` in this window: its cap minus its usage, and minus
+        ``limit_margin_ms`` when the cap is below the window (NOTE on the limit margin)."""
+        cap = self._cap_ms(c)
+        if cap < self.config.window_ms - 1e-9:
+            cap -= self.config.limit_margin_ms
+        return cap - c.used_ms
+
     def _token_length(self, c: ClientState, remaining_ms: float, contended: bool = True) -> float:
         cfg = self.config
         if not cfg.dynamic_quota:
@@ -400,7 +435,8 @@ class TokenScheduler:
             recently = now_ms - d.last_seen_ms < cfg.window_ms
             if not (d.waiting or d.token is not None or d.used_ms > 0 or recently):
                 continue  # idle for a window: nothing reserved
-            miss = d.spec.quota_request * cfg.window_ms - d.used_ms
+            # Owed: its missing quota, but no more than it can still be given (limit margin).
+            miss = min(d.spec.quota_request * cfg.window_ms - d.used_ms, self._remaining_ms(d))
             if d.token is not None:
                 t_end = d.token.start_ms + d.token.quota_ms
                 miss -= max(0.0, min(t_end, w_end) - max(d.token.start_ms, w_start))
@@ -415,7 +451,7 @@ class TokenScheduler:
         for cid, c in self.clients.items():
             if not c.waiting or c.token is not None:
                 continue
-            if self._cap_ms(c) - c.used_ms < cfg.min_token_ms:  # filtering: next window
+            if self._remaining_ms(c) < cfg.min_token_ms:  # filtering: next window
                 continue
             miss = c.spec.quota_request * w - c.used_ms
             # Ties of missing quota go to the client waiting longest, then by id: with the id
@@ -435,7 +471,7 @@ class TokenScheduler:
         contended = len(guaranteed) + len(elastic) > 1 or any(
             c.waiting and c.token is None
             for c in self.clients.values()
-            if self._cap_ms(c) - c.used_ms < cfg.min_token_ms
+            if self._remaining_ms(c) < cfg.min_token_ms
         )
         grants: list[Grant] = []
         blocked = False
@@ -454,7 +490,7 @@ class TokenScheduler:
                 # A token never lets the client pass its cap (limit, or request without
                 # elasticity); its length is the predicted burst (dynamic quota) within that,
                 # and never eats into time owed to conflicting clients (reservation NOTE).
-                length = self._token_length(c, self._cap_ms(c) - c.used_ms, contended)
+                length = self._token_length(c, self._remaining_ms(c), contended)
                 if cfg.reserve_guarantees:
                     own_miss = c.spec.quota_request * w - c.used_ms
                     slack = self.window_start_ms + w - now_ms - self._owed_to_others_ms(c, now_ms)

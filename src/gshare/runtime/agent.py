@@ -30,6 +30,10 @@ die with the agent. ``ray`` makes each instance a Ray actor of its own (``Instan
 pinned to this node with ``NodeAffinitySchedulingStrategy``, and runs the one-off jobs as Ray
 tasks. Both run the same ``InstanceServer``; the agent supervises both the same way, by pid.
 
+Token servers run ``tokens_uds.LIVE_TOKEN_CONFIG`` (long uncontended tokens that instances
+reuse for back-to-back batches; a small margin below each client's per-window limit), with the
+fields of ``token_config`` overridden.
+
 Crash handling: a monitor thread checks the instances' processes every
 ``MONITOR_PERIOD_S``. An instance whose process died (killed, crashed, or exited over its
 memory limit — it leaves the reason next to its socket) is restarted in place (same id, same
@@ -54,7 +58,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from gshare.policy.tokens import ClientSpec, TokenConfig
+from gshare.policy.tokens import ClientSpec
 from gshare.runtime import node_tasks
 from gshare.runtime.instance import InstanceActor, InstanceLaunch, launch_to_dict
 from gshare.runtime.launcher import Launcher
@@ -132,9 +136,9 @@ class NodeAgent:
                     "no MPS daemon on node %s: GPU shares are time-only (sm_pct not enforced)",
                     node_id[:8],
                 )
-        from gshare.runtime.tokens_uds import TokenServer
+        from gshare.runtime.tokens_uds import LIVE_TOKEN_CONFIG, TokenServer
 
-        cfg = TokenConfig(**(token_config or {}))
+        cfg = replace(LIVE_TOKEN_CONFIG, **(token_config or {}))
         self.token_servers = []
         for i, _ in enumerate(self.devices):
             ts = TokenServer(str(self.run_dir / f"tokens{i}.sock"), cfg)

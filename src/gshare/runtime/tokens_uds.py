@@ -15,7 +15,9 @@ Who uses what (DESIGN.md §5):
   revocation, ``release(..., completed=False)``) rather than overrun it. A frontend with work
   queued back to back reuses its token instead (Gemini: a token is a time slice):
   ``start_burst()`` runs the next burst on the held token while its rest fits the predicted
-  burst (the EWMA of its own bursts), else releases it and acquires another; ``end_burst()``
+  burst (the EWMA of its own bursts; with ``split_bursts=True``, for a frontend that checks
+  ``should_yield`` before every kernel: while any time is left on it), else releases it and
+  acquires another; ``end_burst()``
   keeps the token; ``idle()`` releases it, charged with the busy time of all its bursts, when
   the queue is empty. The round trip (100-300 us where waking a sleeping thread is slow) is then
   paid once per token, not once per burst.
@@ -101,6 +103,7 @@ from gshare.policy.tokens import (
 )
 
 __all__ = [
+    "LIVE_TOKEN_CONFIG",
     "PROTOCOL_VERSION",
     "TokenClient",
     "TokenRecord",
@@ -131,6 +134,25 @@ MAX_ID_BYTES = 255
 MAX_ERROR_BYTES = 1024
 _SEQ_MASK = 0xFFFFFFFF
 _SELECT_FD_LIMIT = 1024  # FD_SETSIZE: select(2) takes no descriptor at or above it
+
+
+LIVE_TOKEN_CONFIG = TokenConfig(idle_token_ms=40.0, limit_margin_ms=0.1)
+"""The token configuration of the live runtime's node agent, and of the benches that measure
+it (``bench/share_accuracy.py``, ``bench/token_overhead.py``); the simulator keeps
+``TokenConfig()``.
+
+* ``idle_token_ms=40`` -- a token handed out while nobody else waits lasts up to the window
+  (clipped to the client's quota and the guarantee reservation), so a client that reuses its
+  token pays the protocol about once per window instead of once per burst; at a hand-over the
+  client that just released has not asked again yet, so the next holder's token is such a
+  long one too, and two clients that time-share the device swap about twice per window when
+  they keep the rest of their tokens (``TokenClient(split_bursts=True)``, the NOTE in
+  ``TokenClient.reusable``);
+* ``limit_margin_ms=0.1`` -- a limited client's tokens stop 0.1 ms short of its per-window
+  limit, so a burst descheduled or woken late for up to that long stays within the limit
+  (overruns measured on the CPU runtime: a few to tens of microseconds); it costs a client with
+  request = limit 0.1 ms of its 40-ms window (0.25 pp).
+"""
 
 
 class TokenRuntimeError(RuntimeError):
@@ -726,7 +748,14 @@ class TokenClient:
     meanwhile) and ``TimeoutError`` is raised; the client cannot be used afterwards.
     """
 
-    def __init__(self, socket_path: str, client_id: str, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        socket_path: str,
+        client_id: str,
+        timeout_s: float | None = None,
+        *,
+        split_bursts: bool = False,
+    ) -> None:
         raw = client_id.encode("utf-8")
         if not 0 < len(raw) <= MAX_ID_BYTES:
             raise ValueError(
@@ -753,6 +782,10 @@ class TokenClient:
         self.burst_ewma_alpha = 0.3
         self.reused = 0
         """Bursts that ran on a token already held (no round trip to the server)."""
+        self.split_bursts = split_bursts
+        """Reuse a held token while any time is left on it, not only while its rest fits the
+        predicted burst (``reusable``). For frontends that call ``should_yield`` before every
+        kernel, so that a burst cut where the token ends never runs past it."""
         self._seq = 0
         self._out = bytearray(FRAME_SIZE)
         self._in = bytearray(FRAME_SIZE)
@@ -860,10 +893,25 @@ class TokenClient:
 
     def reusable(self) -> bool:
         """True when a token is held and its rest fits the predicted next burst (the EWMA of
-        this client's bursts; any rest > 0 before the first burst ends)."""
+        this client's bursts; any rest > 0 before the first burst ends), or, with
+        ``split_bursts``, when any time is left on it.
+
+        NOTE — split bursts. Giving back a rest that cannot fit the next burst and asking again
+        costs one round trip, as does cutting the burst where the token ends (revocation) and
+        asking again for its remainder; but a rest given back is not charged, so the scheduler
+        hands it out again later in the window, and while a neighbour time-shares the device
+        that is one more hand-over (two wake-ups, device idle) per token: two clients with
+        quota-sized tokens then swap four times per window instead of twice. A frontend that
+        checks ``should_yield`` before every kernel can cut a burst anywhere without running
+        past its token, so it keeps the rest (``split_bursts=True``). A frontend whose only
+        preemption points are coarse (the instance's per-module hook, which yields once the
+        token is spent) would instead overrun the token at every cut, so it keeps the default.
+        """
         if self.token_ms is None:
             return False
         left = self.token_left_ms()
+        if self.split_bursts:
+            return left > 0.0
         return left > 0.0 and not should_yield(left, self.predicted_burst_ms)
 
     def start_burst(self) -> float:
