@@ -1,6 +1,7 @@
 """Share accuracy of the live token mechanism: busy instance processes on one device.
 
-Usage: ``python bench/share_accuracy.py [--quick] [--json PATH] [--phase-s S]``
+Usage: ``python bench/share_accuracy.py [--quick] [--json PATH] [--phase-s S] [--device spin|sleep]
+[--protocol reuse|per-burst] [--token-config JSON] [--probe-s S] [--no-pin]``
 
 The live twin of the simulator's ``token-share`` experiment (same scenario table, same
 arithmetic), run with real processes and the wall clock: a ``TokenServer`` in this process (the
@@ -13,6 +14,21 @@ starts a kernel that cannot finish within its token, and runs past it only when 
 deschedules it mid-kernel (or, ``--device sleep``, wakes it late: it wakes 0.5 ms early and polls
 the rest). The per-window table says which: ``over windows`` counts (client, window) pairs over
 the limit and ``with overrun`` those in which that client had a token that ran past its length.
+
+The "device" is one core (``--no-pin`` turns this off): the instance processes are pinned to
+the last core and the token server and this driver to the others, as a GPU's token server runs
+on the host, not on the GPU it schedules. The instances run without Python's garbage collector
+(a real frontend is a C hook library; a full collection of a long log between a kernel's check
+and its end would be an overrun of the bench's own making).
+
+Machine stalls: before the scenarios a probe process spins the same 0.25-ms kernels back to
+back on the device core with no tokens at all (``--probe-s``, 10 s; quick 3 s) and counts the
+kernels stretched past 1 ms (``probe_stalls_per_min``, ``probe_max_stall_ms``). On the 2-core
+VM this was written on such stalls (2-4 ms) come a few times a minute, with or without
+``nice -20``, some with no context switch of the process at all (the vCPU itself stopped):
+a spinning instance hit by one in the last kernel of the token that takes it to its limit
+ends that window over the limit, which no token protocol can prevent. A non-zero
+``max_over_limit_pp`` with ``over_windows_with_overrun`` equal to ``over_windows`` is that.
 
 ``--protocol reuse`` (the default, the runtime instance's pattern): bursts run back to back on
 one token (``TokenClient.start_burst`` reuses it while any time is left on it -- the client is
@@ -75,6 +91,7 @@ of the last 10 s in which tasks waited for a CPU).
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -135,7 +152,8 @@ def scenarios(quick: bool) -> list[tuple[str, tuple[Plan, ...]]]:
 
 
 def _worker(
-    path: str, cid: str, kernels: int, device: str, reuse: bool, conn: Connection
+    path: str, cid: str, kernels: int, device: str, reuse: bool, conn: Connection,
+    device_core: int | None = None,
 ) -> None:  # pragma: no cover - runs in the child
     """Instance process: wait for the active intervals, run bursts in them, send the log back.
 
@@ -145,6 +163,12 @@ def _worker(
     """
     # Every kernel is checked with should_yield, so a burst may start on any rest of a token and
     # be cut where the token ends (TokenClient.reusable, the NOTE on split bursts).
+    if device_core is not None:  # --pin: the instances run on the "device" core
+        os.sched_setaffinity(0, {device_core})
+    # No collector pauses between a kernel's token check and its end (the log grows to
+    # thousands of tuples; a full collection of it takes milliseconds). A real frontend is a
+    # C hook library without a collector.
+    gc.disable()
     client = TokenClient(path, cid, timeout_s=30, split_bursts=True)
     conn.send("ready")
     intervals: list[tuple[float, float]] = conn.recv()
@@ -197,6 +221,52 @@ def _worker(
     conn.close()
 
 
+def _stall_probe(seconds: float, device_core: int | None, conn: Connection) -> None:  # pragma: no cover - child
+    """The machine's own stalls: spin ``KERNEL_MS`` kernels back to back (no tokens) on the
+    device core for ``seconds`` and send back the lengths (ms) of those stretched past 1 ms (the
+    process was descheduled or its CPU stalled mid-kernel), and the kernel count."""
+    if device_core is not None:
+        os.sched_setaffinity(0, {device_core})
+    gc.disable()
+    perf = time.perf_counter
+    spin_s = KERNEL_MS / 1000.0
+    stalls: list[float] = []
+    n = 0
+    t_end = perf() + seconds
+    while perf() < t_end:
+        a = perf()
+        d = a + spin_s
+        while perf() < d:
+            pass
+        b = perf()
+        n += 1
+        if b - a > 0.001:
+            stalls.append((b - a) * 1000.0)
+    conn.send((stalls, n))
+    conn.close()
+
+
+def stall_probe(seconds: float, device_core: int | None) -> dict[str, float]:
+    """Run ``_stall_probe`` in a fresh process; summarise it (nothing when ``seconds`` <= 0)."""
+    if seconds <= 0:
+        return {}
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_stall_probe, args=(seconds, device_core, there), daemon=True)
+    proc.start()
+    if not here.poll(seconds + 60):
+        sys.exit("the stall probe did not finish")
+    stalls, n = here.recv()
+    proc.join(10)
+    return {
+        "probe_s": seconds,
+        "probe_kernels": n,
+        "probe_stalls": len(stalls),
+        "probe_stalls_per_min": len(stalls) / seconds * 60.0,
+        "probe_max_stall_ms": max(stalls, default=0.0),
+    }
+
+
 def _busy(intervals: Sequence[tuple[float, float]], t0: float, t1: float) -> float:
     return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in intervals)
 
@@ -229,6 +299,7 @@ def run_scenario(
     device: str = "spin",
     reuse: bool = True,
     config: TokenConfig = LIVE_TOKEN_CONFIG,
+    device_core: int | None = None,
 ) -> tuple[list[dict[str, object]], dict[str, float]]:
     """Run one scenario; return one row per (phase, client) and its over-limit figures."""
     w_s = config.window_ms / 1000.0
@@ -244,7 +315,9 @@ def run_scenario(
             here, there = ctx.Pipe()
             kernels = round(p.burst_ms / KERNEL_MS)
             proc = ctx.Process(
-                target=_worker, args=(path, p.name, kernels, device, reuse, there), daemon=True
+                target=_worker,
+                args=(path, p.name, kernels, device, reuse, there, device_core),
+                daemon=True,
             )
             proc.start()
             procs.append(proc)
@@ -363,8 +436,25 @@ def main() -> None:
         help="TokenConfig fields to override in the live agent's LIVE_TOKEN_CONFIG, "
         'e.g. \'{"idle_token_ms": 0}\'',
     )
+    parser.add_argument(
+        "--probe-s", type=float, default=None,
+        help="length of the stall probe before the scenarios (10 s; quick 3 s; 0 skips it)",
+    )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not pin the instances to one core and the token server to the others",
+    )
     args = parser.parse_args()
     config = replace(LIVE_TOKEN_CONFIG, **json.loads(args.token_config))
+    cores = sorted(os.sched_getaffinity(0))
+    device_core = None
+    if not args.no_pin and len(cores) >= 2:
+        # The "device" is the last core: the instances' kernels run there, and the token server
+        # (the node agent's role) and this driver run on the others, as a GPU's token server
+        # runs on the host CPU, not on the GPU it schedules.
+        device_core = cores[-1]
+        os.sched_setaffinity(0, cores[:-1])
     load = machine_load()  # before our own load
     phase_s = args.phase_s or (1.0 if args.quick else 3.0)
     settle_s = 0.2 if args.quick else 0.4
@@ -372,10 +462,13 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="gs-share-", dir="/tmp")
     rows: list[dict[str, object]] = []
     per_scenario: dict[str, dict[str, float]] = {}
+    probe = stall_probe(args.probe_s if args.probe_s is not None else (3.0 if args.quick else 10.0),
+                        device_core)
     try:
         for name, plans in scenarios(args.quick):
             r, extra = run_scenario(
-                name, plans, phase_s, settle_s, tmp, args.device, args.protocol == "reuse", config
+                name, plans, phase_s, settle_s, tmp, args.device, args.protocol == "reuse", config,
+                device_core,
             )
             rows += r
             per_scenario[name] = extra
@@ -401,6 +494,8 @@ def main() -> None:
         "device": args.device,
         "protocol": args.protocol,
         "token_config": asdict(config),
+        "device_core": device_core,
+        **probe,
     }
     print_table(
         "share accuracy (live token server, busy instance processes, W = 40 ms)",
@@ -464,6 +559,12 @@ def main() -> None:
         f"{summary['over_windows_with_overrun']} of them with an overrun token "
         f"(max overrun {summary['max_overrun_ms']:.3f} ms)"
     )
+    if probe:
+        print(
+            f"machine stalls (a bare {KERNEL_MS} ms spin on the device core, no tokens, "
+            f"{probe['probe_s']:g} s): {probe['probe_stalls']} kernels stretched past 1 ms "
+            f"({probe['probe_stalls_per_min']:.1f} per min), longest {probe['probe_max_stall_ms']:.2f} ms"
+        )
     load_end = machine_load()  # other work that started during the run shows here
     summary.update(load)
     summary.update({f"{k}_end": v for k, v in load_end.items() if k != "cpus"})
