@@ -13,7 +13,10 @@ root; Python puts ``bench/`` on ``sys.path``, so a bench imports this module as 
     write_json(args.json, {"rtt_us_p50": 21.3}, rows=[...])   # {"summary": {...}, "rows": [...]}
     summary.update(machine_load())          # how busy the machine was (timings depend on it)
 
-The whole API is those five functions; keep it small.
+Benches of the live token mechanism add ``--token-config JSON`` with
+``add_token_config_option(parser)`` and read it with ``live_token_config(args)``.
+
+Keep the API small.
 """
 
 from __future__ import annotations
@@ -29,7 +32,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["bench_parser", "machine_load", "percentile", "print_table", "write_json"]
+__all__ = [
+    "add_token_config_option",
+    "bench_parser",
+    "live_token_config",
+    "machine_load",
+    "percentile",
+    "print_table",
+    "write_json",
+]
 
 
 def bench_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -116,3 +127,28 @@ def _finite(v: Any) -> Any:
     if isinstance(v, list | tuple):
         return [_finite(x) for x in v]
     return v
+
+
+def add_token_config_option(parser: argparse.ArgumentParser) -> None:
+    """``--token-config JSON``: fields of the live agent's ``LIVE_TOKEN_CONFIG`` to override."""
+    parser.add_argument(
+        "--token-config",
+        default="{}",
+        metavar="JSON",
+        help="TokenConfig fields to override in the live agent's LIVE_TOKEN_CONFIG, "
+        'e.g. \'{"idle_token_ms": 0}\'',
+    )
+
+
+def live_token_config(args: argparse.Namespace) -> Any:
+    """The ``TokenConfig`` a bench runs: ``LIVE_TOKEN_CONFIG`` with ``--token-config`` applied
+    (a bad field or value exits with one line naming it)."""
+    from dataclasses import replace
+
+    from gshare.policy.tokens import TokenError
+    from gshare.runtime.tokens_uds import LIVE_TOKEN_CONFIG
+
+    try:
+        return replace(LIVE_TOKEN_CONFIG, **json.loads(args.token_config))
+    except (ValueError, TypeError, TokenError) as e:
+        raise SystemExit(f"--token-config: {e}") from None

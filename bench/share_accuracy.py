@@ -92,17 +92,23 @@ of the last 10 s in which tasks waited for a CPU).
 from __future__ import annotations
 
 import gc
-import json
 import multiprocessing as mp
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 
-from _common import bench_parser, machine_load, print_table, write_json
+from _common import (
+    add_token_config_option,
+    bench_parser,
+    live_token_config,
+    machine_load,
+    print_table,
+    write_json,
+)
 from gshare.policy.tokens import ClientSpec, TokenConfig
 from gshare.runtime.tokens_uds import LIVE_TOKEN_CONFIG, TokenClient, TokenRecord, TokenServer
 
@@ -429,13 +435,7 @@ def main() -> None:
         default="reuse",
         help="token reuse across back-to-back bursts (the runtime's, default) or one per burst",
     )
-    parser.add_argument(
-        "--token-config",
-        default="{}",
-        metavar="JSON",
-        help="TokenConfig fields to override in the live agent's LIVE_TOKEN_CONFIG, "
-        'e.g. \'{"idle_token_ms": 0}\'',
-    )
+    add_token_config_option(parser)
     parser.add_argument(
         "--probe-s", type=float, default=None,
         help="length of the stall probe before the scenarios (10 s; quick 3 s; 0 skips it)",
@@ -446,7 +446,7 @@ def main() -> None:
         help="do not pin the instances to one core and the token server to the others",
     )
     args = parser.parse_args()
-    config = replace(LIVE_TOKEN_CONFIG, **json.loads(args.token_config))
+    config = live_token_config(args)
     cores = sorted(os.sched_getaffinity(0))
     device_core = None
     if not args.no_pin and len(cores) >= 2:

@@ -43,7 +43,6 @@ protocol (``reuse``; target <= 3); ``overhead_pct_<model>`` (reuse),
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -51,13 +50,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from multiprocessing.connection import Connection
 from typing import Any
 
-from _common import bench_parser, machine_load, percentile, print_table, write_json
+from _common import (
+    add_token_config_option,
+    bench_parser,
+    live_token_config,
+    machine_load,
+    percentile,
+    print_table,
+    write_json,
+)
 from gshare.policy.tokens import ClientSpec, TokenConfig
-from gshare.runtime.tokens_uds import LIVE_TOKEN_CONFIG, TokenClient, TokenServer
+from gshare.runtime.tokens_uds import TokenClient, TokenServer
 
 
 def _serve(path: str, config: TokenConfig, conn: Connection) -> None:  # pragma: no cover
@@ -220,13 +227,7 @@ def main() -> None:
     parser.add_argument(
         "--block", type=int, default=None, help="calls per reuse block (MLP 10, ResNet 3)"
     )
-    parser.add_argument(
-        "--token-config",
-        default="{}",
-        metavar="JSON",
-        help="TokenConfig fields to override in the live agent's LIVE_TOKEN_CONFIG, "
-        'e.g. \'{"idle_token_ms": 0}\'',
-    )
+    add_token_config_option(parser)
     args = parser.parse_args()
     load = machine_load()  # before our own load
     pairs = {
@@ -235,7 +236,7 @@ def main() -> None:
     }
     block = {"mlp": args.block or 10, "resnet50": args.block or 3}
     warmup = {"mlp": 20, "resnet50": 2}
-    config = replace(LIVE_TOKEN_CONFIG, **json.loads(args.token_config))
+    config = live_token_config(args)
 
     import torch
 
