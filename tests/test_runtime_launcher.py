@@ -123,3 +123,33 @@ def test_an_instance_that_cannot_start_says_why(launcher: Launcher, run_dir: Pat
         assert not Path(bad.uds_path + ".ready").exists()
     finally:
         ts.stop()
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device")
+def test_forked_instance_uses_cuda_with_its_mps_share(run_dir: Path) -> None:
+    """Where CUDA exists: the template never initialises CUDA, so an instance forked from it
+    creates its own context, after its launch env (the MPS thread percentage) is in place."""
+    ts = TokenServer(str(run_dir / "tokens.sock"), TokenConfig())
+    ts.start()
+    lau = Launcher({"GSHARE_TINY_MODELS": "1"})
+    lau.start()
+    try:
+        base = _launch(run_dir, ts, "g0")
+        la = launch_to_dict(base)
+        la.update(device="cuda:0", spec={"name": "f", "model": "mlp", "device": "cuda"},
+                  env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"})
+        pid = lau.launch(la, str(run_dir / "g0.log"))
+        wait_until(lambda: Path(base.uds_path + ".ready").exists() or lau.exit_code(pid) is not None,
+                   120, "the CUDA instance to start")
+        assert Path(base.uds_path + ".ready").exists(), (run_dir / "g0.log").read_text()
+        status, body = P.call_once(base.uds_path, P.OP_INVOKE, P.ENC_JSON, json.dumps([0.5] * 64).encode())
+        assert status == P.ST_OK, body
+    finally:
+        lau.stop()
+        ts.stop()

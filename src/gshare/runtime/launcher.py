@@ -14,7 +14,7 @@ Who uses what:
 
 * ``NodeAgent`` (``agent.py``) owns one ``Launcher`` per node (``launcher="fork"``, the
   default of ``gshare serve``). ``Launcher.start()`` runs ``python -m gshare.runtime.launcher``
-  with ``OPENMP_ENV`` in its environment (OpenMP reads
+  with ``TEMPLATE_ENV`` in its environment (OpenMP reads
   it once, when torch loads libgomp: threads of an instance waiting for its token must not
   spin on the cores of another instance's partition). The agent then calls
   ``launch(launch_dict, log_path)`` → the instance's pid, and ``call("module:function", args)``
@@ -79,11 +79,19 @@ PRELOAD_MODULES = (
 """What the template imports before it forks: the instance runtime and the built-in models'
 modules (a handler's own imports happen in the child, after the fork)."""
 
-OPENMP_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "OPENBLAS_NUM_THREADS": "1"}
+TEMPLATE_ENV = {
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "KMP_BLOCKTIME": "0",
+    "OPENBLAS_NUM_THREADS": "1",
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+}
 """Settings read once, when the libraries load, so they are set for the template: OpenMP's
-passive waits (torch's libgomp), and numpy's OpenBLAS without its thread pool (it would start
-one at import, and the template must have one thread when it forks; instances compute with
-torch, whose intra-op threads ``partition.apply_cpu_partition`` sizes after the fork)."""
+passive waits (torch's libgomp); numpy's OpenBLAS without its thread pool (it would start one
+at import, and the template must have one thread when it forks; instances compute with torch,
+whose intra-op threads ``partition.apply_cpu_partition`` sizes after the fork); and
+``torch.cuda.is_available()`` answered by NVML, without ``cuInit``, if an import asks: CUDA
+initialised before a fork is unusable in the children (PyTorch: "Cannot re-initialize CUDA in
+forked subprocess"), so the template must never initialise it (``main`` checks)."""
 
 START_TIMEOUT_S = 120.0
 """How long ``Launcher.start`` waits for the template to finish importing."""
@@ -124,7 +132,7 @@ class Launcher:
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the template and wait until it has imported the runtime."""
-        env = {**os.environ, **OPENMP_ENV, **(self._env or {})}
+        env = {**os.environ, **TEMPLATE_ENV, **(self._env or {})}
         proc = subprocess.Popen(
             [sys.executable, "-m", "gshare.runtime.launcher"],
             stdin=subprocess.PIPE,
@@ -459,6 +467,10 @@ def main() -> None:
             print(f"gshare launcher: cannot preload {name}: {e}", file=sys.stderr)
     gc.collect()
     gc.freeze()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        print("gshare launcher: CUDA was initialised by an import; forked instances cannot use it",
+              file=sys.stderr)
     threads = _thread_count()
     if threads != 1:
         print(f"gshare launcher: {threads} threads after the imports; forking them is unsafe",
