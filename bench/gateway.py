@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import bench_parser, machine_load, percentile, print_table, write_json
+from _common import GshareServer, bench_parser, machine_load, percentile, print_table, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -198,36 +198,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_gshare(args: Any, tmp: Path) -> dict[str, Any]:
-    port = free_port()
-    state = tmp / f"state-{port}"
     spec = tmp / "echo.yaml"
     spec.write_text(ECHO_SPEC)
-    with open(tmp / f"gshare-{port}.log", "wb") as log:
-        proc = subprocess.Popen(
-            [PY, "-m", "gshare.cli", "serve", "--port", str(port), "--state", str(state)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-        )
-    try:
-        t0 = time.monotonic()
-        while not (state / "token").exists() or not _listening(port):
-            if proc.poll() is not None or time.monotonic() - t0 > 120:
-                raise SystemExit(f"gshare serve did not start (see {tmp})")
-            time.sleep(0.3)
-        dep = subprocess.run(
-            [PY, "-m", "gshare.cli", "deploy", str(spec), "--url", f"http://127.0.0.1:{port}", "--state", str(state)],
-            capture_output=True, text=True, cwd=ROOT,
-        )
-        if dep.returncode != 0:
-            raise SystemExit(f"gshare deploy failed: {dep.stderr.strip()}")
-        wait_http(port, "/function/echo", 120, proc)
-        return asyncio.run(load(port, "/function/echo", args.concurrency, args.warmup_s, args.duration_s))
-    finally:
-        stop(proc)
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+    with GshareServer(tmp) as srv:
+        try:
+            srv.client().deploy(spec.read_text())
+        except Exception as e:
+            raise SystemExit(f"gshare deploy failed: {e}") from None
+        wait_http(srv.port, "/function/echo", 120, srv.proc)
+        return asyncio.run(load(srv.port, "/function/echo", args.concurrency, args.warmup_s, args.duration_s))
 
 
 def run_rayserve(args: Any, tmp: Path) -> dict[str, Any]:

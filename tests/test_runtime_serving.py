@@ -349,6 +349,20 @@ def test_scale_to_zero_after_keep_alive_and_cold_start_again(server: ServerProce
     c.delete("idle")
 
 
+def test_keep_alive_counts_from_the_last_answer_not_the_arrival(server: ServerProcess) -> None:
+    """A request that runs (or waits through a cold start) longer than ``keep_alive_s`` keeps
+    its instance: idleness starts when the function last answered, and requests in flight
+    keep it warm, so the next request finds the same process."""
+    c = server.client()
+    c.deploy({"name": "longreq", "handler": "gshare.runtime.demo_handlers:Sleep", "device": "cpu",
+              "keep_alive_s": 1, "max_instances": 1, "batching": {"max_batch": 1, "max_wait_ms": 0}})
+    first = c.invoke("longreq", {"sleep_ms": 2500})  # 2.5 s in flight > keep_alive_s
+    second = c.invoke("longreq", {"sleep_ms": 1})
+    assert second["pid"] == first["pid"]
+    assert "scaled down" not in "\n".join(c.logs("longreq"))
+    c.delete("longreq")
+
+
 @pytest.mark.slow
 def test_profile_writes_the_table_the_autoscaler_reads(server: ServerProcess) -> None:
     c = server.client()

@@ -522,10 +522,12 @@ class Controller(ControlPlane):
             fs.window = rate.observe(fs.window, n, interval_s)
             self._refresh_configs(fs)
         predicted = max(rate.predict(fs.ewma), rate.predict(fs.window)) * self.config.headroom
-        route = self.gateway.routes.get(name)
-        last = route.last_arrival_s if route else None
-        keep_warm = False
-        if last is not None:
+        # Idle since the later of the last arrival and the last answer: a request that waited
+        # through a cold start longer than keep_alive_s must not see its instance scaled away
+        # the moment it is ready. Requests in flight keep the function warm.
+        last = self.gateway.idle_since_s(name)
+        keep_warm = self.gateway.outstanding(name) > 0
+        if last is not None and not keep_warm:
             deadline_ms = keep_alive_deadline_ms(last * 1000.0, fs.spec.keep_alive_s * 1000.0)
             if now_wall * 1000.0 >= deadline_ms:
                 predicted = 0.0  # idle past keep-alive: let the autoscaler scale to min

@@ -233,6 +233,9 @@ class FunctionRoute:
     arrivals: int = 0
     last_arrival_s: float | None = None
     """Wall time of the last arrival (None: none since the server started)."""
+    last_done_s: float | None = None
+    """Wall time of the last answer an instance gave (the function is idle since the later of
+    this and ``last_arrival_s``, when nothing is queued or in flight)."""
     inputs: list[dict[str, Any]] = field(default_factory=list)
     start_error: str | None = None
     """Why the function's last instance start failed (queued requests fail with it)."""
@@ -349,6 +352,20 @@ class Gateway:
         r = self.routes.get(function)
         return len(r.queue) if r else 0
 
+    def outstanding(self, function: str) -> int:
+        """Requests of ``function`` queued here or in flight at its instances."""
+        r = self.routes.get(function)
+        return len(r.queue) + sum(len(c.inflight) for c in r.channels.values()) if r else 0
+
+    def idle_since_s(self, function: str) -> float | None:
+        """Wall time since which ``function`` has had no request (the later of its last arrival
+        and its last answer); None when it has had none since the server started."""
+        r = self.routes.get(function)
+        if r is None:
+            return None
+        times = [t for t in (r.last_arrival_s, r.last_done_s) if t is not None]
+        return max(times) if times else None
+
     def set_start_error(self, function: str, message: str) -> None:
         """No instance of the function could start: fail what waits for one (503)."""
         r = self.routes.get(function)
@@ -462,8 +479,10 @@ class Gateway:
             if r is not None:
                 r.queue.appendleft(p)
             return
+        r = self.routes.get(p.function)
+        if r is not None:
+            r.last_done_s = time.time()
         if status == P.ST_OK:
-            r = self.routes.get(p.function)
             q_ms, tw_ms, ex_ms, batch = m
             if r is not None and batch > 0:
                 per = ex_ms / batch
