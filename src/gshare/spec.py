@@ -206,7 +206,9 @@ class FunctionSpec(BaseModel):
     priority: Int = Field(default=0, ge=0, le=9)
     """Token priority: higher is served first (``policy.tokens``)."""
     keep_alive_s: Num = Field(default=300.0, ge=0, le=MAX_KEEP_ALIVE_S)
-    """An idle instance is kept warm this long before it is reclaimed."""
+    """How long the function stays warm once idle — no request queued or running, counted from
+    the later of its last arrival and its last answer — before its instances above
+    ``min_instances`` are reclaimed."""
 
     @field_validator("name")
     @classmethod
