@@ -153,3 +153,41 @@ def test_forked_instance_uses_cuda_with_its_mps_share(run_dir: Path) -> None:
     finally:
         lau.stop()
         ts.stop()
+
+
+def test_a_replaced_gateway_connection_lets_its_requests_finish(run_dir: Path) -> None:
+    """The controller reconnects to an instance when it sees a new incarnation; with fast
+    restarts the connection it replaces may already reach that incarnation and carry requests.
+    They finish on it: no retry is counted (two counted retries fail a request with a 502)."""
+    import asyncio
+
+    from gshare.runtime.gateway import Gateway
+
+    ts = TokenServer(str(run_dir / "tokens.sock"), TokenConfig())
+    ts.start()
+    lau = Launcher({"GSHARE_TINY_MODELS": "1"})
+    lau.start()
+    try:
+        la = _launch(run_dir, ts, "s0")
+        d = launch_to_dict(la)
+        d["spec"] = {"name": "f", "handler": "gshare.runtime.demo_handlers:Sleep", "device": "cpu"}
+        pid = lau.launch(d, str(run_dir / "s0.log"))
+        wait_until(lambda: Path(la.uds_path + ".ready").exists(), 60, "the instance to start")
+
+        async def scenario() -> tuple[int, int, bytes]:
+            gw = Gateway()
+            gw.add_function("f", None, 1)
+            await gw.instance_ready("f", "s0", uds_path=la.uds_path, tcp=None, max_batch=1)
+            p = gw.submit("f", P.OP_INVOKE, P.ENC_JSON, b'{"sleep_ms": 500}')
+            await asyncio.sleep(0.1)  # running on the first connection
+            await gw.instance_ready("f", "s0", uds_path=la.uds_path, tcp=None, max_batch=1)
+            status, _enc, payload, _m = await gw.wait(p)
+            return status, p.attempts, payload
+
+        status, attempts, payload = asyncio.run(scenario())
+        assert status == P.ST_OK, payload
+        assert attempts == 0
+        assert json.loads(payload)["pid"] == pid
+    finally:
+        lau.stop()
+        ts.stop()

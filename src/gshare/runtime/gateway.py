@@ -177,6 +177,9 @@ class InstanceChannel(asyncio.Protocol):
         self.reader = P.FrameReader(P.RESP_FIXED)
         self.closed = False
         self.draining = False
+        self.retired = False
+        """Replaced by a new connection to the same instance id: closed once its in-flight
+        requests are answered (``Gateway._retire_channel``)."""
 
     @property
     def usable(self) -> bool:
@@ -211,6 +214,8 @@ class InstanceChannel(asyncio.Protocol):
                 continue  # answered already (timed out)
             p.channel = None
             self.gateway.on_response(self, p, status, enc, f[P.RESP_FIXED :], (q_ms, tw_ms, ex_ms, batch))
+        if self.retired and not self.inflight and self.transport is not None:
+            self.transport.close()
         self.gateway.dispatch(self.function)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -300,7 +305,7 @@ class Gateway:
             return
         old = r.channels.pop(instance_id, None)
         if old is not None:
-            self._close_channel(old)
+            self._retire_channel(old)
         cap = max(8, 4 * max_batch)
         loop = asyncio.get_running_loop()
         ch = InstanceChannel(self, function, instance_id, cap)
@@ -391,6 +396,18 @@ class Gateway:
         if ch.transport is not None:
             ch.transport.close()
 
+    def _retire_channel(self, ch: InstanceChannel) -> None:
+        """A connection replaced by a new one to the same instance id (the controller saw a new
+        incarnation): no new requests on it, and it is closed once its in-flight requests are
+        answered. Closing it at once would count them as crashed: with fast restarts the old
+        connection may already reach the new incarnation (the controller connected between
+        the crash and the status that reported the restart). If its peer is dead, the
+        connection drops by itself and its requests are retried as usual."""
+        ch.draining = True
+        ch.retired = True
+        if not ch.inflight and ch.transport is not None:
+            ch.transport.close()
+
     def _fail_queue(self, r: FunctionRoute, status: int, message: str) -> None:
         while r.queue:
             self._finish_error(r.queue.popleft(), status, message)
@@ -461,8 +478,11 @@ class Gateway:
         r = self.routes.get(p.function)
         where = "waiting for an instance to become ready"
         if p.channel is not None:
-            p.channel.inflight.pop(p.req_id, None)
-            where = f"waiting for instance {p.channel.instance_id} to answer"
+            ch = p.channel
+            ch.inflight.pop(p.req_id, None)
+            where = f"waiting for instance {ch.instance_id} to answer"
+            if ch.retired and not ch.inflight and ch.transport is not None:
+                ch.transport.close()
         elif r is not None:
             with contextlib.suppress(ValueError):
                 r.queue.remove(p)
