@@ -527,3 +527,26 @@ def test_split_bursts_reuse_a_token_whatever_the_predicted_burst(sock_path: str)
             wait_until(lambda: len(srv.token_records()) == 1)
             assert [r.completed for r in srv.token_records()] == [True]
         assert srv.stats()["errors"] == 0
+
+
+def test_busy_clock_measures_the_time_reported_on_a_token(sock_path: str) -> None:
+    # busy_clock measures the busy time a token's record holds (a CPU frontend passes
+    # time.thread_time); the token's length stays wall time. A clock that advances 7 ms per
+    # burst: two bursts on one token report 14 ms, whatever the wall clock did.
+    ticks = iter(range(0, 1000, 7))
+
+    def fake_clock() -> float:
+        return next(ticks) / 1000.0
+
+    with TokenServer(sock_path, TokenConfig(idle_token_ms=30.0), record_tokens=1000) as srv:
+        srv.add_client(spec("A", req=1.0))
+        with TokenClient(sock_path, "A", timeout_s=10, split_bursts=True, busy_clock=fake_clock) as c:
+            for _ in range(2):
+                c.start_burst()
+                c.end_burst()
+            c.idle()
+            wait_until(lambda: len(srv.token_records()) == 1)
+            (rec,) = srv.token_records()
+            assert rec.busy_ms == pytest.approx(14.0)
+            assert c.predicted_burst_ms == pytest.approx(7.0)
+        assert srv.stats()["errors"] == 0

@@ -755,6 +755,7 @@ class TokenClient:
         timeout_s: float | None = None,
         *,
         split_bursts: bool = False,
+        busy_clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         raw = client_id.encode("utf-8")
         if not 0 < len(raw) <= MAX_ID_BYTES:
@@ -774,7 +775,7 @@ class TokenClient:
         """Busy time of the bursts ended on the held token (reuse protocol)."""
         self._in_burst = False
         self._seg_t0 = 0.0
-        """Start of the open burst segment (``perf_counter``), valid while ``_in_burst``."""
+        """Start of the open burst segment (``busy_clock``), valid while ``_in_burst``."""
         self._burst_done_ms = 0.0
         """Busy time of the open burst on earlier tokens (a burst renewed mid-way)."""
         self.predicted_burst_ms = 0.0
@@ -783,6 +784,12 @@ class TokenClient:
         self.reused = 0
         """Bursts that ran on a token already held (no round trip to the server)."""
         self.split_bursts = split_bursts
+        self.busy_clock = busy_clock
+        """The clock (seconds) that measures the busy time reported on a token; the token's
+        own length is always wall time (``perf_counter``). Default ``perf_counter``: the
+        device time a GPU burst holds, as the host sees it. A single-threaded CPU frontend may
+        pass ``time.thread_time``: the CPU time it got, which leaves out the time its core was
+        taken from it (another task, or the VM stopping the vCPU) while it held the token."""
         """Reuse a held token while any time is left on it, not only while its rest fits the
         predicted burst (``reusable``). For frontends that call ``should_yield`` before every
         kernel, so that a burst cut where the token ends never runs past it."""
@@ -834,7 +841,7 @@ class TokenClient:
                 self.elastic = bool(flags & 1)
                 self._used_ms = 0.0
                 if self._in_burst:
-                    self._seg_t0 = self._t_grant
+                    self._seg_t0 = self._t_grant if self.busy_clock is time.perf_counter else self.busy_clock()
                 return value
             if op == OP_ERROR:
                 text = self._read_text(length)
@@ -871,7 +878,7 @@ class TokenClient:
     @contextlib.contextmanager
     def burst(self, reuse: bool = False) -> Iterator[float]:
         """``with client.burst() as token_ms: run()`` -- acquire, run, release the time measured
-        with ``time.perf_counter`` (also when the body raises).
+        with ``busy_clock`` (also when the body raises).
 
         ``reuse=True``: ``start_burst`` / ``end_burst`` instead -- the token is kept after the
         body for the next burst (yields the time left on it); call ``idle()`` when done."""
@@ -883,11 +890,11 @@ class TokenClient:
                 self.end_burst()
             return
         token_ms = self.acquire()
-        t0 = self._t_grant
+        t0 = self._t_grant if self.busy_clock is time.perf_counter else self.busy_clock()
         try:
             yield token_ms
         finally:
-            self.release((time.perf_counter() - t0) * 1000.0)
+            self.release((self.busy_clock() - t0) * 1000.0)
 
     # -- token reuse (Gemini: a token is a time slice) -----------------------------------------
 
@@ -941,7 +948,7 @@ class TokenClient:
         if self.token_ms is None:
             raise TokenRuntimeError(f"client {self.client_id!r} holds no token")
         self._in_burst = True
-        self._seg_t0 = time.perf_counter()
+        self._seg_t0 = self.busy_clock()
         self._burst_done_ms = 0.0
 
     def end_burst(self) -> float:
@@ -951,7 +958,7 @@ class TokenClient:
         if not self._in_burst:
             raise TokenRuntimeError(f"client {self.client_id!r} is not in a burst")
         self._in_burst = False
-        seg_ms = (time.perf_counter() - self._seg_t0) * 1000.0 if self.token_ms is not None else 0.0
+        seg_ms = (self.busy_clock() - self._seg_t0) * 1000.0 if self.token_ms is not None else 0.0
         self._used_ms += seg_ms
         burst_ms = self._burst_done_ms + seg_ms
         self._burst_done_ms = 0.0
@@ -971,7 +978,7 @@ class TokenClient:
             return False
         busy_ms = self._used_ms
         if self._in_burst:
-            seg_ms = (time.perf_counter() - self._seg_t0) * 1000.0
+            seg_ms = (self.busy_clock() - self._seg_t0) * 1000.0
             self._burst_done_ms += seg_ms
             busy_ms += seg_ms
         self.release(busy_ms, completed=completed)
