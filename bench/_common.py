@@ -43,6 +43,7 @@ __all__ = [
     "machine_load",
     "percentile",
     "print_table",
+    "stop_session",
     "write_json",
 ]
 
@@ -158,6 +159,22 @@ def live_token_config(args: argparse.Namespace) -> Any:
         raise SystemExit(f"--token-config: {e}") from None
 
 
+def stop_session(proc: Any, grace_s: float = 60.0) -> None:
+    """Stop a server started with ``start_new_session=True``: SIGTERM (a clean shutdown), and
+    after ``grace_s`` SIGKILL to its whole process group."""
+    import signal
+    import subprocess
+
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class GshareServer:
     """A real ``gshare serve`` on a free port with a fresh state directory under ``tmp``, in
     its own session (so nothing it starts outlives ``stop``); its output goes to a log file in
@@ -208,18 +225,9 @@ class GshareServer:
         return Client(self.url, state_dir=self.state)
 
     def stop(self) -> None:
-        import signal
-        import subprocess
-
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc is not None:
+            stop_session(proc)
 
     def __enter__(self) -> GshareServer:
         return self.start()

@@ -30,8 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -41,7 +39,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import GshareServer, bench_parser, machine_load, percentile, print_table, write_json
+from _common import (
+    GshareServer,
+    bench_parser,
+    machine_load,
+    percentile,
+    print_table,
+    stop_session,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -184,16 +190,6 @@ def wait_http(port: int, path: str, timeout_s: float, proc: subprocess.Popen[byt
     raise SystemExit(f"server on port {port} not ready after {timeout_s:.0f} s")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 # -- the two systems -----------------------------------------------------------------------------
 
 
@@ -221,7 +217,7 @@ def run_rayserve(args: Any, tmp: Path) -> dict[str, Any]:
         wait_http(port, "/function/echo", 180, proc)
         return asyncio.run(load(port, "/function/echo", args.concurrency, args.warmup_s, args.duration_s))
     finally:
-        stop(proc)
+        stop_session(proc)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -39,6 +39,20 @@ def run_dir() -> Iterator[Path]:
         yield Path(d)
 
 
+@pytest.fixture()
+def node(run_dir: Path) -> Iterator[tuple[TokenServer, Launcher]]:
+    """A node's mechanisms: a token server and a template of its own (tiny models)."""
+    ts = TokenServer(str(run_dir / "tokens.sock"), TokenConfig())
+    ts.start()
+    lau = Launcher({"GSHARE_TINY_MODELS": "1"})
+    lau.start()
+    try:
+        yield ts, lau
+    finally:
+        lau.stop()
+        ts.stop()
+
+
 def test_the_template_is_single_threaded_and_answers_calls(launcher: Launcher) -> None:
     assert launcher.alive()
     proc = psutil.Process(launcher.pid)
@@ -70,37 +84,33 @@ def _launch(run_dir: Path, ts: TokenServer, iid: str, model: str = "mlp") -> Ins
     )
 
 
-def test_forked_instance_serves_shares_the_imports_and_dies_with_the_template(run_dir: Path) -> None:
-    ts = TokenServer(str(run_dir / "tokens.sock"), TokenConfig())
-    ts.start()
-    lau = Launcher({"GSHARE_TINY_MODELS": "1"})
-    lau.start()
-    try:
-        launches = [_launch(run_dir, ts, f"i{k}") for k in range(2)]
-        pids = [lau.launch(launch_to_dict(la), str(run_dir / f"{la.instance_id}.log")) for la in launches]
-        for la in launches:
-            wait_until(lambda la=la: Path(la.uds_path + ".ready").exists(), 60, f"{la.instance_id} ready")
-        infos = [json.loads(Path(la.uds_path + ".ready").read_text()) for la in launches]
-        assert [i["pid"] for i in infos] == pids
-        for pid in pids:
-            assert psutil.Process(pid).ppid() == lau.pid  # forked by the template
-        status, body = P.call_once(launches[0].uds_path, P.OP_INVOKE, P.ENC_JSON, json.dumps([0.5] * 64).encode())
-        assert status == P.ST_OK, body
-        assert 0 <= json.loads(body)["label"] < 10  # the MLP's top class of 10
-        # The import heap (Python, torch, transformers) is the template's, shared copy-on-write:
-        # most of an instance's resident memory is not its own (a process that imported the
-        # runtime itself holds ~300 MB privately: over 3/4 of its RSS).
-        for pid in pids:
-            mem = psutil.Process(pid).memory_full_info()
-            assert mem.uss < 0.25 * mem.rss, mem
-        # SIGTERM stops one instance; the template reports its exit.
-        os.kill(pids[1], signal.SIGTERM)
-        wait_until(lambda: lau.exit_code(pids[1]) is not None, 10, "the exit to be reported")
-        assert lau.exit_code(pids[1]) == 0
-        template = psutil.Process(lau.pid)
-    finally:
-        lau.stop()
-        ts.stop()
+def test_forked_instance_serves_shares_the_imports_and_dies_with_the_template(
+    run_dir: Path, node: tuple[TokenServer, Launcher]
+) -> None:
+    ts, lau = node
+    launches = [_launch(run_dir, ts, f"i{k}") for k in range(2)]
+    pids = [lau.launch(launch_to_dict(la), str(run_dir / f"{la.instance_id}.log")) for la in launches]
+    for la in launches:
+        wait_until(lambda la=la: Path(la.uds_path + ".ready").exists(), 60, f"{la.instance_id} ready")
+    infos = [json.loads(Path(la.uds_path + ".ready").read_text()) for la in launches]
+    assert [i["pid"] for i in infos] == pids
+    for pid in pids:
+        assert psutil.Process(pid).ppid() == lau.pid  # forked by the template
+    status, body = P.call_once(launches[0].uds_path, P.OP_INVOKE, P.ENC_JSON, json.dumps([0.5] * 64).encode())
+    assert status == P.ST_OK, body
+    assert 0 <= json.loads(body)["label"] < 10  # the MLP's top class of 10
+    # The import heap (Python, torch, transformers) is the template's, shared copy-on-write:
+    # most of an instance's resident memory is not its own (a process that imported the
+    # runtime itself holds ~300 MB privately: over 3/4 of its RSS).
+    for pid in pids:
+        mem = psutil.Process(pid).memory_full_info()
+        assert mem.uss < 0.25 * mem.rss, mem
+    # SIGTERM stops one instance; the template reports its exit.
+    os.kill(pids[1], signal.SIGTERM)
+    wait_until(lambda: lau.exit_code(pids[1]) is not None, 10, "the exit to be reported")
+    assert lau.exit_code(pids[1]) == 0
+    template = psutil.Process(lau.pid)
+    lau.stop()  # the agent goes away: the template and every instance with it
     wait_until(lambda: not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE,
                10, "the instance to die with the template")
     assert not template.is_running()
@@ -132,30 +142,25 @@ def _cuda_available() -> bool:
 
 
 @pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device")
-def test_forked_instance_uses_cuda_with_its_mps_share(run_dir: Path) -> None:
+def test_forked_instance_uses_cuda_with_its_mps_share(run_dir: Path, node: tuple[TokenServer, Launcher]) -> None:
     """Where CUDA exists: the template never initialises CUDA, so an instance forked from it
     creates its own context, after its launch env (the MPS thread percentage) is in place."""
-    ts = TokenServer(str(run_dir / "tokens.sock"), TokenConfig())
-    ts.start()
-    lau = Launcher({"GSHARE_TINY_MODELS": "1"})
-    lau.start()
-    try:
-        base = _launch(run_dir, ts, "g0")
-        la = launch_to_dict(base)
-        la.update(device="cuda:0", spec={"name": "f", "model": "mlp", "device": "cuda"},
-                  env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"})
-        pid = lau.launch(la, str(run_dir / "g0.log"))
-        wait_until(lambda: Path(base.uds_path + ".ready").exists() or lau.exit_code(pid) is not None,
-                   120, "the CUDA instance to start")
-        assert Path(base.uds_path + ".ready").exists(), (run_dir / "g0.log").read_text()
-        status, body = P.call_once(base.uds_path, P.OP_INVOKE, P.ENC_JSON, json.dumps([0.5] * 64).encode())
-        assert status == P.ST_OK, body
-    finally:
-        lau.stop()
-        ts.stop()
+    ts, lau = node
+    base = _launch(run_dir, ts, "g0")
+    la = launch_to_dict(base)
+    la.update(device="cuda:0", spec={"name": "f", "model": "mlp", "device": "cuda"},
+              env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"})
+    pid = lau.launch(la, str(run_dir / "g0.log"))
+    wait_until(lambda: Path(base.uds_path + ".ready").exists() or lau.exit_code(pid) is not None,
+               120, "the CUDA instance to start")
+    assert Path(base.uds_path + ".ready").exists(), (run_dir / "g0.log").read_text()
+    status, body = P.call_once(base.uds_path, P.OP_INVOKE, P.ENC_JSON, json.dumps([0.5] * 64).encode())
+    assert status == P.ST_OK, body
 
 
-def test_a_replaced_gateway_connection_lets_its_requests_finish(run_dir: Path) -> None:
+def test_a_replaced_gateway_connection_lets_its_requests_finish(
+    run_dir: Path, node: tuple[TokenServer, Launcher]
+) -> None:
     """The controller reconnects to an instance when it sees a new incarnation; with fast
     restarts the connection it replaces may already reach that incarnation and carry requests.
     They finish on it: no retry is counted (two counted retries fail a request with a 502)."""
@@ -163,31 +168,24 @@ def test_a_replaced_gateway_connection_lets_its_requests_finish(run_dir: Path) -
 
     from gshare.runtime.gateway import Gateway
 
-    ts = TokenServer(str(run_dir / "tokens.sock"), TokenConfig())
-    ts.start()
-    lau = Launcher({"GSHARE_TINY_MODELS": "1"})
-    lau.start()
-    try:
-        la = _launch(run_dir, ts, "s0")
-        d = launch_to_dict(la)
-        d["spec"] = {"name": "f", "handler": "gshare.runtime.demo_handlers:Sleep", "device": "cpu"}
-        pid = lau.launch(d, str(run_dir / "s0.log"))
-        wait_until(lambda: Path(la.uds_path + ".ready").exists(), 60, "the instance to start")
+    ts, lau = node
+    la = _launch(run_dir, ts, "s0")
+    d = launch_to_dict(la)
+    d["spec"] = {"name": "f", "handler": "gshare.runtime.demo_handlers:Sleep", "device": "cpu"}
+    pid = lau.launch(d, str(run_dir / "s0.log"))
+    wait_until(lambda: Path(la.uds_path + ".ready").exists(), 60, "the instance to start")
 
-        async def scenario() -> tuple[int, int, bytes]:
-            gw = Gateway()
-            gw.add_function("f", None, 1)
-            await gw.instance_ready("f", "s0", uds_path=la.uds_path, tcp=None, max_batch=1)
-            p = gw.submit("f", P.OP_INVOKE, P.ENC_JSON, b'{"sleep_ms": 500}')
-            await asyncio.sleep(0.1)  # running on the first connection
-            await gw.instance_ready("f", "s0", uds_path=la.uds_path, tcp=None, max_batch=1)
-            status, _enc, payload, _m = await gw.wait(p)
-            return status, p.attempts, payload
+    async def scenario() -> tuple[int, int, bytes]:
+        gw = Gateway()
+        gw.add_function("f", None, 1)
+        await gw.instance_ready("f", "s0", uds_path=la.uds_path, tcp=None, max_batch=1)
+        p = gw.submit("f", P.OP_INVOKE, P.ENC_JSON, b'{"sleep_ms": 500}')
+        await asyncio.sleep(0.1)  # running on the first connection
+        await gw.instance_ready("f", "s0", uds_path=la.uds_path, tcp=None, max_batch=1)
+        status, _enc, payload, _m = await gw.wait(p)
+        return status, p.attempts, payload
 
-        status, attempts, payload = asyncio.run(scenario())
-        assert status == P.ST_OK, payload
-        assert attempts == 0
-        assert json.loads(payload)["pid"] == pid
-    finally:
-        lau.stop()
-        ts.stop()
+    status, attempts, payload = asyncio.run(scenario())
+    assert status == P.ST_OK, payload
+    assert attempts == 0
+    assert json.loads(payload)["pid"] == pid
