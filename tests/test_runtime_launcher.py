@@ -158,12 +158,15 @@ def test_forked_instance_uses_cuda_with_its_mps_share(run_dir: Path, node: tuple
     assert status == P.ST_OK, body
 
 
+@pytest.mark.parametrize("event", ["reconnect", "restarting"])
 def test_a_replaced_gateway_connection_lets_its_requests_finish(
-    run_dir: Path, node: tuple[TokenServer, Launcher]
+    run_dir: Path, node: tuple[TokenServer, Launcher], event: str
 ) -> None:
-    """The controller reconnects to an instance when it sees a new incarnation; with fast
-    restarts the connection it replaces may already reach that incarnation and carry requests.
-    They finish on it: no retry is counted (two counted retries fail a request with a 502)."""
+    """The controller reconnects to an instance when it sees a new incarnation, and drops its
+    connection when the agent reports it restarting; with fast restarts, and status snapshots
+    older than the controller's connects, that connection may already reach the new
+    incarnation and carry requests. They finish on it: no retry is counted (two counted
+    retries fail a request with a 502)."""
     import asyncio
 
     from gshare.runtime.gateway import Gateway
@@ -181,7 +184,10 @@ def test_a_replaced_gateway_connection_lets_its_requests_finish(
         await gw.instance_ready("f", "s0", uds_path=la.uds_path, tcp=None, max_batch=1)
         p = gw.submit("f", P.OP_INVOKE, P.ENC_JSON, b'{"sleep_ms": 500}')
         await asyncio.sleep(0.1)  # running on the first connection
-        await gw.instance_ready("f", "s0", uds_path=la.uds_path, tcp=None, max_batch=1)
+        if event == "reconnect":
+            await gw.instance_ready("f", "s0", uds_path=la.uds_path, tcp=None, max_batch=1)
+        else:
+            gw.instance_restarting("f", "s0")
         status, _enc, payload, _m = await gw.wait(p)
         return status, p.attempts, payload
 

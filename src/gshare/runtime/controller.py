@@ -746,7 +746,7 @@ class Controller(ControlPlane):
             elif state in ("starting", "restarting") and inst.state == "ready":
                 inst.state = "restarting"
                 inst.created_s = time.monotonic()
-                self.gateway.instance_gone(inst.route, inst.instance_id)
+                self.gateway.instance_restarting(inst.route, inst.instance_id)
             elif state == "failed":
                 err = st.get("error") or "unknown error"
                 self._event_name(inst.function, f"failed: {err}", instance=inst.instance_id, level="error")

@@ -339,6 +339,15 @@ class Gateway:
         ch = r.channels.get(instance_id) if r else None
         return len(ch.inflight) if ch else 0
 
+    def instance_restarting(self, function: str, instance_id: str) -> None:
+        """The agent reports the instance restarting: stop sending to its connection, which
+        is retired (``_retire_channel``), not closed -- it may already reach the new
+        incarnation, and the requests on it then finish there."""
+        r = self.routes.get(function)
+        ch = r.channels.pop(instance_id, None) if r else None
+        if ch is not None:
+            self._retire_channel(ch)
+
     def instance_gone(self, function: str, instance_id: str) -> None:
         """The instance was stopped: close its connection (anything it held is retried)."""
         r = self.routes.get(function)
