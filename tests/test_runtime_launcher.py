@@ -25,8 +25,7 @@ from test_runtime_support import wait_until
 
 @pytest.fixture(scope="module")
 def launcher() -> Iterator[Launcher]:
-    os.environ["GSHARE_TINY_MODELS"] = "1"  # inherited by the template and its children
-    lau = Launcher()
+    lau = Launcher({"GSHARE_TINY_MODELS": "1"})  # for the template and its children only
     lau.start()
     yield lau
     lau.stop()
