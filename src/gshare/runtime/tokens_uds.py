@@ -771,6 +771,8 @@ class TokenClient:
         self.elastic = False
         """Whether the token held is elastic (idle time beyond the guarantee)."""
         self._t_grant = 0.0
+        self._busy_at_grant = 0.0
+        """``busy_clock`` when the held token was granted."""
         self._used_ms = 0.0
         """Busy time of the bursts ended on the held token (reuse protocol)."""
         self._in_burst = False
@@ -837,11 +839,14 @@ class TokenClient:
             op, flags, length, rseq, value = self._read_frame()
             if op == OP_GRANT and rseq == seq:
                 self._t_grant = time.perf_counter()
+                self._busy_at_grant = (
+                    self._t_grant if self.busy_clock is time.perf_counter else self.busy_clock()
+                )
                 self.token_ms = value
                 self.elastic = bool(flags & 1)
                 self._used_ms = 0.0
                 if self._in_burst:
-                    self._seg_t0 = self._t_grant if self.busy_clock is time.perf_counter else self.busy_clock()
+                    self._seg_t0 = self._busy_at_grant
                 return value
             if op == OP_ERROR:
                 text = self._read_text(length)
@@ -890,7 +895,7 @@ class TokenClient:
                 self.end_burst()
             return
         token_ms = self.acquire()
-        t0 = self._t_grant if self.busy_clock is time.perf_counter else self.busy_clock()
+        t0 = self._busy_at_grant
         try:
             yield token_ms
         finally:
