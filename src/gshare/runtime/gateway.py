@@ -181,6 +181,11 @@ class InstanceChannel(asyncio.Protocol):
         """Replaced by a new connection to the same instance id: closed once its in-flight
         requests are answered (``Gateway._retire_channel``)."""
 
+    def close_if_retired_and_idle(self) -> None:
+        """A retired connection closes once nothing is in flight on it."""
+        if self.retired and not self.inflight and self.transport is not None:
+            self.transport.close()
+
     @property
     def usable(self) -> bool:
         return not self.closed and not self.draining and self.transport is not None
@@ -214,8 +219,7 @@ class InstanceChannel(asyncio.Protocol):
                 continue  # answered already (timed out)
             p.channel = None
             self.gateway.on_response(self, p, status, enc, f[P.RESP_FIXED :], (q_ms, tw_ms, ex_ms, batch))
-        if self.retired and not self.inflight and self.transport is not None:
-            self.transport.close()
+        self.close_if_retired_and_idle()
         self.gateway.dispatch(self.function)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -414,8 +418,7 @@ class Gateway:
         connection drops by itself and its requests are retried as usual."""
         ch.draining = True
         ch.retired = True
-        if not ch.inflight and ch.transport is not None:
-            ch.transport.close()
+        ch.close_if_retired_and_idle()
 
     def _fail_queue(self, r: FunctionRoute, status: int, message: str) -> None:
         while r.queue:
@@ -490,8 +493,7 @@ class Gateway:
             ch = p.channel
             ch.inflight.pop(p.req_id, None)
             where = f"waiting for instance {ch.instance_id} to answer"
-            if ch.retired and not ch.inflight and ch.transport is not None:
-                ch.transport.close()
+            ch.close_if_retired_and_idle()
         elif r is not None:
             with contextlib.suppress(ValueError):
                 r.queue.remove(p)
@@ -758,19 +760,19 @@ def build_fastapi(gw: Gateway, control: ControlPlane, token: str, *, lifespan: A
         require_token(request)
         return control.list_functions()
 
-    @app.post("/system/functions")
-    async def deploy(request: Request) -> JSONResponse:
+    async def deploy_or_update(request: Request, *, update: bool) -> JSONResponse:
         require_token(request)
         body = await read_body(request, gw.max_body_bytes)
-        out = await control.deploy(body, request.headers.get("content-type", ""), update=False)
-        return JSONResponse(out, status_code=201)
+        out = await control.deploy(body, request.headers.get("content-type", ""), update=update)
+        return JSONResponse(out, status_code=200 if update else 201)
+
+    @app.post("/system/functions")
+    async def deploy(request: Request) -> JSONResponse:
+        return await deploy_or_update(request, update=False)
 
     @app.put("/system/functions")
     async def update(request: Request) -> JSONResponse:
-        require_token(request)
-        body = await read_body(request, gw.max_body_bytes)
-        out = await control.deploy(body, request.headers.get("content-type", ""), update=True)
-        return JSONResponse(out, status_code=200)
+        return await deploy_or_update(request, update=True)
 
     @app.delete("/system/functions")
     async def delete(request: Request) -> JSONResponse:
