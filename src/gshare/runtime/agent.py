@@ -61,7 +61,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from gshare.policy.tokens import ClientSpec
 from gshare.runtime import node_tasks
 from gshare.runtime.instance import InstanceActor, InstanceLaunch, launch_to_dict
-from gshare.runtime.launcher import Launcher
+from gshare.runtime.launcher import LAUNCHERS, Launcher
 
 log = logging.getLogger("gshare.agent")
 
@@ -72,10 +72,6 @@ MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
 START_TIMEOUT_S = 600.0
 """An instance not ready after this long is failed (a model load that hangs)."""
-LAUNCHERS = ("fork", "ray")
-"""How instance processes start: ``fork`` — forked from the node's pre-imported template
-(``launcher.Launcher``; the default); ``ray`` — each a Ray actor of its own (a fresh Python
-process that imports the runtime itself: seconds more per cold start, ~300 MB more each)."""
 
 
 def _last_line(e: BaseException) -> str:
@@ -160,6 +156,10 @@ class NodeAgent:
             threading.Thread(target=self._launcher_started, name="gshare-template", daemon=True).start()
         self._monitor = threading.Thread(target=self._monitor_loop, name="gshare-monitor", daemon=True)
         self._monitor.start()
+
+    def _log_path(self, launch: InstanceLaunch) -> Path:
+        """Where a forked instance's stdout and stderr go."""
+        return self.run_dir / f"i-{launch.instance_id}.log"
 
     @staticmethod
     def _detect_devices() -> list[str]:
@@ -349,8 +349,7 @@ class NodeAgent:
         """``launcher="fork"``: fork the instance from the node's template (``_start``'s end)."""
         import psutil
 
-        log_path = str(self.run_dir / f"i-{launch.instance_id}.log")
-        pid = self._launcher_started().launch(launch_to_dict(launch), log_path)
+        pid = self._launcher_started().launch(launch_to_dict(launch), str(self._log_path(launch)))
         with self._lock:
             m.launch = launch
             m.pid = pid
@@ -455,8 +454,7 @@ class NodeAgent:
                 reason = "failed to start: the process exited"
                 with contextlib.suppress(OSError):
                     reason = Path(m.launch.uds_path + ".exit").read_text().strip() or reason
-                log_path = self.run_dir / f"i-{m.launch.instance_id}.log"
-                self._on_death(m, f"{reason} (log: {log_path})", start_failure=True)
+                self._on_death(m, f"{reason} (log: {self._log_path(m.launch)})", start_failure=True)
             elif time.monotonic() - m.started_s > START_TIMEOUT_S:
                 self._on_death(m, f"not ready after {START_TIMEOUT_S:.0f} s", start_failure=True)
         elif m.state == "starting" and m.ready_ref is not None:

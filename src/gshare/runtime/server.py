@@ -66,7 +66,7 @@ class ServeOptions:
     object_store_mb: int = 256
     log_level: str = "info"
     launcher: str = "fork"
-    """How instance processes start (``agent.LAUNCHERS``): forked from a pre-imported
+    """How instance processes start (``launcher.LAUNCHERS``): forked from a pre-imported
     template per node, or one Ray actor each."""
 
 
@@ -95,14 +95,15 @@ def run_server(opts: ServeOptions) -> None:
 
     from gshare.policy.autoscale import AUTOSCALERS
     from gshare.policy.placement import PLACERS
+    from gshare.runtime.launcher import LAUNCHERS
     from gshare.runtime.state import StateStore, ensure_token, resolve_state_dir
 
     if opts.placer not in PLACERS:
         raise ServeError(f"unknown placer {opts.placer!r} (known: {', '.join(sorted(PLACERS))})")
     if opts.autoscaler not in AUTOSCALERS:
         raise ServeError(f"unknown autoscaler {opts.autoscaler!r} (known: {', '.join(sorted(AUTOSCALERS))})")
-    if opts.launcher not in ("fork", "ray"):  # agent.LAUNCHERS (not imported here: it imports ray)
-        raise ServeError(f"unknown launcher {opts.launcher!r} (known: fork, ray)")
+    if opts.launcher not in LAUNCHERS:
+        raise ServeError(f"unknown launcher {opts.launcher!r} (known: {', '.join(LAUNCHERS)})")
     logging.basicConfig(
         level=getattr(logging, opts.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
