@@ -151,7 +151,7 @@ def live_token_config(args: argparse.Namespace) -> Any:
     from dataclasses import replace
 
     from gshare.policy.tokens import TokenError
-    from gshare.runtime.tokens_uds import LIVE_TOKEN_CONFIG
+    from gshare.runtime.tokens import LIVE_TOKEN_CONFIG
 
     try:
         return replace(LIVE_TOKEN_CONFIG, **json.loads(args.token_config))

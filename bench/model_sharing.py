@@ -3,7 +3,7 @@
 What it measures (FaST-GShare §3.5, DESIGN.md §5 "model sharing"): the joint memory footprint
 of N = 1 and N = 4 instance processes serving one model with >= 1 GB of weights (bert-large,
 335 M parameters, 1.34 GB fp32). The required rows run the runtime's own path: the node's
-template process (``gshare.runtime.launcher.Launcher``, what the agent uses by default) forks
+template process (``gshare.runtime.node.launcher.Launcher``, what the agent uses by default) forks
 N real ``InstanceServer`` processes (token client on a ``TokenServer`` in this process, the
 data path on a Unix socket), and each answers one request on the model's example input:
 
@@ -62,8 +62,7 @@ def child(mode: str, model: str, root: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from gshare.runtime.model_store import ModelStore
-    from gshare.runtime.models import (
+    from gshare.runtime.instance.models import (
         BUILTIN_HANDLERS,
         build_on_meta,
         load_handler,
@@ -71,6 +70,7 @@ def child(mode: str, model: str, root: str) -> None:
         state_dict_for,
         weights_key,
     )
+    from gshare.runtime.node.model_store import ModelStore
     from gshare.spec import load_function_spec
 
     spec = load_function_spec({"name": "bench", "model": model, "device": "cpu"})
@@ -124,10 +124,10 @@ def run_fork_group(shared: bool, model: str, root: str, n: int, work: str) -> di
     """The runtime's path: the node's template forks ``n`` real instances (``InstanceServer``),
     each answers one request on the model's example input; measured with the template."""
     from gshare.policy.tokens import ClientSpec, TokenConfig
-    from gshare.runtime import instance_protocol as P
-    from gshare.runtime.instance import InstanceLaunch, launch_to_dict
-    from gshare.runtime.launcher import Launcher
-    from gshare.runtime.tokens_uds import TokenServer
+    from gshare.runtime.instance import protocol as P
+    from gshare.runtime.instance.server import InstanceLaunch, launch_to_dict
+    from gshare.runtime.node.launcher import Launcher
+    from gshare.runtime.tokens import TokenServer
 
     mode = "fork-shared" if shared else "fork-unshared"
     spec = {"name": "bench", "model": model, "device": "cpu"}
@@ -137,7 +137,7 @@ def run_fork_group(shared: bool, model: str, root: str, n: int, work: str) -> di
     lau = Launcher(env)
     lau.start()
     try:
-        key = lau.call("gshare.runtime.node_tasks:put_weights", [root, spec]) if shared else None
+        key = lau.call("gshare.runtime.node.tasks:put_weights", [root, spec]) if shared else None
         launches = []
         for k in range(n):
             iid = f"{mode}-{n}-{k}"

@@ -48,7 +48,7 @@ old frontend: a hand-over of the device, two wake-ups, per burst, which cost the
 of their shares on this VM).
 
 The token server runs with the live node agent's configuration,
-``gshare.runtime.tokens_uds.LIVE_TOKEN_CONFIG`` (``--token-config JSON`` overrides fields of it).
+``gshare.runtime.tokens.LIVE_TOKEN_CONFIG`` (``--token-config JSON`` overrides fields of it).
 
 Every client has 100 % of the SMs, so the SM adapter lets only one of them hold a token at a
 time: they *time-share* the device (and, on this CPU-only machine, at most one spins at a time,
@@ -120,7 +120,7 @@ from _common import (
     write_json,
 )
 from gshare.policy.tokens import ClientSpec, TokenConfig
-from gshare.runtime.tokens_uds import LIVE_TOKEN_CONFIG, TokenClient, TokenRecord, TokenServer
+from gshare.runtime.tokens import LIVE_TOKEN_CONFIG, TokenClient, TokenRecord, TokenServer
 
 KERNEL_MS = 0.25
 WAKE_MARGIN_S = 0.0005

@@ -10,13 +10,13 @@ What an instance pays for time sharing, measured for
   (the ResNet-50 architecture) with random weights, never downloaded; batch 1, 3x224x224.
 
 Two protocols, both against the live runtime's token configuration
-(``gshare.runtime.tokens_uds.LIVE_TOKEN_CONFIG``, what the node agent uses: 40-ms windows,
+(``gshare.runtime.tokens.LIVE_TOKEN_CONFIG``, what the node agent uses: 40-ms windows,
 dynamic quota, uncontended tokens of up to 40 ms; ``--token-config JSON`` overrides fields of
 it, e.g. ``'{"idle_token_ms": 0}'``):
 
 * ``per-burst`` (the old frontend) -- every call is ``acquire() -> model(x) -> release(busy)``;
   calls alternate with/without one by one (ABBA order, so machine drift hits both equally);
-* ``reuse`` (the instance's pattern, ``gshare.runtime.instance``) -- while work is queued the
+* ``reuse`` (the instance's pattern, ``gshare.runtime.instance.server``) -- while work is queued the
   instance runs batch after batch on one token (``start_burst`` reuses the held token while its
   rest fits the predicted burst, else releases it and acquires another; ``end_burst`` keeps it)
   and gives it back (``idle``) when the queue is empty. Measured as *blocks* of ``K``
@@ -64,7 +64,7 @@ from _common import (
     write_json,
 )
 from gshare.policy.tokens import ClientSpec, TokenConfig
-from gshare.runtime.tokens_uds import TokenClient, TokenServer
+from gshare.runtime.tokens import TokenClient, TokenServer
 
 
 def _serve(path: str, config: TokenConfig, conn: Connection) -> None:  # pragma: no cover

@@ -46,7 +46,7 @@ from typing import Any
 
 from _common import bench_parser, machine_load, percentile, print_table, write_json
 from gshare.policy.tokens import ClientSpec
-from gshare.runtime.tokens_uds import TokenClient, TokenServer
+from gshare.runtime.tokens import TokenClient, TokenServer
 
 
 def _client_main(

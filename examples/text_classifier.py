@@ -1,6 +1,6 @@
 """An example user handler: a tiny byte-level text classifier (``handler: file.py:Class``).
 
-It shows the whole ``gshare.runtime.models.Handler`` convention on a model small enough to
+It shows the whole ``gshare.runtime.instance.models.Handler`` convention on a model small enough to
 read in one screen:
 
 * ``initial_weights()`` — the weights gshare puts ONCE in the node's model store when the spec
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gshare.runtime.models import InputError, TensorSpec, build_on_meta, load_weights
+from gshare.runtime.instance.models import InputError, TensorSpec, build_on_meta, load_weights
 
 LABELS = ("negative", "positive")
 DIM = 32

@@ -16,10 +16,10 @@ import psutil
 import pytest
 
 from gshare.policy.tokens import ClientSpec, TokenConfig
-from gshare.runtime import instance_protocol as P
-from gshare.runtime.instance import InstanceLaunch, launch_to_dict
-from gshare.runtime.launcher import Launcher, LauncherError
-from gshare.runtime.tokens_uds import TokenServer
+from gshare.runtime.instance import protocol as P
+from gshare.runtime.instance.server import InstanceLaunch, launch_to_dict
+from gshare.runtime.node.launcher import Launcher, LauncherError
+from gshare.runtime.tokens import TokenServer
 from test_runtime_support import wait_until
 
 
@@ -58,7 +58,7 @@ def test_the_template_is_single_threaded_and_answers_calls(launcher: Launcher) -
     assert proc.num_threads() == 1  # a fork copies one thread: the template must have one
     assert "torch" in " ".join(m.path for m in proc.memory_maps())  # it imported the runtime
     assert launcher.call("os.path:join", ["a", "b"]) == "a/b"
-    key = launcher.call("gshare.runtime.node_tasks:describe_handler",
+    key = launcher.call("gshare.runtime.node.tasks:describe_handler",
                         [{"name": "m", "model": "mlp", "device": "cpu"}, []])
     assert key["ok"] and key["inputs"][0]["shape"] == [-1, 64]
 
@@ -168,7 +168,7 @@ def test_a_replaced_gateway_connection_lets_its_requests_finish(
     retries fail a request with a 502)."""
     import asyncio
 
-    from gshare.runtime.gateway import Gateway
+    from gshare.runtime.gateway.router import Gateway
 
     ts, lau = node
     la = _launch(run_dir, ts, "s0")

@@ -83,7 +83,7 @@ def test_ray_launcher_runs_each_instance_as_a_ray_actor(tmp_path: Path) -> None:
             if launcher == "ray":
                 assert "raylet" in parent.name()
             else:
-                assert parent.cmdline()[-1] == "gshare.runtime.launcher"
+                assert parent.cmdline()[-1] == "gshare.runtime.node.launcher"
             procs = server.tree()
             assert server.stop(signal.SIGTERM) == 0
             wait_until(lambda procs=procs: not alive(procs), 30, "every process to exit")

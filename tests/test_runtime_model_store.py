@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gshare.runtime.model_store import ModelStore
+from gshare.runtime.node.model_store import ModelStore
 
 MB = 1 << 20
 
@@ -112,7 +112,7 @@ def test_drop_keys_and_missing(root: str) -> None:
 
 
 def test_default_root_is_per_user_shared_memory() -> None:
-    from gshare.runtime.model_store import DEFAULT_ROOT
+    from gshare.runtime.node.model_store import DEFAULT_ROOT
 
     assert DEFAULT_ROOT == "/dev/shm/gshare-<uid>"
     if os.path.isdir("/dev/shm"):
@@ -135,7 +135,7 @@ def test_weights_are_mapped_read_only(root: str) -> None:
     store = ModelStore(root)
     store.put("m", {"w": torch.ones(1024)})
     p = _child(f"""
-        from gshare.runtime.model_store import ModelStore
+        from gshare.runtime.node.model_store import ModelStore
         w = ModelStore({root!r}).get("m")["w"]
         print(float(w.sum()), flush=True)
         w.add_(1.0)  # an in-place write to a shared weight
@@ -158,7 +158,7 @@ def test_second_process_shares_the_pages_instead_of_adding_a_copy(root: str) -> 
     path = str(store.path("big"))
     code = f"""
         import sys
-        from gshare.runtime.model_store import ModelStore
+        from gshare.runtime.node.model_store import ModelStore
         w = ModelStore({root!r}).get("big")["w"]
         print(float(w.sum()), flush=True)  # touches every page
         sys.stdin.read()
@@ -202,7 +202,7 @@ def test_cuda_ipc_export_and_open_in_another_process(root: str) -> None:
     assert store.has_cuda("m", "cuda:0")
     p = _child(f"""
         import torch
-        from gshare.runtime.model_store import ModelStore
+        from gshare.runtime.node.model_store import ModelStore
         w = ModelStore({root!r}).get("m", device="cuda:0")
         assert w["w"].is_cuda and w["w"].data_ptr() == w["w_t"].data_ptr()
         print(float(w["w"].double().sum()), int(w["b"].sum()), flush=True)

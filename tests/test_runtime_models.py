@@ -14,8 +14,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from gshare.runtime.model_store import ModelStore
-from gshare.runtime.models import (
+from gshare.runtime.instance.models import (
     BUILTIN_HANDLERS,
     BUILTIN_MODELS,
     BYTE_ID0,
@@ -33,6 +32,7 @@ from gshare.runtime.models import (
     state_dict_for,
     weights_key,
 )
+from gshare.runtime.node.model_store import ModelStore
 from gshare.spec import FunctionSpec, load_function_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

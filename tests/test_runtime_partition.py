@@ -14,7 +14,7 @@ import psutil
 import pytest
 import torch
 
-from gshare.runtime.partition import (
+from gshare.runtime.node.partition import (
     MPS_ENV,
     MpsUnavailableWarning,
     apply_cuda_partition,
@@ -74,7 +74,7 @@ def test_affinity_and_threads_applied_in_a_child_process() -> None:
     # parent's mask) and reports what the OS and torch then say.
     code = textwrap.dedent("""
         import json, os, torch
-        from gshare.runtime.partition import apply_cpu_partition
+        from gshare.runtime.node.partition import apply_cpu_partition
         allowed = sorted(os.sched_getaffinity(0))
         out = []
         for pct, off in [(100, 0), (50, 0), (50, 50), (1, 0)]:
@@ -114,7 +114,7 @@ def test_cuda_env_formats_the_mps_percentage() -> None:
 def test_apply_cuda_partition_sets_the_environment_before_cuda_exists() -> None:
     code = textwrap.dedent("""
         import os
-        from gshare.runtime.partition import apply_cuda_partition
+        from gshare.runtime.node.partition import apply_cuda_partition
         apply_cuda_partition(40)
         print(os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
     """)

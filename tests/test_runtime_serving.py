@@ -303,7 +303,7 @@ def test_a_killed_template_takes_its_instances_and_both_come_back(server: Server
               "min_instances": 1, "max_instances": 1})
     inst = wait_until(lambda: [i for i in status(server, "tmpl")["instances"] if i["state"] == "ready"], 90, "tmpl ready")[0]
     template = psutil.Process(inst["pid"]).parent()
-    assert template is not None and template.cmdline()[-1] == "gshare.runtime.launcher"
+    assert template is not None and template.cmdline()[-1] == "gshare.runtime.node.launcher"
     template.kill()
     wait_until(lambda: not psutil.pid_exists(inst["pid"]) or psutil.Process(inst["pid"]).status() == psutil.STATUS_ZOMBIE,
                10, "the instance to die with its template")

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from gshare.policy.tokens import ClientSpec, TokenConfig, TokenError
-from gshare.runtime.tokens_uds import (
+from gshare.runtime.tokens import (
     TokenClient,
     TokenRecord,
     TokenRuntimeError,
@@ -41,7 +41,7 @@ HELLO, ACQUIRE, RELEASE, WELCOME, GRANT, ERROR = 0x01, 0x02, 0x03, 0x81, 0x82, 0
 # Prints "ready", waits for a line on stdin, runs SECONDS.
 WORKER = r"""
 import sys, time
-from gshare.runtime.tokens_uds import TokenClient
+from gshare.runtime.tokens import TokenClient
 path, cid, seconds, kernel_ms, kernels = sys.argv[1:6]
 seconds, kernel_ms, kernels = float(seconds), float(kernel_ms), int(kernels)
 c = TokenClient(path, cid, timeout_s=20)
@@ -66,7 +66,7 @@ print("done", flush=True)
 # Acquires one token, says so, and sleeps holding it until killed.
 HOLDER = r"""
 import sys, time
-from gshare.runtime.tokens_uds import TokenClient
+from gshare.runtime.tokens import TokenClient
 c = TokenClient(sys.argv[1], sys.argv[2], timeout_s=20)
 c.acquire()
 print("held", flush=True)

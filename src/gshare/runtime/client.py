@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from gshare.runtime.state import read_token, resolve_state_dir
+from gshare.runtime.control.state import read_token, resolve_state_dir
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 

@@ -95,8 +95,8 @@ def run_server(opts: ServeOptions) -> None:
 
     from gshare.policy.autoscale import AUTOSCALERS
     from gshare.policy.placement import PLACERS
-    from gshare.runtime.launcher import LAUNCHERS
-    from gshare.runtime.state import StateStore, ensure_token, resolve_state_dir
+    from gshare.runtime.control.state import StateStore, ensure_token, resolve_state_dir
+    from gshare.runtime.node.launcher import LAUNCHERS
 
     if opts.placer not in PLACERS:
         raise ServeError(f"unknown placer {opts.placer!r} (known: {', '.join(sorted(PLACERS))})")
@@ -252,7 +252,7 @@ class _Runtime:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from gshare.runtime.agent import NodeAgent
+        from gshare.runtime.node.agent import NodeAgent
 
         cls = ray.remote(NodeAgent)
         started: dict[str, Any] = {}
@@ -276,9 +276,9 @@ class _Runtime:
     def build(self) -> Any:
         import ray
 
-        from gshare.runtime.controller import Controller, ControllerConfig
-        from gshare.runtime.gateway import Gateway, build_app
-        from gshare.runtime.profiler import LiveProfiler
+        from gshare.runtime.control.loop import Controller, ControllerConfig
+        from gshare.runtime.control.profiler import LiveProfiler
+        from gshare.runtime.gateway.router import Gateway, build_app
 
         node_id = ray.get_runtime_context().get_node_id()
         self.gateway = Gateway(

@@ -59,9 +59,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from gshare.policy.tokens import ClientSpec
-from gshare.runtime import node_tasks
-from gshare.runtime.instance import InstanceActor, InstanceLaunch, launch_to_dict
-from gshare.runtime.launcher import LAUNCHERS, Launcher
+from gshare.runtime.instance.server import InstanceActor, InstanceLaunch, launch_to_dict
+from gshare.runtime.node import tasks as node_tasks
+from gshare.runtime.node.launcher import LAUNCHERS, Launcher
 
 log = logging.getLogger("gshare.agent")
 
@@ -124,7 +124,7 @@ class NodeAgent:
         self.devices = self._detect_devices()
         self.mps = False
         if any(d.startswith("cuda") for d in self.devices):
-            from gshare.runtime.partition import mps_available, start_mps_daemon
+            from gshare.runtime.node.partition import mps_available, start_mps_daemon
 
             self.mps = mps_available() or start_mps_daemon()
             if not self.mps:
@@ -132,7 +132,7 @@ class NodeAgent:
                     "no MPS daemon on node %s: GPU shares are time-only (sm_pct not enforced)",
                     node_id[:8],
                 )
-        from gshare.runtime.tokens_uds import LIVE_TOKEN_CONFIG, TokenServer
+        from gshare.runtime.tokens import LIVE_TOKEN_CONFIG, TokenServer
 
         cfg = replace(LIVE_TOKEN_CONFIG, **(token_config or {}))
         self.token_servers = []
@@ -208,7 +208,7 @@ class NodeAgent:
     def _node_task(self, name: str, args: list[Any], timeout_s: float) -> Any:
         """Run ``node_tasks.NAME(*args)`` in a throw-away process on this node."""
         if self._launcher is not None:
-            return self._launcher_started().call(f"gshare.runtime.node_tasks:{name}", args, timeout_s)
+            return self._launcher_started().call(f"gshare.runtime.node.tasks:{name}", args, timeout_s)
         task = ray.remote(getattr(node_tasks, name)).options(
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
@@ -265,11 +265,11 @@ class NodeAgent:
         env = dict(base.env)
         device = self.devices[idx]
         if device.startswith("cuda"):
-            from gshare.runtime.partition import cuda_env
+            from gshare.runtime.node.partition import cuda_env
 
             env.update(cuda_env(base.sm_pct) if self.mps else {})
         else:
-            from gshare.runtime.partition import cores_for
+            from gshare.runtime.node.partition import cores_for
 
             n = str(cores_for(base.sm_pct, self.cpu_count))
             # Threads of a process waiting for its token must not spin on the cores another
@@ -399,7 +399,7 @@ class NodeAgent:
     def _store(self) -> Any:
         """This agent's ``ModelStore`` (created on first use: it imports torch)."""
         if self._model_store is None:
-            from gshare.runtime.model_store import ModelStore
+            from gshare.runtime.node.model_store import ModelStore
 
             self._model_store = ModelStore(self.store_root) if self.store_root else ModelStore()
         return self._model_store

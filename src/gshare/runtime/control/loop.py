@@ -58,9 +58,9 @@ from gshare.policy.placement import NoCapacity, make_placer
 from gshare.policy.prewarm import keep_alive_deadline_ms
 from gshare.profiles import ProfileError, ProfileTable
 from gshare.resources import GpuShare
-from gshare.runtime.gateway import ControlPlane, Gateway, HttpError
-from gshare.runtime.instance import InstanceLaunch, launch_to_dict
-from gshare.runtime.state import StateStore
+from gshare.runtime.control.state import StateStore
+from gshare.runtime.gateway.router import ControlPlane, Gateway, HttpError
+from gshare.runtime.instance.server import InstanceLaunch, launch_to_dict
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
 
 log = logging.getLogger("gshare.controller")

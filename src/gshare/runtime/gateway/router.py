@@ -53,8 +53,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gshare.runtime import instance_protocol as P
-from gshare.runtime.oip_tensors import OipError, check_infer_request
+from gshare.runtime.gateway.oip import OipError, check_infer_request
+from gshare.runtime.instance import protocol as P
 
 log = logging.getLogger("gshare.gateway")
 

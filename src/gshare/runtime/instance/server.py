@@ -58,7 +58,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gshare.runtime import instance_protocol as P
+from gshare.runtime.instance import protocol as P
 
 WATCHDOG_PERIOD_S = 0.1
 """How often the memory watchdog samples the process's resident memory."""
@@ -197,13 +197,13 @@ class InstanceServer:
         # 1. spatial partition, before torch creates its thread pools.
         self.cores: list[int] = []
         if launch.device == "cpu":
-            from gshare.runtime.partition import apply_cpu_partition
+            from gshare.runtime.node.partition import apply_cpu_partition
 
             self.cores = list(
                 apply_cpu_partition(launch.sm_pct, sm_offset_pct=launch.sm_offset_pct)
             )
         # 2. model.
-        from gshare.runtime.models import make_handler
+        from gshare.runtime.instance.models import make_handler
         from gshare.spec import load_function_spec
 
         self.baseline_mb = 0.0
@@ -216,14 +216,14 @@ class InstanceServer:
         self.handler: Any = make_handler(self.spec)
         weights = None
         if launch.model_key:
-            from gshare.runtime.model_store import ModelStore
+            from gshare.runtime.node.model_store import ModelStore
 
             store = ModelStore(launch.store_root) if launch.store_root else ModelStore()
             weights = store.get(launch.model_key, device=launch.device)
         if launch.device.startswith("cuda") and launch.mem_mb > 0:
             import torch
 
-            from gshare.runtime.partition import set_cuda_memory_fraction
+            from gshare.runtime.node.partition import set_cuda_memory_fraction
 
             total_mb = torch.cuda.get_device_properties(launch.device).total_memory / (1 << 20)
             set_cuda_memory_fraction(min(1.0, launch.mem_mb / total_mb))
@@ -233,7 +233,7 @@ class InstanceServer:
             with contextlib.suppress(Exception):
                 self.input_spec = list(self.handler.input_spec() or [])
         # 3. token client, and the preemption points inside a burst.
-        from gshare.runtime.tokens_uds import TokenClient
+        from gshare.runtime.tokens import TokenClient
 
         self.tokens = TokenClient(launch.token_socket, launch.instance_id)
         self._in_burst = False
@@ -267,7 +267,7 @@ class InstanceServer:
 
     def info(self) -> dict[str, Any]:
         """What the agent reports once the instance is ready."""
-        from gshare.runtime.oip_tensors import input_spec_dicts
+        from gshare.runtime.gateway.oip import input_spec_dicts
 
         return {
             "pid": os.getpid(),
@@ -373,7 +373,7 @@ class InstanceServer:
         if item.enc == P.ENC_JSON:
             return json.loads(item.payload)
         if item.enc == P.ENC_OIP:
-            from gshare.runtime.oip_tensors import decode_inputs
+            from gshare.runtime.gateway.oip import decode_inputs
 
             body = json.loads(item.payload)
             return decode_inputs(body["inputs"], self.input_spec)
@@ -381,7 +381,7 @@ class InstanceServer:
 
     def _encode(self, item: _Item, output: Any) -> tuple[int, bytes]:
         if item.enc == P.ENC_OIP:
-            from gshare.runtime.oip_tensors import encode_outputs
+            from gshare.runtime.gateway.oip import encode_outputs
 
             body = json.loads(item.payload)
             resp: dict[str, Any] = {
@@ -492,7 +492,7 @@ class InstanceServer:
 
     def _idle_tokens(self) -> None:
         """Release the held token, if any (the batch queue is empty: token reuse ends)."""
-        from gshare.runtime.tokens_uds import TokenRuntimeError
+        from gshare.runtime.tokens import TokenRuntimeError
 
         # A failure closes the client; the next ``_acquire`` reconnects.
         with contextlib.suppress(TokenRuntimeError, ConnectionError, TimeoutError, ValueError):
@@ -520,7 +520,7 @@ class InstanceServer:
     def _acquire(self) -> float:
         """``TokenClient.acquire``; when the agent re-registered this client (a quota change:
         the profiler's sweep) or the token server restarted, reconnect and ask again."""
-        from gshare.runtime.tokens_uds import TokenClient, TokenRuntimeError
+        from gshare.runtime.tokens import TokenClient, TokenRuntimeError
 
         try:
             return self.tokens.acquire()
@@ -599,7 +599,7 @@ class InstanceServer:
 
 
 def _input_error(e: Exception) -> str:
-    from gshare.runtime.oip_tensors import OipError
+    from gshare.runtime.gateway.oip import OipError
 
     if isinstance(e, OipError):
         return str(e)

@@ -741,7 +741,7 @@ def load_handler(
 ) -> Handler:
     """A loaded handler for ``spec`` — what an instance process does at start.
 
-    With a ``gshare.runtime.model_store.ModelStore`` the weights are taken from the store
+    With a ``gshare.runtime.node.model_store.ModelStore`` the weights are taken from the store
     (written once per node by the first caller: ``get_or_put``) and mapped, so N instances
     cost one copy; without one, built-ins initialise their own random weights (a private
     copy per process). ``device`` defaults to ``spec.device`` (``auto`` resolved).

@@ -17,7 +17,7 @@ gshare does the same in two tiers:
   mapped read-only: a handler that writes to a weight in place gets SIGSEGV instead of
   corrupting the weights of every instance on the node.
   Instances then build the model skeleton on the meta device and adopt the mapped tensors
-  with ``load_state_dict(assign=True)`` (``gshare.runtime.models.load_weights``), which keeps
+  with ``load_state_dict(assign=True)`` (``gshare.runtime.instance.models.load_weights``), which keeps
   the given storage and dtype and is checked afterwards not to have copied anything.
 
   Why not Ray's object store? It also gives zero-copy numpy views of shared memory (plasma),
@@ -44,7 +44,7 @@ with ``flock`` so that concurrent first instances write once; ``drop`` unlinks t
 processes that mapped it keep valid mappings, the memory is freed when the last one unmaps.
 Who calls it: the node agent (``put``/``get_or_put`` when a function is deployed,
 ``export_cuda`` on GPU nodes, ``drop`` when its last instance is gone) and instance processes
-(``get``, through ``gshare.runtime.models.load_handler``).
+(``get``, through ``gshare.runtime.instance.models.load_handler``).
 """
 
 from __future__ import annotations

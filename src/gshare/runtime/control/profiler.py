@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any
 from gshare.policy import autoscale
 from gshare.profiles import ProfilePoint
 from gshare.resources import GpuShare
-from gshare.runtime import instance_protocol as P
-from gshare.runtime.gateway import HttpError
+from gshare.runtime.gateway.router import HttpError
+from gshare.runtime.instance import protocol as P
 
 if TYPE_CHECKING:
-    from gshare.runtime.controller import Controller
+    from gshare.runtime.control.loop import Controller
 
 DEFAULT_QUOTAS_PCT = (25.0, 50.0, 100.0)
 DEFAULT_BATCHES = (1, 2, 4, 8)

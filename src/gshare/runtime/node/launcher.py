@@ -13,14 +13,14 @@ one-off calls whose results are JSON.
 Who uses what:
 
 * ``NodeAgent`` (``agent.py``) owns one ``Launcher`` per node (``launcher="fork"``, the
-  default of ``gshare serve``). ``Launcher.start()`` runs ``python -m gshare.runtime.launcher``
+  default of ``gshare serve``). ``Launcher.start()`` runs ``python -m gshare.runtime.node.launcher``
   with ``TEMPLATE_ENV`` in its environment (OpenMP reads
   it once, when torch loads libgomp: threads of an instance waiting for its token must not
   spin on the cores of another instance's partition). The agent then calls
   ``launch(launch_dict, log_path)`` → the instance's pid, and ``call("module:function", args)``
   → the JSON result of the function run in a forked child (building a model's weights into the
   store; describing a handler) so that no Ray worker of the node keeps torch imported.
-* The template (``main``): imports ``gshare.runtime.instance``, the model zoo (torch,
+* The template (``main``): imports ``gshare.runtime.instance.server``, the model zoo (torch,
   transformers, the built-in model classes) and freezes the garbage collector's view of them
   (``gc.freeze``: the collector then never writes to those pages, which stay shared). It
   never runs a tensor operation and never starts a thread: a fork copies only the calling
@@ -71,12 +71,12 @@ PRELOAD_MODULES = (
     "numpy",
     "psutil",
     "torch",
-    "gshare.runtime.instance",
-    "gshare.runtime.models",
-    "gshare.runtime.model_store",
-    "gshare.runtime.tokens_uds",
-    "gshare.runtime.oip_tensors",
-    "gshare.runtime.partition",
+    "gshare.runtime.instance.server",
+    "gshare.runtime.instance.models",
+    "gshare.runtime.node.model_store",
+    "gshare.runtime.tokens",
+    "gshare.runtime.gateway.oip",
+    "gshare.runtime.node.partition",
     "gshare.spec",
     "transformers.models.bert.modeling_bert",
     "transformers.models.vit.modeling_vit",
@@ -140,7 +140,7 @@ class Launcher:
         """Start the template and wait until it has imported the runtime."""
         env = {**os.environ, **TEMPLATE_ENV, **(self._env or {})}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gshare.runtime.launcher"],
+            [sys.executable, "-m", "gshare.runtime.node.launcher"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -307,7 +307,7 @@ def _write_atomic(path: str, text: str) -> None:
 
 def run_instance(launch: dict[str, Any]) -> None:
     """(In a forked child) Serve one instance until SIGTERM; never returns."""
-    from gshare.runtime.instance import InstanceLaunch, InstanceServer
+    from gshare.runtime.instance.server import InstanceLaunch, InstanceServer
 
     il = InstanceLaunch(**launch)
     try:
@@ -464,7 +464,7 @@ class _Template:
 
 
 def main() -> None:
-    """The template process (``python -m gshare.runtime.launcher``)."""
+    """The template process (``python -m gshare.runtime.node.launcher``)."""
     out = sys.stdout
     for name in PRELOAD_MODULES:
         try:

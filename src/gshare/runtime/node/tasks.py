@@ -1,7 +1,7 @@
 """One-off jobs the node agent runs on its node, in a throw-away process.
 
 Who calls them: ``NodeAgent`` (``agent.py``), through its ``Launcher`` (a child forked from
-the node's pre-imported template: ``launcher.call("gshare.runtime.node_tasks:NAME", args)``)
+the node's pre-imported template: ``launcher.call("gshare.runtime.node.tasks:NAME", args)``)
 or, with ``launcher="ray"``, as a Ray task pinned to the node. Either way the agent's own
 process stays free of CPU-bound work and of torch: it hosts the token servers, whose answers
 need the GIL. Arguments and results are plain JSON data. This module imports nothing heavy
@@ -19,8 +19,8 @@ def put_weights(store_root: str | None, spec: dict[str, Any]) -> str | None:
     """Build the function's weights and put them in the node's store once; return their key
     (``models.weights_key``: functions of the same built-in, or of the same weights file,
     share one copy per node), or None when there are none to share."""
-    from gshare.runtime.model_store import ModelStore
-    from gshare.runtime.models import state_dict_for, weights_key
+    from gshare.runtime.instance.models import state_dict_for, weights_key
+    from gshare.runtime.node.model_store import ModelStore
     from gshare.spec import load_function_spec
 
     fspec = load_function_spec(spec)
@@ -42,8 +42,8 @@ def describe_handler(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[st
         if p not in sys.path:
             sys.path.insert(0, p)
     try:
-        from gshare.runtime.models import make_handler
-        from gshare.runtime.oip_tensors import input_spec_dicts
+        from gshare.runtime.gateway.oip import input_spec_dicts
+        from gshare.runtime.instance.models import make_handler
         from gshare.spec import load_function_spec
 
         handler = make_handler(load_function_spec(spec))
