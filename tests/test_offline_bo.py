@@ -1,4 +1,4 @@
-"""Aquatope's offline Bayesian optimisation (gshare.workflows.offline_bo): the sampled
+"""Aquatope's offline Bayesian optimisation (gshare.experiments.offline_bo): the sampled
 evaluation of a static plan, the acquisition, BO against random search with the same number of
 sample executions, the SLO, determinism, and the hand-over to the Aquatope policy.
 
@@ -12,6 +12,17 @@ import math
 import numpy as np
 import pytest
 
+from gshare.experiments.offline_bo import (
+    BoParams,
+    StaticSpace,
+    bayesian_optimise,
+    bo_optimiser,
+    constrained_ei,
+    make_aquatope,
+    optimise_applications,
+    optimise_static_plans,
+    random_search,
+)
 from gshare.policy.workflow.baselines import (
     BASELINES,
     AquatopePolicy,
@@ -23,17 +34,6 @@ from gshare.policy.workflow.baselines import (
 from gshare.policy.workflow.schedulers import StageContext
 from gshare.workflows.catalogue import application
 from gshare.workflows.config import ConfigGrid, cost_per_request_usd
-from gshare.workflows.offline_bo import (
-    BoParams,
-    StaticSpace,
-    bayesian_optimise,
-    bo_optimiser,
-    constrained_ei,
-    make_aquatope,
-    optimise_applications,
-    optimise_static_plans,
-    random_search,
-)
 from gshare.workflows.perf import PerfModel, PerfParams
 from gshare.workflows.spec import WorkflowSpec, parse_workflow
 

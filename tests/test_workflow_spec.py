@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 
+import gshare.workflows.spec as spec_module
 from gshare.workflows.spec import (
     MAX_SLO_MS,
     WorkflowSpec,
@@ -153,3 +155,24 @@ def test_model_validate_with_context_and_direct_construction() -> None:
 def test_find_cycle() -> None:
     assert find_cycle({"a": (), "b": ("a",)}) == []
     assert find_cycle({"a": ("b",), "b": ("a",)}) == ["a", "b"]
+
+
+def test_spec_does_not_import_the_catalogue() -> None:
+    """The spec reads the function table from ``workflows.functions``; the catalogue builds
+    specs, so importing it from here (even inside a function) would be a cycle."""
+    tree = ast.parse(Path(spec_module.__file__).read_text())
+    gshare_imports = [
+        (node.lineno, node.module if isinstance(node, ast.ImportFrom) else node.names[0].name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    ]
+    gshare_imports = [(n, m) for n, m in gshare_imports if m and m.startswith("gshare")]
+    assert all(not m.startswith("gshare.workflows.catalogue") for _, m in gshare_imports)
+    top_level = {id(n) for n in tree.body}
+    nested = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gshare")
+        and id(node) not in top_level
+    ]
+    assert nested == [], f"function-level gshare imports in spec.py at lines {nested}"

@@ -18,6 +18,7 @@ This module is data only: no I/O, importable from ``policy/``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 GPU_WIDTH = 100.0
 """Width of a GPU in placement units: 100 % of each time window."""
@@ -26,7 +27,11 @@ GPU_HEIGHT = 100.0
 V100_MEM_MB = 16_384
 """Device memory of the V100 the shipped profile table was measured on."""
 
-_EPS = 1e-9
+GEOM_EPS: Final[float] = 1e-9
+"""The one geometric tolerance of the placement plane (percentage points), used by ``Rect``
+and by every placer (``gshare.policy.placement``): edges closer than this touch, and a size
+this much larger than a rectangle still fits. Placers snap coordinates to 9 decimals
+(``placement.geometry.SNAP_DIGITS``) so that rounding noise stays below it."""
 
 
 class ShareError(ValueError):
@@ -110,33 +115,33 @@ class Rect:
 
     def fits(self, w: float, h: float) -> bool:
         """True when a ``w`` x ``h`` rectangle fits inside this one."""
-        return w <= self.w + _EPS and h <= self.h + _EPS
+        return w <= self.w + GEOM_EPS and h <= self.h + GEOM_EPS
 
     def contains(self, other: Rect) -> bool:
         """True when ``other`` lies inside this rectangle (edges may touch)."""
         return (
-            other.x >= self.x - _EPS
-            and other.y >= self.y - _EPS
-            and other.x2 <= self.x2 + _EPS
-            and other.y2 <= self.y2 + _EPS
+            other.x >= self.x - GEOM_EPS
+            and other.y >= self.y - GEOM_EPS
+            and other.x2 <= self.x2 + GEOM_EPS
+            and other.y2 <= self.y2 + GEOM_EPS
         )
 
     def intersects(self, other: Rect) -> bool:
         """True when the interiors overlap (touching edges do not count)."""
         return (
-            self.x < other.x2 - _EPS
-            and other.x < self.x2 - _EPS
-            and self.y < other.y2 - _EPS
-            and other.y < self.y2 - _EPS
+            self.x < other.x2 - GEOM_EPS
+            and other.x < self.x2 - GEOM_EPS
+            and self.y < other.y2 - GEOM_EPS
+            and other.y < self.y2 - GEOM_EPS
         )
 
     def inside_gpu(self) -> bool:
         """True when the rectangle lies inside the GPU's 100 x 100 square."""
         return (
-            self.x >= -_EPS
-            and self.y >= -_EPS
-            and self.x2 <= GPU_WIDTH + _EPS
-            and self.y2 <= GPU_HEIGHT + _EPS
+            self.x >= -GEOM_EPS
+            and self.y >= -GEOM_EPS
+            and self.x2 <= GPU_WIDTH + GEOM_EPS
+            and self.y2 <= GPU_HEIGHT + GEOM_EPS
         )
 
 

@@ -16,15 +16,14 @@ that hold their resources; see the experiments' docs). The same request stream (
 given to every scheduler.
 
 Schedulers come from ``gshare.policy.workflow.esg.WORKFLOW_POLICIES`` (ESG, its ablation
-variants, and the baselines of ``gshare.policy.workflow.baselines`` once importable); Aquatope's
-offline Bayesian optimisation (``gshare.workflows.offline_bo``) is run by ``build_policy`` (it
-lives outside ``policy/`` because it uses scikit-learn). A scheduler that cannot be built is
+variants, and the baselines of ``gshare.policy.workflow.baselines``); Aquatope's offline
+Bayesian optimisation (``gshare.experiments.offline_bo``) is run by ``build_policy`` (it lives
+outside ``policy/`` because it uses scikit-learn). A scheduler name that is not registered is
 reported as missing, not silently dropped.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -36,7 +35,7 @@ from typing import Any, cast
 import numpy as np
 
 from gshare.policy.prewarm import PrewarmParams
-from gshare.policy.workflow.esg import BASELINE_NAMES, WORKFLOW_POLICIES
+from gshare.policy.workflow.esg import BASELINE_NAMES, WORKFLOW_POLICIES, make_policy
 from gshare.policy.workflow.schedulers import WorkflowPolicy
 from gshare.sim.workflow import WorkflowRunResult, WorkflowSim, WorkflowSimConfig, load_arrivals
 from gshare.workflows.catalogue import SETTINGS, Load, SloLevel, applications
@@ -67,27 +66,13 @@ def setting_levels(setting: str) -> tuple[SloLevel, Load]:
 
 
 def available_schedulers(wanted: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``(available, missing)``: the schedulers of ``wanted`` that can be built now."""
-    have, missing = [], []
+    """``(available, missing)``: the schedulers of ``wanted`` that are registered in
+    ``WORKFLOW_POLICIES`` and those that are not (in ``wanted``'s order)."""
+    have: list[str] = []
+    missing: list[str] = []
     for name in wanted:
-        if name not in WORKFLOW_POLICIES:
-            missing.append(name)
-            continue
-        if name == "aquatope" and _offline_bo() is None:
-            missing.append(name)
-            continue
-        have.append(name)
+        (have if name in WORKFLOW_POLICIES else missing).append(name)
     return have, missing
-
-
-def _offline_bo() -> Any | None:
-    mod_name = "gshare.workflows.offline_bo"
-    try:
-        return importlib.import_module(mod_name)
-    except ModuleNotFoundError as e:
-        if e.name != mod_name:
-            raise
-        return None
 
 
 def build_policy(
@@ -101,11 +86,12 @@ def build_policy(
     """A fresh scheduler; Aquatope gets its offline BO optimiser
     (``offline_bo.bo_optimiser(perf, **bo_params)``; ESG's budget when ``bo_params`` is empty)."""
     if name == "aquatope" and "optimiser" not in kwargs and "static_plans" not in kwargs:
-        bo = _offline_bo()
-        if bo is None:
-            raise KeyError("aquatope needs gshare.workflows.offline_bo, which is not there yet")
-        kwargs["optimiser"] = bo.bo_optimiser(perf, **dict(bo_params or {}))
-    return WORKFLOW_POLICIES[name](perf=perf, seed=seed, **kwargs)
+        # imported here, not at the top: scikit-learn takes ~0.6 s to import and only Aquatope
+        # needs it (every CLI command loads this module through the experiment registry)
+        from gshare.experiments.offline_bo import bo_optimiser
+
+        kwargs["optimiser"] = bo_optimiser(perf, **dict(bo_params or {}))
+    return make_policy(name, perf=perf, seed=seed, **kwargs)
 
 
 def cell_config(params: Mapping[str, Any]) -> WorkflowSimConfig:

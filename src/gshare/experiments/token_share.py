@@ -68,8 +68,7 @@ from gshare.experiments.results import ExperimentResult
 from gshare.policy.tokens import ClientSpec, TokenConfig
 from gshare.sim.engine import EventLoop
 from gshare.sim.gpu import SimGpu
-
-PRIO_PHASE = 0  # phase switches before window ticks (1) and GPU events (3) at the same instant
+from gshare.sim.priorities import PRIO_PHASE
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ Predictors:
 
 * ``EwmaRate`` — exponentially weighted moving average of the per-interval rate;
 * ``WindowMaxRate`` — the maximum rate over the last ``k`` intervals (burst head-room: the
-  fleet is sized for the recent peak, not the mean).
+  fleet is sized for the recent peak, not the mean);
+* ``RatePredictor`` — what both controllers use: ``max(EWMA, window max) × headroom``.
 """
 
 from __future__ import annotations
@@ -106,4 +107,57 @@ def predict(state: RateState) -> float:
     return max(state.recent_rps, default=0.0)
 
 
-__all__ = ["EwmaRate", "RateError", "RateState", "WindowMaxRate", "observe", "predict"]
+@dataclass(frozen=True, slots=True)
+class RatePredictor:
+    """The controllers' rate estimate of one function: ``max(EWMA, window max) × headroom``.
+
+    Who calls it: ``policy.control.control_step`` (which both the simulator's ``SimCluster``
+    and the runtime's ``Controller`` call), never the worlds directly. ``observed`` folds one
+    period's arrivals into both predictors; ``predicted_rps`` is the rate handed to the
+    autoscaler; ``reset`` forgets the history (a function idle past its keep-alive).
+    """
+
+    ewma: EwmaRate = EwmaRate()
+    window: WindowMaxRate = WindowMaxRate(k=3)
+    headroom: float = 1.2
+    """Multiplier on the estimate (burst head-room), >= 1."""
+
+    def __post_init__(self) -> None:
+        if not (self.headroom >= 1.0 and math.isfinite(self.headroom)):
+            raise RateError(f"headroom must be finite and >= 1, got {self.headroom}")
+
+    @classmethod
+    def fresh(cls, *, alpha: float = 0.5, window: int = 3, headroom: float = 1.2) -> RatePredictor:
+        """A predictor with no history."""
+        return cls(EwmaRate(alpha=alpha), WindowMaxRate(k=window), headroom)
+
+    def observed(self, count: float, interval_s: float) -> RatePredictor:
+        """The predictor after ``count`` arrivals during ``interval_s`` seconds."""
+        return replace(
+            self,
+            ewma=observe(self.ewma, count, interval_s),
+            window=observe(self.window, count, interval_s),
+        )
+
+    def predicted_rps(self) -> float:
+        """``max(EWMA, window max) × headroom`` (0.0 before any observation)."""
+        return max(predict(self.ewma), predict(self.window)) * self.headroom
+
+    def reset(self) -> RatePredictor:
+        """The same predictor with its history forgotten."""
+        return replace(
+            self,
+            ewma=EwmaRate(alpha=self.ewma.alpha),
+            window=WindowMaxRate(k=self.window.k),
+        )
+
+
+__all__ = [
+    "EwmaRate",
+    "RateError",
+    "RatePredictor",
+    "RateState",
+    "WindowMaxRate",
+    "observe",
+    "predict",
+]

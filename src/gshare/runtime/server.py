@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gshare.runtime.messages import NodeInfo
+
 log = logging.getLogger("gshare.server")
 
 DEFAULT_HOST = "127.0.0.1"
@@ -240,13 +242,13 @@ class _Runtime:
         self.ray_started = True
 
     def start_agents(self) -> None:
-        self.infos: dict[str, dict[str, Any]] = {}
+        self.infos: dict[str, NodeInfo] = {}
         try:
             self.infos = self.new_agents(timeout_s=120)
         except Exception as e:
             raise ServeError(f"node agents did not start: {e}") from None
 
-    def new_agents(self, timeout_s: float = 60) -> dict[str, dict[str, Any]]:
+    def new_agents(self, timeout_s: float = 60) -> dict[str, NodeInfo]:
         """Start an agent on every alive Ray node that has none; return their infos. Called at
         start and every ``NODE_SCAN_S`` (nodes that join the cluster later get one too)."""
         import ray
@@ -276,6 +278,8 @@ class _Runtime:
     def build(self) -> Any:
         import ray
 
+        from gshare.runtime.control.agents import RayAgentHandle
+        from gshare.runtime.control.api import ControlApi
         from gshare.runtime.control.loop import Controller, ControllerConfig
         from gshare.runtime.control.profiler import LiveProfiler
         from gshare.runtime.gateway.router import Gateway, build_app
@@ -299,7 +303,7 @@ class _Runtime:
             extra_sys_path=(os.getcwd(),),
         )
         for nid, actor in self.agents.items():
-            self.controller.add_agent(nid, actor, self.infos[nid])
+            self.controller.add_agent(RayAgentHandle(nid, actor), self.infos[nid])
         LiveProfiler(self.controller)
         controller, gateway = self.controller, self.gateway
 
@@ -308,8 +312,8 @@ class _Runtime:
                 await asyncio.sleep(NODE_SCAN_S)
                 try:
                     for nid, info in (await asyncio.to_thread(self.new_agents)).items():
-                        controller.add_agent(nid, self.agents[nid], info)
-                        log.info("node %s joined: agent started (%s)", nid[:8], ", ".join(info["devices"]))
+                        controller.add_agent(RayAgentHandle(nid, self.agents[nid]), info)
+                        log.info("node %s joined: agent started (%s)", nid[:8], ", ".join(info.devices))
                 except Exception as e:  # a node that fails to start an agent is retried later
                     log.warning("node scan: %s", e)
 
@@ -328,7 +332,7 @@ class _Runtime:
                         controller.profiler.cancel(name)
                 await controller.stop()
 
-        return build_app(gateway, controller, self.token, lifespan=lifespan)
+        return build_app(gateway, ControlApi(controller), self.token, lifespan=lifespan)
 
     def shutdown(self) -> None:
         if not self.ray_started:

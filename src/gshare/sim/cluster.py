@@ -1,15 +1,22 @@
 """A simulated GPU cluster with a controller that autoscales and places instances.
 
-The controller is the simulator's twin of the live runtime's controller: every
-``period_ms`` of virtual time it
+The controller is the simulator's twin of the live runtime's controller and runs the same
+reconcile step (``policy.control.control_step``): every ``period_ms`` of virtual time, for each
+function, it
 
-1. measures each function's arrivals in the last period and updates a rate predictor
-   (``policy.rate``), predicting the next period's RPS (with ``headroom``);
-2. asks the autoscaler (``policy.autoscale``, FaST-GShare Algorithm 1 by default) which
+1. counts the function's arrivals in the last period (the rate predictor of ``policy.rate``:
+   ``max(EWMA, window max) × headroom``);
+2. applies keep-alive and scale to zero when the function has ``keep_alive_s`` (as
+   ``gshare serve`` does), and the queued-demand floor;
+3. asks the autoscaler (``policy.autoscale``, FaST-GShare Algorithm 1 by default) which
    configurations to add and which instances to remove;
-3. binds new instances to a GPU and a rectangle with the placer (``policy.placement``, Maximal
+4. binds new instances to a GPU and a rectangle with the placer (``policy.placement``, Maximal
    Rectangles by default) and starts them (cold start ``cold_start_ms``); removed instances
    drain their queues, then release their rectangle.
+
+A function with ``keep_alive_s`` is also stepped at once when a request arrives and it has no
+instance (a cold start, as the runtime's gateway nudges its controller). Without
+``keep_alive_s`` (FaST-GShare's experiments) only the periodic step runs.
 
 Who calls it: experiments (``fast-autoscale``) build a ``SimCluster``, register functions,
 drive workloads at ``cluster.gateway`` and read ``cluster.metrics()``. GPUs are created lazily
@@ -25,18 +32,25 @@ from typing import Any
 
 import numpy as np
 
-from gshare.policy import autoscale, rate
+from gshare.policy import autoscale
+from gshare.policy.control import (
+    ControlDecision,
+    ControlState,
+    FunctionObservation,
+    cold_start_wanted,
+    control_step,
+)
 from gshare.policy.placement import NoCapacity, make_placer
+from gshare.policy.rate import RatePredictor
 from gshare.policy.tokens import TokenConfig
 from gshare.profiles import ProfileTable
 from gshare.sim.engine import EventLoop
 from gshare.sim.gateway import Gateway
 from gshare.sim.gpu import GpuStats, InterferenceModel, SimGpu
 from gshare.sim.instance import InstanceConfig, LaunchGating, SimInstance
+from gshare.sim.priorities import PRIO_CONTROL
 from gshare.sim.profiler import DEFAULT_WAKEUP_MS
 from gshare.sim.request import RequestLog
-
-PRIO_CONTROL = 4
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,9 @@ class SimFunction:
     max_wait_ms: float = 0.0
     quota_limit_pct: float | None = None
     """Quota limit given to instances (default: their request, as FaST-GShare profiles)."""
+    keep_alive_s: float | None = None
+    """Idle time after which the function is scaled to ``min_instances`` (``gshare serve``'s
+    keep-alive; cold starts are then also stepped at once). None: no keep-alive."""
 
 
 @dataclass
@@ -104,15 +121,15 @@ class SimCluster:
         self.gpus: dict[int, SimGpu] = {}
         self.functions: dict[str, SimFunction] = {}
         self._live: dict[str, _Live] = {}
-        self._ewma: dict[str, rate.EwmaRate] = {}
-        self._window: dict[str, rate.WindowMaxRate] = {}
+        self._control: dict[str, ControlState] = {}
         self._last_arrivals: dict[str, int] = {}
         self._next_id = 0
         self._migrated_out: set[int] = set()
         self.migrations = 0
+        """Cross-GPU moves applied (placers with defragmentation)."""
         self.capacity_shortfalls = 0
         """Instances the autoscaler asked for that no GPU had room for."""
-        """Cross-GPU moves applied (placers with defragmentation)."""
+        self.gateway.on_cold = self._on_cold
         self._gpus_used_ms = 0.0
         self._last_t = loop.now_ms
         self.timeline: list[dict[str, Any]] = []
@@ -124,8 +141,13 @@ class SimCluster:
     def add_function(self, fn: SimFunction) -> None:
         self.functions[fn.name] = fn
         self.gateway.register(fn.name, fn.slo_ms)
-        self._ewma[fn.name] = rate.EwmaRate(alpha=self.config.rate_alpha)
-        self._window[fn.name] = rate.WindowMaxRate(k=self.config.rate_window)
+        self._control[fn.name] = ControlState(
+            RatePredictor.fresh(
+                alpha=self.config.rate_alpha,
+                window=self.config.rate_window,
+                headroom=self.config.headroom,
+            )
+        )
         self._last_arrivals[fn.name] = 0
 
     def start(self, until_ms: float) -> None:
@@ -147,36 +169,61 @@ class SimCluster:
         for name, fn in self.functions.items():
             n = self.gateway.arrivals[name] - self._last_arrivals[name]
             self._last_arrivals[name] = self.gateway.arrivals[name]
-            if self.loop.now_ms > 0:
-                self._ewma[name] = rate.observe(self._ewma[name], n, period_s)
-                self._window[name] = rate.observe(self._window[name], n, period_s)
-            predicted = max(rate.predict(self._ewma[name]), rate.predict(self._window[name]))
-            predicted *= self.config.headroom
-            running = [lv.policy_view for lv in self._live.values() if lv.policy_view.function == name]
-            decision = self.scale(
-                name,
-                predicted,
-                running,
-                fn.configs,
-                min_instances=fn.min_instances,
-                max_instances=fn.max_instances,
-            )
-            if self.on_decision:
-                self.on_decision(decision)
-            for iid in decision.remove:
-                self._stop(iid)
-            for cfg in decision.add:
-                self._start(fn, cfg)
+            decision = self._step(fn, n if self.loop.now_ms > 0 else None, period_s)
             self.timeline.append(
                 {
                     "t_s": self.loop.now_ms / 1000.0,
                     "function": name,
                     "observed_rps": n / period_s,
-                    "predicted_rps": predicted,
-                    "instances": sum(1 for lv in self._live.values() if lv.policy_view.function == name),
+                    "predicted_rps": decision.predicted_rps,
+                    "instances": len(self._running(name)),
                     "gpus_used": self.placer.gpus_used(),
                 }
             )
+
+    def _running(self, function: str) -> list[autoscale.Instance]:
+        return [lv.policy_view for lv in self._live.values() if lv.policy_view.function == function]
+
+    def _step(self, fn: SimFunction, arrivals: int | None, period_s: float) -> ControlDecision:
+        """``policy.control.control_step`` for ``fn``, then apply its decision."""
+        gw = self.gateway
+        last_ms = gw.last_activity_ms.get(fn.name)
+        obs = FunctionObservation(
+            function=fn.name,
+            arrivals=arrivals,
+            interval_s=period_s,
+            idle_since_s=None if last_ms is None else last_ms / 1000.0,
+            outstanding=gw.outstanding.get(fn.name, 0),
+            queued=gw.pending(fn.name),
+            running=self._running(fn.name),
+            configs=fn.configs,
+            min_instances=fn.min_instances,
+            max_instances=fn.max_instances,
+            keep_alive_s=fn.keep_alive_s,
+        )
+        decision, self._control[fn.name] = control_step(
+            obs, self._control[fn.name], self.loop.now_ms / 1000.0, self.scale
+        )
+        if self.on_decision:
+            self.on_decision(decision.scale)
+        for iid in decision.remove:
+            self._stop(iid)
+        for cfg in decision.add:
+            self._start(fn, cfg)
+        return decision
+
+    def _on_cold(self, function: str) -> None:
+        """The gateway queued a request for a function with no instance (a cold start)."""
+        fn = self.functions.get(function)
+        if fn is None or fn.keep_alive_s is None:
+            return  # without keep-alive only the periodic step runs (module doc)
+
+        def nudge() -> None:
+            if cold_start_wanted(self.gateway.pending(function), len(self._running(function))):
+                self._integrate()
+                self._step(fn, None, self.config.period_ms / 1000.0)
+
+        self.loop.at(self.loop.now_ms, nudge, PRIO_CONTROL)
 
     def _gpu(self, index: int) -> SimGpu:
         gpu = self.gpus.get(index)

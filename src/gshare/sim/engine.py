@@ -17,6 +17,8 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
+from gshare.sim.priorities import PRIO_DEFAULT
+
 Callback = Callable[[], Any]
 
 
@@ -37,14 +39,14 @@ class EventLoop:
         self.events_processed = 0
         self._stopped = False
 
-    def at(self, time_ms: float, callback: Callback, priority: int = 5) -> None:
+    def at(self, time_ms: float, callback: Callback, priority: int = PRIO_DEFAULT) -> None:
         """Schedule ``callback`` at absolute virtual time ``time_ms`` (>= now)."""
         if time_ms < self.now_ms - 1e-9:
             raise SimulationError(f"event at {time_ms} ms is before now ({self.now_ms} ms)")
         self._seq += 1
         heapq.heappush(self._heap, (time_ms, priority, self._seq, callback))
 
-    def after(self, delay_ms: float, callback: Callback, priority: int = 5) -> None:
+    def after(self, delay_ms: float, callback: Callback, priority: int = PRIO_DEFAULT) -> None:
         """Schedule ``callback`` ``delay_ms`` (>= 0) after now."""
         self.at(self.now_ms + delay_ms, callback, priority)
 

@@ -36,9 +36,7 @@ from dataclasses import dataclass, field
 
 from gshare.policy.tokens import ClientSpec, Grant, TokenConfig, TokenScheduler
 from gshare.sim.engine import EventLoop
-
-PRIO_TICK = 1
-PRIO_GPU = 3
+from gshare.sim.priorities import PRIO_GPU, PRIO_TICK
 
 # NOTE — interference model. The shipped V100 profiles were measured with one instance alone
 # on the GPU; bursts that share a GPU through MPS still contend for memory bandwidth and L2. We

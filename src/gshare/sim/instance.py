@@ -2,7 +2,7 @@
 
 Who calls it: the gateway (``enqueue``) and the cluster controller (``start`` / ``drain``). The
 instance forms a batch of up to ``max_batch`` requests, waiting at most ``max_wait_ms`` for the
-batch to fill, runs it as one burst on its GPU (which asks the token scheduler first) and
+batch to fill (``policy.batching``, the rule the live instances use), runs it as one burst on its GPU (which asks the token scheduler first) and
 completes every request of the batch when the burst finishes. A cold start delays readiness by
 ``cold_start_ms``; requests routed to a starting instance wait in its queue.
 
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gshare.policy.batching import next_batch
 from gshare.policy.tokens import ClientSpec
 from gshare.profiles import ProfileTable
 from gshare.resources import GpuShare
@@ -145,14 +146,15 @@ class SimInstance:
             return
         c = self.config
         now = self.loop.now_ms
-        oldest_wait = now - self.queue[0].arrival_ms
-        if len(self.queue) < c.max_batch and oldest_wait < c.max_wait_ms - 1e-9:
-            t = self.queue[0].arrival_ms + c.max_wait_ms
+        d = next_batch(len(self.queue), self.queue[0].arrival_ms, now, c.max_batch, c.max_wait_ms)
+        if d.take == 0:
+            t = d.deadline_ms
+            assert t is not None  # the queue is not empty
             if self._timer_at is None or self._timer_at > t:
                 self._timer_at = t
                 self.loop.at(t, self._on_timer)
             return
-        n = min(c.max_batch, len(self.queue))
+        n = d.take
         self.in_flight = [self.queue.popleft() for _ in range(n)]
         for r in self.in_flight:
             r.start_ms = now

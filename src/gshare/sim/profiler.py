@@ -25,8 +25,8 @@ from gshare.profiles import ProfilePoint, ProfileTable
 from gshare.sim.engine import EventLoop
 from gshare.sim.gpu import InterferenceModel, SimGpu
 from gshare.sim.instance import LaunchGating
+from gshare.sim.priorities import PRIO_CLIENT
 
-PRIO_CLIENT = 5
 DEFAULT_WAKEUP_MS = 1.0
 """Wake-up charged to a token a burst had to wait for (``token-fidelity``'s constant)."""
 

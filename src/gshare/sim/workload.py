@@ -32,9 +32,8 @@ import numpy as np
 
 from gshare.sim.engine import EventLoop
 from gshare.sim.gateway import Gateway
+from gshare.sim.priorities import PRIO_ARRIVAL
 from gshare.sim.request import SimRequest
-
-PRIO_ARRIVAL = 5
 
 
 def poisson(rate_rps: float, duration_ms: float, rng: np.random.Generator, start_ms: float = 0.0) -> np.ndarray:

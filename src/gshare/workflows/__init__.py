@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gshare.workflows.catalogue import (
         APPLICATION_CHAINS,
-        FUNCTIONS,
         SLO_FACTORS,
-        FunctionInfo,
         application,
         applications,
         min_config_latency_ms,
@@ -29,6 +27,7 @@ if TYPE_CHECKING:
         FunctionConfig,
         cost_per_request_usd,
     )
+    from gshare.workflows.functions import FUNCTIONS, FunctionInfo
     from gshare.workflows.perf import GpuScaling, PerfModel, PerfParams
     from gshare.workflows.spec import (
         StageSpec,
@@ -40,9 +39,9 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "APPLICATION_CHAINS": "catalogue",
-    "FUNCTIONS": "catalogue",
+    "FUNCTIONS": "functions",
     "SLO_FACTORS": "catalogue",
-    "FunctionInfo": "catalogue",
+    "FunctionInfo": "functions",
     "application": "catalogue",
     "applications": "catalogue",
     "min_config_latency_ms": "catalogue",

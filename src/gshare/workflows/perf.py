@@ -81,7 +81,6 @@ from typing import Final
 import numpy as np
 
 from gshare.profiles import ProfileTable
-from gshare.workflows.catalogue import FUNCTIONS, FunctionInfo
 from gshare.workflows.config import (
     VGPUS_PER_GPU,
     ConfigGrid,
@@ -89,6 +88,7 @@ from gshare.workflows.config import (
     FunctionConfig,
     cost_per_request_usd,
 )
+from gshare.workflows.functions import FUNCTIONS, FunctionInfo
 
 PROXY_MODELS: Final = MappingProxyType(
     {

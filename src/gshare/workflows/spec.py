@@ -18,7 +18,7 @@ YAML form (``load_workflow``)::
 Validation (each error names the problem): an empty workflow; duplicate stage names; a
 predecessor that is not a stage (names it and lists the stages); a cycle (names it, e.g.
 ``a -> b -> a``); an unknown function (names it and lists the known ones); an SLO outside
-``(0, MAX_SLO_MS]`` ms. The known functions are ESG's six (``gshare.workflows.catalogue``)
+``(0, MAX_SLO_MS]`` ms. The known functions are ESG's six (``gshare.workflows.functions``)
 unless the caller passes others (``load_workflow(..., known_functions=...)`` or the pydantic
 validation context ``{"known_functions": [...]}``).
 
@@ -50,6 +50,7 @@ from pydantic import (
 )
 
 from gshare.workflows.dag import kahn_order
+from gshare.workflows.functions import FUNCTIONS
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -220,8 +221,6 @@ class WorkflowSpec(BaseModel):
         """Length of the longest path when stage ``s`` takes ``stage_ms[s]`` ms (default: the
         catalogue's minimum-configuration time of its function, which is ESG's ``L``, §4.1)."""
         if stage_ms is None:
-            from gshare.workflows.catalogue import FUNCTIONS
-
             stage_ms = {s.name: FUNCTIONS[s.function].exec_ms_at_min for s in self.stages}
         finish: dict[str, float] = {}
         preds = self.predecessors()
@@ -300,8 +299,6 @@ def topological_order(predecessors: Mapping[str, Collection[str]]) -> tuple[str,
 def _known_functions(context: Any) -> Collection[str]:
     if isinstance(context, Mapping) and context.get("known_functions") is not None:
         return set(context["known_functions"])
-    from gshare.workflows.catalogue import FUNCTIONS  # the catalogue imports this module
-
     return set(FUNCTIONS)
 
 

@@ -4,7 +4,7 @@ Who calls it: the workflow simulator (``gshare.sim.workflow``) — and later the
 through the ``WorkflowPolicy`` protocol (``schedulers``): ``prepare`` once, then for every task
 of every AFW queue it serves ``plan_stage`` (ESG_1Q) and ``select_invoker`` (ESG_Dispatch).
 ``WORKFLOW_POLICIES`` is the registry of every workflow scheduler by name (ESG, its ablation
-variants and — when ``baselines`` is importable — INFless, FaST-GShare, Orion and Aquatope).
+variants and the baselines: INFless, FaST-GShare, Orion and Aquatope).
 
 NOTE (ESG §3.1 "Two-step design", §3.3, §3.4, Appendix B).
 1. ``plan_stage`` re-plans the stages of the request at the head of the AFW queue that have not
@@ -46,11 +46,13 @@ configuration is ``(1, 1, 7)``; ``batching=False`` — only ``batch = 1``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 from typing import Any
 
 from gshare.policy.workflow.astar import DEFAULT_K_BEST
+from gshare.policy.workflow.baselines import BASELINES
 from gshare.policy.workflow.dispatch import (
     DEFAULT_MAX_RECHECK_ROUNDS,
     Dispatch,
@@ -228,58 +230,20 @@ ESG_POLICIES: Mapping[str, PolicyFactory] = {
 BASELINE_NAMES: tuple[str, ...] = ("infless", "fast-gshare", "orion", "aquatope")
 """The four schedulers ESG is compared with (§4.2), as ``baselines.BASELINES`` names them."""
 
-
-class _Registry(Mapping[str, PolicyFactory]):
-    """``ESG_POLICIES`` plus ``gshare.policy.workflow.baselines.BASELINES`` (imported on first
-    use, so that this module does not depend on the baselines being written or importable)."""
-
-    def _all(self) -> dict[str, PolicyFactory]:
-        out = dict(ESG_POLICIES)
-        for name, factory in _baselines().items():
-            out.setdefault(name, factory)
-        return out
-
-    def __getitem__(self, name: str) -> PolicyFactory:
-        table = self._all()
-        try:
-            return table[name]
-        except KeyError:
-            raise KeyError(
-                f"unknown workflow scheduler {name!r} (known: {', '.join(table)})"
-            ) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-
-def _baselines() -> Mapping[str, PolicyFactory]:
-    import importlib
-
-    mod_name = "gshare.policy.workflow.baselines"
-    try:
-        mod = importlib.import_module(mod_name)
-    except ModuleNotFoundError as e:
-        if e.name != mod_name:  # a real missing dependency inside the module
-            raise
-        return {}
-    table: Mapping[str, PolicyFactory] = getattr(mod, "BASELINES", {})
-    return table
-
-
-WORKFLOW_POLICIES: Mapping[str, PolicyFactory] = _Registry()
-"""Every workflow scheduler by name: ``esg``, ``esg-no-sharing``, ``esg-no-batching`` and the
-baselines (``BASELINE_NAMES``) once ``baselines.BASELINES`` exists."""
+WORKFLOW_POLICIES: Mapping[str, PolicyFactory] = MappingProxyType(
+    {**ESG_POLICIES, **{n: f for n, f in BASELINES.items() if n not in ESG_POLICIES}}
+)
+"""Every workflow scheduler by name: ``esg``, ``esg-no-sharing``, ``esg-no-batching``, then the
+baselines of ``baselines.BASELINES`` (``BASELINE_NAMES``)."""
 
 
 def make_policy(name: str, **kwargs: Any) -> WorkflowPolicy:
     """A fresh scheduler by name (``KeyError`` listing the known names); ``kwargs`` go to its
     factory (see ``PolicyFactory``)."""
-    return WORKFLOW_POLICIES[name](**kwargs)
-
-
-def missing_baselines() -> tuple[str, ...]:
-    """The baseline names of ``BASELINE_NAMES`` not (yet) in the registry."""
-    return tuple(n for n in BASELINE_NAMES if n not in WORKFLOW_POLICIES)
+    try:
+        factory = WORKFLOW_POLICIES[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown workflow scheduler {name!r} (known: {', '.join(WORKFLOW_POLICIES)})"
+        ) from None
+    return factory(**kwargs)

@@ -37,6 +37,7 @@ from gshare.profiles import ProfilePoint
 from gshare.resources import GpuShare
 from gshare.runtime.gateway.router import HttpError
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.messages import LiveState
 
 if TYPE_CHECKING:
     from gshare.runtime.control.loop import Controller
@@ -112,7 +113,7 @@ class LiveProfiler:
         job0 = self.jobs.get(name)
         if job0 is not None and job0.state == "running":
             raise HttpError(409, f"function {name!r} is already being profiled ({job0.done}/{job0.total} trials done)")
-        cores = max((int(a.info.get("cpu_count", 1)) for a in c.agents.values() if a.alive), default=1)
+        cores = max((a.info.cpu_count for a in c.agents.values() if a.alive), default=1)
         has_cuda = any(d.name.startswith("cuda") for d in c.devices)
         if "sm_pct" in params:
             sms = _floats(params["sm_pct"], "sm_pct", 0, 100)
@@ -164,23 +165,23 @@ class LiveProfiler:
                 job.current = f"starting a profiling instance at sm {sm:g}%"
                 cfg = autoscale.ScaleConfig(sm, 100.0, max(job.batches), 1.0, 1.0)
                 share = GpuShare(sm, 1.0, 1.0, float(fs.spec.resources.mem_mb) if fs.spec.resources != "auto" else 0.0)
-                inst = await c._start_instance(fs, cfg, profiling=True, share=share, device=device)
+                inst = await c.start_instance(fs, cfg, profiling=True, share=share, device=device)
                 if inst is None:
                     raise RuntimeError("cannot start the profiling instance")
                 inst_id = inst.instance_id
                 inst.route = route
                 await self._wait_ready(inst_id)
-                agent = c.agents[device.node_id].actor
+                agent = c.agents[device.node_id].handle
                 for b in job.batches:
                     await self._call(route, P.OP_CONTROL, P.ENC_JSON, json.dumps({"cmd": "set_batching", "max_batch": b, "max_wait_ms": 1000}).encode())
                     for q in job.quota_values:
                         job.current = f"sm {sm:g}%, quota {q:g}%, batch {b}"
-                        await agent.set_share.remote(inst_id, q / 100.0, q / 100.0)
+                        await agent.set_share(inst_id, q / 100.0, q / 100.0)
                         lat_ms = await self._trial(route, b, job.trial_s)
                         rows.append(ProfilePoint(job.function, sm, q, b, lat_ms))
                         job.rows.append({"sm_pct": sm, "quota_pct": q, "batch": b, "latency_ms": round(lat_ms, 3), "throughput_rps": round(b * 1000.0 / lat_ms, 2)})
                         job.done += 1
-                await c._stop_instance(inst_id, log_event=False)
+                await c.stop_instance(inst_id, log_event=False)
                 inst_id = None
             n = c.state.put_profile_rows(job.function, rows)
             c.profile_changed(job.function)
@@ -196,7 +197,7 @@ class LiveProfiler:
             job.finished_s = time.time()
             if inst_id is not None:
                 with contextlib.suppress(Exception):
-                    await c._stop_instance(inst_id, log_event=False)
+                    await c.stop_instance(inst_id, log_event=False)
             c.gateway.remove_function(route)
 
     async def _wait_ready(self, iid: str) -> None:
@@ -206,11 +207,11 @@ class LiveProfiler:
             inst = c.instances.get(iid)
             if inst is None:
                 raise RuntimeError("the profiling instance failed to start (see gshare logs)")
-            if inst.state == "ready":
+            if inst.state is LiveState.READY:
                 return
             if time.monotonic() - t0 > READY_TIMEOUT_S:
                 raise RuntimeError(f"the profiling instance was not ready after {READY_TIMEOUT_S:.0f} s")
-            c._nudge.set()
+            c.nudge()
             await asyncio.sleep(0.2)
 
     async def _call(self, route: str, op: int, enc: int, payload: bytes) -> bytes:

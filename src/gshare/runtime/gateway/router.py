@@ -53,6 +53,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gshare.policy.routing import Candidate, choose_instance
 from gshare.runtime.gateway.oip import OipError, check_infer_request
 from gshare.runtime.instance import protocol as P
 
@@ -241,9 +242,9 @@ class FunctionRoute:
     channels: dict[str, InstanceChannel] = field(default_factory=dict)
     arrivals: int = 0
     last_arrival_s: float | None = None
-    """Wall time of the last arrival (None: none since the server started)."""
+    """``Gateway.clock`` at the last arrival (None: none since the server started)."""
     last_done_s: float | None = None
-    """Wall time of the last answer an instance gave (the function is idle since the later of
+    """``Gateway.clock`` at the last answer an instance gave (the function is idle since the later of
     this and ``last_arrival_s``, when nothing is queued or in flight)."""
     inputs: list[dict[str, Any]] = field(default_factory=list)
     start_error: str | None = None
@@ -263,7 +264,10 @@ class Gateway:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         node_id: str = "",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock
+        """Seconds; the clock of ``idle_since_s`` (the controller's keep-alive clock)."""
         self.max_body_bytes = max_body_bytes
         self.request_timeout_s = request_timeout_s
         self.node_id = node_id
@@ -376,7 +380,7 @@ class Gateway:
         return len(r.queue) + sum(len(c.inflight) for c in r.channels.values()) if r else 0
 
     def idle_since_s(self, function: str) -> float | None:
-        """Wall time since which ``function`` has had no request (the later of its last arrival
+        """``clock`` time since which ``function`` has had no request (the later of its last arrival
         and its last answer); None when it has had none since the server started."""
         r = self.routes.get(function)
         if r is None:
@@ -438,7 +442,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         p = Pending(function, op, enc, payload, time.perf_counter(), loop.create_future())
         r.arrivals += 1
-        r.last_arrival_s = time.time()
+        r.last_arrival_s = self.clock()
         ch = self._pick(r) if not r.queue else None
         if ch is not None:
             ch.send(p)
@@ -451,18 +455,16 @@ class Gateway:
         return p
 
     def _pick(self, r: FunctionRoute) -> InstanceChannel | None:
-        best: InstanceChannel | None = None
+        """``policy.routing.choose_instance`` over the function's connections, ties spread
+        round-robin (a rotating start)."""
         chans = list(r.channels.values())
         n = len(chans)
-        if n == 1:
-            c = chans[0]
-            return c if c.usable and len(c.inflight) < c.cap else None
-        r.rr = (r.rr + 1) % max(1, n)
-        for i in range(n):
-            c = chans[(r.rr + i) % n]
-            if c.usable and len(c.inflight) < c.cap and (best is None or len(c.inflight) < len(best.inflight)):
-                best = c
-        return best
+        if n > 1:
+            r.rr = (r.rr + 1) % n
+        pick = choose_instance(
+            [Candidate(len(c.inflight), c.usable, c.cap) for c in chans], r.rr if n > 1 else 0
+        )
+        return None if pick is None else chans[pick]
 
     def dispatch(self, function: str) -> None:
         r = self.routes.get(function)
@@ -512,7 +514,7 @@ class Gateway:
             return
         r = self.routes.get(p.function)
         if r is not None:
-            r.last_done_s = time.time()
+            r.last_done_s = self.clock()
         if status == P.ST_OK:
             q_ms, tw_ms, ex_ms, batch = m
             if r is not None and batch > 0:

@@ -58,6 +58,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gshare.policy.batching import BatchDecision, keep_token_for_next_batch, next_batch
 from gshare.runtime.instance import protocol as P
 
 WATCHDOG_PERIOD_S = 0.1
@@ -351,17 +352,27 @@ class InstanceServer:
                 if self._stop.is_set():
                     return None
                 self._cond.wait(0.5)
-            first = self._queue[0]
-            deadline = first.arrived + self.max_wait_s
-            while len(self._queue) < self.max_batch and not self._stop.is_set():
-                left = deadline - time.perf_counter()
-                if left <= 0:
+            while True:
+                d = self._batch_decision()
+                if d.take > 0 or self._stop.is_set():
                     break
-                self._cond.wait(left)
+                assert d.deadline_ms is not None  # the queue is not empty
+                self._cond.wait(max(0.0, d.deadline_ms / 1000.0 - time.perf_counter()))
             n = min(self.max_batch, len(self._queue))
             batch = [self._queue.popleft() for _ in range(n)]
             self._running = batch
             return batch
+
+    def _batch_decision(self) -> BatchDecision:
+        """``policy.batching.next_batch`` for the queue now (call with ``_cond`` held)."""
+        q = self._queue
+        return next_batch(
+            len(q),
+            q[0].arrived * 1000.0 if q else None,
+            time.perf_counter() * 1000.0,
+            self.max_batch,
+            self.max_wait_s * 1000.0,
+        )
 
     def _decode(self, item: _Item) -> Any:
         if item.op == P.OP_EXAMPLE:
@@ -410,12 +421,15 @@ class InstanceServer:
             finally:
                 with self._cond:
                     self._running = []
-                    q = self._queue
                     # Token reuse: keep the token only when the next batch can start at once
-                    # (full, or its oldest request waited max_wait already); else give it back
-                    # now, so that it never idles while others wait.
-                    keep = bool(q) and (
-                        len(q) >= self.max_batch or q[0].arrived + self.max_wait_s <= time.perf_counter()
+                    # (policy.batching.keep_token_for_next_batch).
+                    q = self._queue
+                    keep = keep_token_for_next_batch(
+                        len(q),
+                        q[0].arrived * 1000.0 if q else None,
+                        time.perf_counter() * 1000.0,
+                        self.max_batch,
+                        self.max_wait_s * 1000.0,
                     )
                 if not keep:
                     self._idle_tokens()

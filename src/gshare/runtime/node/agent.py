@@ -60,6 +60,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from gshare.policy.tokens import ClientSpec
 from gshare.runtime.instance.server import InstanceActor, InstanceLaunch, launch_to_dict
+from gshare.runtime.messages import InstanceState, InstanceStatus, NodeInfo, NodeStatus, TokenUsage
 from gshare.runtime.node import tasks as node_tasks
 from gshare.runtime.node.launcher import LAUNCHERS, Launcher
 
@@ -88,8 +89,7 @@ class _Managed:
     launch: InstanceLaunch
     actor: Any = None
     ready_ref: Any = None
-    state: str = "starting"
-    """starting | ready | restarting | failed | stopped"""
+    state: InstanceState = InstanceState.STARTING
     info: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     started_s: float = field(default_factory=time.monotonic)
@@ -176,17 +176,19 @@ class NodeAgent:
 
     # -- queries -------------------------------------------------------------------------------
 
-    def info(self) -> dict[str, Any]:
-        return {
-            "node_id": self.node_id,
-            "node_ip": self.node_ip,
-            "devices": self.devices,
-            "cpu_count": self.cpu_count,
-            "pid": os.getpid(),
-            "mps": self.mps,
-            "run_dir": str(self.run_dir),
-            "launcher": self.launcher_kind,
-        }
+    def info(self) -> NodeInfo:
+        return NodeInfo(
+            node_id=self.node_id,
+            devices=tuple(self.devices),
+            cpu_count=self.cpu_count,
+            extra={
+                "node_ip": self.node_ip,
+                "pid": os.getpid(),
+                "mps": self.mps,
+                "run_dir": str(self.run_dir),
+                "launcher": self.launcher_kind,
+            },
+        )
 
     def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
         try:
@@ -215,43 +217,32 @@ class NodeAgent:
         )
         return ray.get(task.remote(*args), timeout=timeout_s)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> NodeStatus:
         with self._lock:
-            instances = [
-                {
-                    "instance_id": iid,
-                    "function": m.launch.function,
-                    "state": m.state,
-                    "incarnation": m.launch.incarnation,
-                    "pid": m.info.get("pid"),
-                    "uds_path": m.launch.uds_path,
-                    "tcp_port": m.info.get("tcp_port"),
-                    "inputs": m.info.get("inputs"),
-                    "cores": m.info.get("cores"),
-                    "error": m.error,
-                    "last_exit": m.last_exit,
-                    "restarts": m.total_restarts,
-                    "rss_mb": round(m.rss_mb, 1),
-                    "device_index": m.launch.device_index,
-                }
+            instances = tuple(
+                InstanceStatus(
+                    instance_id=iid,
+                    function=m.launch.function,
+                    state=m.state,
+                    incarnation=m.launch.incarnation,
+                    device_index=m.launch.device_index,
+                    pid=m.info.get("pid"),
+                    uds_path=m.launch.uds_path,
+                    tcp_port=m.info.get("tcp_port"),
+                    inputs=m.info.get("inputs"),
+                    cores=m.info.get("cores"),
+                    error=m.error,
+                    last_exit=m.last_exit,
+                    restarts=m.total_restarts,
+                    rss_mb=round(m.rss_mb, 1),
+                )
                 for iid, m in self._instances.items()
-            ]
-        tokens: dict[str, dict[str, float]] = {}
+            )
+        tokens: dict[str, TokenUsage] = {}
         for ts in self.token_servers:
             for cid, v in ts.snapshot().items():
-                tokens[cid] = {
-                    "total_used_ms": v.total_used_ms,
-                    "quota_request": v.quota_request,
-                    "quota_limit": v.quota_limit,
-                    "sm_pct": v.sm_pct,
-                }
-        return {
-            "node_id": self.node_id,
-            "node_ip": self.node_ip,
-            "now_s": time.monotonic(),
-            "instances": instances,
-            "tokens": tokens,
-        }
+                tokens[cid] = TokenUsage(v.total_used_ms, v.quota_request, v.quota_limit, v.sm_pct)
+        return NodeStatus(self.node_id, self.node_ip, time.monotonic(), instances, tokens)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -332,7 +323,7 @@ class NodeAgent:
                 opts["runtime_env"] = {"env_vars": dict(launch.env)}
             actor = self._actor_cls.options(**opts).remote(launch_to_dict(launch))
             with self._lock:
-                if m.state == "stopped":
+                if m.state is InstanceState.STOPPED:
                     ray.kill(actor, no_restart=True)
                     return
                 m.launch = launch
@@ -341,8 +332,8 @@ class NodeAgent:
                 m.started_s = time.monotonic()
         except Exception as e:
             with self._lock:
-                if m.state != "stopped":
-                    m.state = "failed"
+                if m.state is not InstanceState.STOPPED:
+                    m.state = InstanceState.FAILED
                     m.error = f"cannot start: {_last_line(e)}"
 
     def _fork_instance(self, m: _Managed, launch: InstanceLaunch) -> None:
@@ -356,7 +347,7 @@ class NodeAgent:
             m.started_s = time.monotonic()
             with contextlib.suppress(psutil.Error):
                 m.proc = psutil.Process(pid)
-            if m.state == "stopped":
+            if m.state is InstanceState.STOPPED:
                 self._kill(m)
 
     def _kill(self, m: _Managed) -> None:
@@ -376,7 +367,7 @@ class NodeAgent:
             m = self._instances.pop(instance_id, None)
             if m is None:
                 return
-            m.state = "stopped"
+            m.state = InstanceState.STOPPED
             self._kill(m)
         with contextlib.suppress(Exception):
             self.token_servers[m.launch.device_index].remove_client(instance_id)
@@ -439,16 +430,16 @@ class NodeAgent:
                     log.warning("monitor: %s", e)
 
     def _check(self, m: _Managed, psutil: Any) -> None:
-        if m.state == "starting" and m.pid is not None:  # forked: its .ready file says when
+        if m.state is InstanceState.STARTING and m.pid is not None:  # forked: its .ready file says when
             try:
                 info = json.loads(Path(m.launch.uds_path + ".ready").read_text())
             except (OSError, ValueError):
                 info = None
             if info is not None:
                 with self._lock:
-                    if m.state == "starting":
+                    if m.state is InstanceState.STARTING:
                         m.info = info
-                        m.state = "ready"
+                        m.state = InstanceState.READY
                         m.error = None
             elif not self._alive(m, psutil):
                 reason = "failed to start: the process exited"
@@ -457,7 +448,7 @@ class NodeAgent:
                 self._on_death(m, f"{reason} (log: {self._log_path(m.launch)})", start_failure=True)
             elif time.monotonic() - m.started_s > START_TIMEOUT_S:
                 self._on_death(m, f"not ready after {START_TIMEOUT_S:.0f} s", start_failure=True)
-        elif m.state == "starting" and m.ready_ref is not None:
+        elif m.state is InstanceState.STARTING and m.ready_ref is not None:
             done, _ = ray.wait([m.ready_ref], timeout=0)
             if done:
                 try:
@@ -466,14 +457,14 @@ class NodeAgent:
                     self._on_death(m, f"failed to start: {_last_line(e)}", start_failure=True)
                     return
                 with self._lock:
-                    if m.state == "starting":
+                    if m.state is InstanceState.STARTING:
                         m.info = info
                         m.proc = psutil.Process(info["pid"])
-                        m.state = "ready"
+                        m.state = InstanceState.READY
                         m.error = None
             elif time.monotonic() - m.started_s > START_TIMEOUT_S:
                 self._on_death(m, f"not ready after {START_TIMEOUT_S:.0f} s", start_failure=True)
-        elif m.state == "ready" and m.proc is not None:
+        elif m.state is InstanceState.READY and m.proc is not None:
             if self._alive(m, psutil):
                 with contextlib.suppress(Exception):
                     mi = m.proc.memory_info()
@@ -497,23 +488,23 @@ class NodeAgent:
     def _on_death(self, m: _Managed, reason: str, *, start_failure: bool) -> None:
         now = time.monotonic()
         with self._lock:
-            if m.state in ("stopped", "failed"):
+            if m.state in (InstanceState.STOPPED, InstanceState.FAILED):
                 return
             m.last_exit = reason
             self._kill(m)
             m.actor = m.ready_ref = m.proc = m.pid = None
             m.restarts = [t for t in m.restarts if now - t < RESTART_WINDOW_S]
             if start_failure and m.launch.incarnation == 0:
-                m.state, m.error = "failed", reason
+                m.state, m.error = InstanceState.FAILED, reason
                 return
             if len(m.restarts) >= MAX_RESTARTS:
-                m.state = "failed"
+                m.state = InstanceState.FAILED
                 m.error = f"{reason}; restarted {len(m.restarts)} times in {RESTART_WINDOW_S:.0f} s, giving up"
                 return
             m.restarts.append(now)
             m.total_restarts += 1
             m.launch = replace(m.launch, incarnation=m.launch.incarnation + 1)
-            m.state = "starting"
+            m.state = InstanceState.STARTING
             m.info = {}
         log.warning("instance %s died (%s); restarting", m.launch.instance_id, reason)
         threading.Thread(target=self._start, args=(m, False), daemon=True).start()

@@ -93,12 +93,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from gshare.policy.tokens import (
+    LIVE_TOKEN_CONFIG,
     ClientSpec,
     ClientView,
     Grant,
     TokenConfig,
     TokenError,
     TokenScheduler,
+    predict_burst_ms,
+    reuse_token,
     should_yield,
 )
 
@@ -134,25 +137,6 @@ MAX_ID_BYTES = 255
 MAX_ERROR_BYTES = 1024
 _SEQ_MASK = 0xFFFFFFFF
 _SELECT_FD_LIMIT = 1024  # FD_SETSIZE: select(2) takes no descriptor at or above it
-
-
-LIVE_TOKEN_CONFIG = TokenConfig(idle_token_ms=40.0, limit_margin_ms=0.1)
-"""The token configuration of the live runtime's node agent, and of the benches that measure
-it (``bench/share_accuracy.py``, ``bench/token_overhead.py``); the simulator keeps
-``TokenConfig()``.
-
-* ``idle_token_ms=40`` -- a token handed out while nobody else waits lasts up to the window
-  (clipped to the client's quota and the guarantee reservation), so a client that reuses its
-  token pays the protocol about once per window instead of once per burst; at a hand-over the
-  client that just released has not asked again yet, so the next holder's token is such a
-  long one too, and two clients that time-share the device swap about twice per window when
-  they keep the rest of their tokens (``TokenClient(split_bursts=True)``, the NOTE in
-  ``TokenClient.reusable``);
-* ``limit_margin_ms=0.1`` -- a limited client's tokens stop 0.1 ms short of its per-window
-  limit, so a burst descheduled or woken late for up to that long stays within the limit
-  (overruns measured on the CPU runtime: a few to tens of microseconds); it costs a client with
-  request = limit 0.1 ms of its 40-ms window (0.25 pp).
-"""
 
 
 class TokenRuntimeError(RuntimeError):
@@ -921,10 +905,9 @@ class TokenClient:
         """
         if self.token_ms is None:
             return False
-        left = self.token_left_ms()
-        if self.split_bursts:
-            return left > 0.0
-        return left > 0.0 and not should_yield(left, self.predicted_burst_ms)
+        return reuse_token(
+            self.token_left_ms(), self.predicted_burst_ms, split_bursts=self.split_bursts
+        )
 
     def start_burst(self) -> float:
         """Begin a burst on the held token if its rest fits the predicted burst (``reusable``),
@@ -967,11 +950,9 @@ class TokenClient:
         self._used_ms += seg_ms
         burst_ms = self._burst_done_ms + seg_ms
         self._burst_done_ms = 0.0
-        if self.predicted_burst_ms <= 0.0:
-            self.predicted_burst_ms = burst_ms
-        else:
-            a = self.burst_ewma_alpha
-            self.predicted_burst_ms = a * burst_ms + (1.0 - a) * self.predicted_burst_ms
+        self.predicted_burst_ms = predict_burst_ms(
+            self.predicted_burst_ms, burst_ms, self.burst_ewma_alpha
+        )
         return burst_ms
 
     def release_if_held(self, completed: bool = True) -> bool:

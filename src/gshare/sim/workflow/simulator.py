@@ -77,6 +77,14 @@ from gshare.policy.workflow.dispatch import (
 from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, next_queue
 from gshare.policy.workflow.schedulers import StageContext, WorkflowPolicy
 from gshare.sim.engine import EventLoop, SimulationError
+from gshare.sim.priorities import (
+    PRIO_ARRIVAL,
+    PRIO_CONTAINER,
+    PRIO_EVICT,
+    PRIO_FINISH,
+    PRIO_PREWARM,
+    PRIO_ROUND,
+)
 from gshare.sim.workflow.cluster import Container, Invoker, Pool, TransferModel
 from gshare.workflows.config import (
     CLUSTER_NODES,
@@ -90,12 +98,6 @@ from gshare.workflows.config import (
 from gshare.workflows.perf import PerfModel
 from gshare.workflows.spec import WorkflowSpec
 
-PRIO_FINISH = 2
-PRIO_CONTAINER = 3
-PRIO_ARRIVAL = 5
-PRIO_PREWARM = 7
-PRIO_EVICT = 8
-PRIO_ROUND = 9
 """Same-instant order: task ends, containers ready, arrivals, pre-warming, evictions, then the
 controller's round (so it sees everything that happened at that instant)."""
 

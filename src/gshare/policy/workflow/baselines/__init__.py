@@ -13,7 +13,7 @@ name               configuration                              invoker
                    after a fixed number of evaluated states;
                    carried unchanged
 ``aquatope``       static per stage, from offline Bayesian    ESG_Dispatch (locality)
-                   optimisation (``gshare.workflows.
+                   optimisation (``gshare.experiments.
                    offline_bo``)
 =================  =========================================  ==================================
 
@@ -26,7 +26,7 @@ Registry (``BASELINES``): name -> factory. Every factory takes the same keyword 
 the simulator and the experiments can build any of them the same way::
 
     from gshare.policy.workflow.baselines import BASELINES
-    from gshare.workflows.offline_bo import bo_optimiser      # scikit-learn lives there
+    from gshare.experiments.offline_bo import bo_optimiser    # scikit-learn lives there
 
     policy = BASELINES[name](perf=perf, seed=seed, optimiser=bo_optimiser(perf))
     policy.prepare(workflows, options, seed)                  # aquatope runs its BO here
@@ -147,11 +147,11 @@ def make_aquatope_policy(
     **params: Any,
 ) -> AquatopePolicy:
     """Registry factory of ``"aquatope"``: needs ``static_plans`` or an ``optimiser``
-    (``gshare.workflows.offline_bo.bo_optimiser(perf)``); ``TypeError`` otherwise."""
+    (``gshare.experiments.offline_bo.bo_optimiser(perf)``); ``TypeError`` otherwise."""
     if optimiser is None and static_plans is None:
         raise TypeError(
-            "BASELINES['aquatope'] needs optimiser= (gshare.workflows.offline_bo.bo_optimiser"
-            "(perf)) or static_plans=; or call gshare.workflows.offline_bo.make_aquatope(...)"
+            "BASELINES['aquatope'] needs optimiser= (gshare.experiments.offline_bo.bo_optimiser"
+            "(perf)) or static_plans=; or call gshare.experiments.offline_bo.make_aquatope(...)"
         )
     return AquatopePolicy(static_plans, optimiser=optimiser, **params)
 

@@ -3,11 +3,11 @@ ASPLOS 2023).
 
 Who calls it: the workflow simulator (later the runtime) through the ``WorkflowPolicy``
 protocol. The offline part — Bayesian optimisation with scikit-learn Gaussian processes — lives
-in ``gshare.workflows.offline_bo`` because the policy layer must not import scikit-learn
+in ``gshare.experiments.offline_bo`` because the policy layer must not import scikit-learn
 (it pulls in ``threading``; DESIGN.md §1). The split:
 
-* ``gshare.workflows.offline_bo.optimise_static_plans(workflows, options, perf, seed)`` runs the
-  BO and returns ``{application: {stage: FunctionConfig}}``;
+* ``gshare.experiments.offline_bo.optimise_static_plans(workflows, options, perf, seed)`` runs
+  the BO and returns ``{application: {stage: FunctionConfig}}``;
 * ``AquatopePolicy(static_plans=...)`` (or ``AquatopePolicy.from_plans``) serves such plans;
 * ``AquatopePolicy(optimiser=...)`` takes any callable ``(workflows, options, seed) -> plans``
   and calls it from ``prepare`` — ``offline_bo.bo_optimiser(perf)`` builds the BO one, and
@@ -44,7 +44,7 @@ StaticPlanOptimiser = Callable[
     [Sequence[tuple[str, WorkflowLike]], Mapping[str, Sequence[ConfigOption]], int], StaticPlans
 ]
 """The offline phase: ``(workflows, options, seed) -> StaticPlans`` (e.g.
-``gshare.workflows.offline_bo.bo_optimiser(perf)``)."""
+``gshare.experiments.offline_bo.bo_optimiser(perf)``)."""
 
 
 # NOTE (ESG §4.2 "Aquatope"). "Aquatope relies on an offline training process, in which the
@@ -104,7 +104,7 @@ class AquatopePolicy:
                 raise ValueError(
                     "aquatope has no static plan for "
                     + ", ".join(app for app, _ in missing)
-                    + ": pass static_plans= or optimiser= (gshare.workflows.offline_bo."
+                    + ": pass static_plans= or optimiser= (gshare.experiments.offline_bo."
                     "bo_optimiser(perf)), or build it with offline_bo.make_aquatope(...)"
                 )
             new = self.optimiser(missing, options, seed)

@@ -1,9 +1,10 @@
 """Aquatope's offline Bayesian optimisation of a static configuration per stage (ESG §4.2;
 Zhou et al., ASPLOS 2023).
 
-Why here and not in ``gshare.policy``: it uses scikit-learn's ``GaussianProcessRegressor``,
-which imports ``threading`` (and joblib), and the policy layer must stay free of such imports
-(DESIGN.md §1). The split:
+Why in ``gshare.experiments``: it uses scikit-learn's ``GaussianProcessRegressor``, which
+imports ``threading`` (and joblib), and the policy layer must stay free of such imports
+(DESIGN.md §1); and it builds a policy, so it cannot sit in the data layer
+(``gshare.workflows``) that the policies import (``tests/test_layers.py``). The split:
 
 * this module runs the optimisation (``optimise_static_plans``) and builds the policy
   (``make_aquatope``, or ``bo_optimiser(perf)`` as the ``optimiser=`` of

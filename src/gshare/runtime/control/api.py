@@ -1,0 +1,226 @@
+"""The control API behind ``/system/...``: deploy, update, delete, list, status, logs, profile.
+
+Who uses it: the gateway's HTTP app (``runtime.gateway.router.build_app``) calls a
+``ControlApi`` for every authenticated control request; it acts on the controller
+(``runtime.control.loop``) and the state database. Every bad input is an ``HttpError`` naming
+the problem (400 spec errors, 404 unknown function, 409 conflicts, 503 no agent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import yaml
+
+from gshare.runtime.control.loop import Controller, LiveInstance
+from gshare.runtime.gateway.router import ControlPlane, HttpError
+from gshare.runtime.messages import LiveState
+from gshare.spec import FunctionSpec, SpecError, parse_function_spec
+
+
+class ControlApi(ControlPlane):
+    """The control API of one server (module doc)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    def ready(self) -> bool:
+        return self.c.ready()
+
+    async def deploy(self, body: bytes, content_type: str, *, update: bool | None) -> dict[str, Any]:
+        c = self.c
+        is_json = "json" in content_type
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise HttpError(400, "the function spec must be UTF-8 JSON or YAML") from None
+        try:
+            data = json.loads(text) if is_json else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as e:
+            first = " ".join(str(e).split())[:300]
+            kind = "JSON" if is_json else "YAML"
+            raise HttpError(400, f"the function spec is not valid {kind} ({first})") from None
+        try:
+            spec = parse_function_spec(data)
+        except SpecError as e:
+            raise HttpError(400, f"invalid function spec: {e}") from None
+        exists = spec.name in c.functions
+        if update is False and exists:
+            raise HttpError(409, f"function {spec.name!r} already exists (update it with PUT)")
+        if update is True and not exists:
+            raise HttpError(404, f"function {spec.name!r} is not deployed (create it with POST)")
+        dump = spec.model_dump(mode="json")
+        described = await self._describe(dump)
+        if not described.get("ok"):
+            raise HttpError(
+                400,
+                f"invalid function spec: handler/model of {spec.name!r} cannot be loaded: "
+                f"{described.get('error')}",
+            )
+        stored = c.state.put_function(spec.name, dump)
+        inputs = described.get("inputs") or []
+        c.state.set_function_io(spec.name, {"inputs": inputs})
+        if exists:  # replace the instances: drain the old ones, the autoscaler starts new ones
+            for inst in list(c.instances.values()):
+                if (
+                    inst.function == spec.name
+                    and inst.state is not LiveState.DRAINING
+                    and not inst.profiling
+                ):
+                    c.drain(inst, "the function was updated")
+        fs = c.register(spec, stored.version, inputs)
+        verb = "updated" if exists else "deployed"
+        c.state.add_event(
+            spec.name, f"{verb} (version {stored.version}): {_spec_summary(spec)}"
+        )
+        c.nudge()
+        return self.function_status(fs.spec.name)
+
+    async def _describe(self, spec: dict[str, Any]) -> dict[str, Any]:
+        agent = next((a for a in self.c.agents.values() if a.alive), None)
+        if agent is None:
+            raise HttpError(503, "no node agent is running")
+        try:
+            return await agent.handle.describe(spec, list(self.c.extra_sys_path))
+        except TimeoutError:
+            raise HttpError(503, "the node agent did not answer in time") from None
+
+    async def delete(self, name: str) -> None:
+        c = self.c
+        if name not in c.functions:
+            raise HttpError(404, f"function {name!r} is not deployed")
+        c.unregister(name)
+        c.state.delete_function(name)
+        if c.profiler is not None:
+            c.profiler.cancel(name)
+        await asyncio.gather(
+            *(
+                c.stop_instance(i.instance_id, log_event=False)
+                for i in list(c.instances.values())
+                if i.function == name
+            ),
+            return_exceptions=True,
+        )
+        c.state.add_event(name, "deleted")
+
+    def list_functions(self) -> list[dict[str, Any]]:
+        return [self.function_status(n) for n in sorted(self.c.functions)]
+
+    def function_status(self, name: str) -> dict[str, Any]:
+        c = self.c
+        fs = c.functions.get(name)
+        if fs is None:
+            raise HttpError(404, f"function {name!r} is not deployed")
+        insts = [i for i in c.instances.values() if i.function == name and not i.profiling]
+        ready = sum(1 for i in insts if i.state is LiveState.READY)
+        route = c.gateway.routes.get(name)
+        return {
+            "name": name,
+            "version": fs.version,
+            "spec": fs.spec.model_dump(mode="json"),
+            "image": fs.spec.model or fs.spec.handler,
+            "invocationCount": fs.invocations + (route.arrivals if route else 0),
+            "replicas": sum(1 for i in insts if i.state is not LiveState.DRAINING),
+            "availableReplicas": ready,
+            "available_replicas": ready,
+            "predicted_rps": round(fs.predicted_rps, 3),
+            "observed_rps": round(fs.observed_rps, 3),
+            "queued": c.gateway.queued(name),
+            "inputs": fs.inputs,
+            "start_error": fs.start_error,
+            "config_source": fs.configs.describe(),
+            "configs": len(fs.configs.configs),
+            "last_decision": fs.last_reason,
+            "instances": [_instance_view(i) for i in sorted(insts, key=lambda i: i.instance_id)],
+        }
+
+    def logs(self, name: str, tail: int) -> list[str]:
+        events = self.c.state.events(name, tail)
+        if not events and name not in self.c.functions:
+            raise HttpError(404, f"function {name!r} is not deployed and has no logs")
+        return [e.format() for e in events]
+
+    async def start_profile(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        if name not in self.c.functions:
+            raise HttpError(404, f"function {name!r} is not deployed")
+        if self.c.profiler is None:
+            raise HttpError(503, "the profiler is not available")
+        result: dict[str, Any] = await self.c.profiler.start(name, params)
+        return result
+
+    def profile_status(self, name: str) -> dict[str, Any]:
+        if self.c.profiler is None:
+            raise HttpError(503, "the profiler is not available")
+        result: dict[str, Any] = self.c.profiler.status(name)
+        return result
+
+    def info(self) -> dict[str, Any]:
+        from gshare import __version__
+
+        c = self.c
+        return {
+            "version": __version__,
+            "autoscaler": c.config.autoscaler,
+            "placer": c.config.placer,
+            "period_s": c.config.period_s,
+            "nodes": [
+                {
+                    "node_id": a.node_id,
+                    "alive": a.alive,
+                    "devices": list(a.info.devices),
+                    "cpu_count": a.info.cpu_count,
+                    **dict(a.info.extra),
+                }
+                for a in c.agents.values()
+            ],
+            "devices": [
+                {"index": d.index, "node_id": d.node_id, "name": d.name} for d in c.devices
+            ],
+            "functions": len(c.functions),
+            "instances": len(c.instances),
+        }
+
+
+def _spec_summary(spec: FunctionSpec) -> str:
+    what = f"model {spec.model}" if spec.model else f"handler {spec.handler}"
+    if spec.resources == "auto":
+        res = "resources auto"
+    else:
+        r = spec.resources
+        res = f"sm {r.sm_pct:g}%, quota {r.quota_request:g}/{r.quota_limit:g}" + (
+            f", mem {r.mem_mb} MiB" if r.mem_mb else ""
+        )
+    b = spec.batching
+    return (
+        f"{what}, {res}, batch {b.max_batch}/{b.max_wait_ms:g} ms, "
+        f"instances {spec.min_instances}..{spec.max_instances}, keep-alive {spec.keep_alive_s:g} s"
+    )
+
+
+def _instance_view(i: LiveInstance) -> dict[str, Any]:
+    return {
+        "id": i.instance_id,
+        "state": i.state.value,
+        "node_id": i.device.node_id,
+        "device": i.device.name,
+        "pid": i.pid,
+        "cores": i.cores,
+        "sm_pct": i.share.sm_pct,
+        "quota_request": i.share.quota_request,
+        "quota_limit": i.share.quota_limit,
+        "mem_mb": i.share.mem_mb,
+        "batch": i.config.batch,
+        "throughput_rps": round(i.config.throughput_rps, 2),
+        "achieved_share": None if i.achieved_share is None else round(i.achieved_share, 4),
+        "token_used_ms": i.used_ms,
+        "token_clock_s": i.used_t,
+        "restarts": i.restarts,
+        "last_exit": i.last_exit,
+        "rss_mb": i.rss_mb,
+        "uds_path": i.uds_path,
+    }
+
+
+__all__ = ["ControlApi"]
