@@ -159,12 +159,14 @@ _client_st = st.tuples(
     preemptible=st.booleans(),
     interference=st.booleans(),
     backfill=st.booleans(),
+    token_reuse=st.booleans(),
 )
 def test_random_mix_keeps_sm_and_quota_invariants(
     clients: list[tuple[float, float, float, int, list[float], float]],
     preemptible: bool,
     interference: bool,
     backfill: bool,
+    token_reuse: bool,
 ) -> None:
     loop = CheckedLoop()
     gpu = TracingGpu(
@@ -172,6 +174,7 @@ def test_random_mix_keeps_sm_and_quota_invariants(
         token_config=TokenConfig(backfill=backfill),
         interference=InterferenceModel(enabled=interference),
         preemptible=preemptible,
+        token_reuse=token_reuse,
     )
     limits: dict[str, float] = {}
     finished: dict[str, int] = {}
@@ -190,7 +193,10 @@ def test_random_mix_keeps_sm_and_quota_invariants(
 
         def done(cid: str, think: float) -> None:
             finished[cid] += 1
-            loop.after(think, starters[cid])
+            if think < 2.0:  # back to back: the next burst starts now (token reuse applies)
+                starters[cid]()
+            else:
+                loop.after(think, starters[cid])
 
         starters[cid] = start
         loop.at(float(i), start)
@@ -275,3 +281,57 @@ def test_full_quota_clients_racing_for_all_sms_all_make_progress() -> None:
     loop.run(until_ms=2000.0)
     assert sum(count.values()) >= 95
     assert min(count.values()) >= 1
+
+
+# -- token reuse (the live runtime's protocol) -------------------------------------------------
+
+
+def _back_to_back(gpu: SimGpu, loop: EventLoop, cid: str, work_ms: float, n: int) -> list[float]:
+    done: list[float] = []
+
+    def start() -> None:
+        if len(done) < n:
+            gpu.run_burst(cid, work_ms, lambda: (done.append(loop.now_ms), start()))
+
+    start()
+    return done
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_token_reuse_pays_the_protocol_once_per_token(reuse: bool) -> None:
+    # One client, 200 back-to-back bursts of 2 ms. Without reuse every burst asks for a token;
+    # with reuse and the live runtime's 40-ms uncontended tokens a token serves 20 bursts.
+    from gshare.policy.tokens import LIVE_TOKEN_CONFIG
+
+    loop = EventLoop()
+    gpu = SimGpu(loop, token_config=LIVE_TOKEN_CONFIG, token_reuse=reuse)
+    gpu.add_client(_client("a", 50.0))
+    done = _back_to_back(gpu, loop, "a", 2.0, 200)
+    loop.run()
+    assert len(done) == 200 and done[-1] == pytest.approx(400.0)
+    st_ = gpu.stats()
+    assert st_.bursts == 200
+    if reuse:
+        assert st_.tokens == 10 and gpu.reused == 190
+    else:
+        assert st_.tokens == 200 and gpu.reused == 0
+
+
+def test_token_reuse_keeps_shares() -> None:
+    # Two saturating clients on all SMs with requests 0.7 / 0.3 (no elasticity): with reuse
+    # each still runs its request x window in every window.
+    loop = EventLoop()
+    gpu = TracingGpu(
+        loop, token_config=TokenConfig(elastic=False), token_reuse=True, interference=InterferenceModel(enabled=False)
+    )
+    gpu.add_client(_client("a", 100.0, 0.7, 0.7))
+    gpu.add_client(_client("b", 100.0, 0.3, 0.3))
+    _back_to_back(gpu, loop, "a", 3.0, 10_000)
+    _back_to_back(gpu, loop, "b", 3.0, 10_000)
+    loop.run(until_ms=100 * W)
+    assert gpu.reused > 0
+    for k in range(5, 95):
+        assert gpu.ran.get(("a", k), 0.0) == pytest.approx(0.7 * W, abs=3.0)
+        assert gpu.ran.get(("b", k), 0.0) == pytest.approx(0.3 * W, abs=3.0)
+        assert gpu.ran.get(("a", k), 0.0) <= 0.7 * W + 1e-6
+        assert gpu.ran.get(("b", k), 0.0) <= 0.3 * W + 1e-6

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gshare.policy.control import ControlParams
 from gshare.runtime.control.loop import Controller, ControllerConfig
 from gshare.runtime.control.state import StateStore
 from gshare.runtime.gateway.router import Gateway, HttpError
@@ -108,7 +109,7 @@ async def world(tmp_path: Path, **spec: Any):  # type: ignore[no-untyped-def]
     ctl = Controller(
         store,
         gw,
-        ControllerConfig(start_backoff_s=2.0, drain_timeout_s=30.0),
+        ControllerConfig(control=ControlParams(start_backoff_s=2.0), drain_timeout_s=30.0),
         gateway_node_id=NODE,
         clock=clock,
     )

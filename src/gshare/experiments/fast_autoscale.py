@@ -33,6 +33,7 @@ import numpy as np
 from gshare.experiments.registry import register
 from gshare.experiments.results import ExperimentResult
 from gshare.policy.autoscale import FAST_QUOTA_POINTS_PCT, FAST_SM_POINTS_PCT, candidate_configs
+from gshare.policy.control import ControlParams
 from gshare.profiles import ProfileTable
 from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction
 from gshare.sim.engine import EventLoop
@@ -96,7 +97,7 @@ def _run_variant(
         max_gpus=int(params["max_gpus"]),
         period_ms=float(params["period_ms"]),
         cold_start_ms=float(params["cold_start_ms"]),
-        headroom=float(params["headroom"]),
+        control=ControlParams(headroom=float(params["headroom"])),
         placer=placer,
         autoscaler=autoscaler,
         interference=InterferenceModel(enabled=interference),

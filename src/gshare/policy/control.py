@@ -63,8 +63,15 @@ class Warmth(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ControlParams:
-    """Knobs of the step (the same defaults in both worlds)."""
+    """Knobs of the step: one set of defaults for both worlds (``sim.cluster.ClusterConfig``
+    and ``runtime.control.loop.ControllerConfig`` hold one of these)."""
 
+    headroom: float = 1.2
+    """The predicted rate is multiplied by this before autoscaling (burst head-room)."""
+    rate_alpha: float = 0.5
+    """EWMA weight of the newest rate sample."""
+    rate_window: int = 3
+    """The prediction is max(EWMA, max of the last ``rate_window`` samples) × headroom."""
     start_backoff_s: float = 2.0
     """First back-off after a failed start; doubles per consecutive failure."""
     max_backoff_s: float = 60.0
@@ -76,6 +83,14 @@ class ControlParams:
                 "need 0 <= start_backoff_s <= max_backoff_s < inf, got "
                 f"{self.start_backoff_s}, {self.max_backoff_s}"
             )
+
+    def fresh_state(self) -> ControlState:
+        """The state of a function the controller has not seen yet (no rate history)."""
+        return ControlState(
+            RatePredictor.fresh(
+                alpha=self.rate_alpha, window=self.rate_window, headroom=self.headroom
+            )
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,13 +35,13 @@ import numpy as np
 from gshare.policy import autoscale
 from gshare.policy.control import (
     ControlDecision,
+    ControlParams,
     ControlState,
     FunctionObservation,
     cold_start_wanted,
     control_step,
 )
 from gshare.policy.placement import NoCapacity, make_placer
-from gshare.policy.rate import RatePredictor
 from gshare.policy.tokens import TokenConfig
 from gshare.profiles import ProfileTable
 from gshare.sim.engine import EventLoop
@@ -78,15 +78,14 @@ class ClusterConfig:
     period_ms: float = 1000.0
     """Controller reconcile period."""
     cold_start_ms: float = 500.0
-    headroom: float = 1.2
-    """Predicted RPS is multiplied by this before autoscaling (burst head-room)."""
-    rate_alpha: float = 0.5
-    """EWMA weight of the newest rate sample."""
-    rate_window: int = 3
-    """The prediction is max(EWMA, max of the last ``rate_window`` samples)."""
+    control: ControlParams = field(default_factory=ControlParams)
+    """Rate prediction, keep-alive and back-off knobs (``policy.control``)."""
     placer: str = "mra"
     autoscaler: str = "fast-heuristic"
     token_config: TokenConfig = field(default_factory=TokenConfig)
+    token_reuse: bool = False
+    """Instances keep their token for a batch ready at once (the live runtime's token reuse;
+    with ``policy.tokens.LIVE_TOKEN_CONFIG`` the simulator runs the runtime's token protocol)."""
     interference: InterferenceModel = field(default_factory=InterferenceModel)
     noise_sigma: float = 0.0
     launch: LaunchGating | None = field(default_factory=LaunchGating)
@@ -141,13 +140,7 @@ class SimCluster:
     def add_function(self, fn: SimFunction) -> None:
         self.functions[fn.name] = fn
         self.gateway.register(fn.name, fn.slo_ms)
-        self._control[fn.name] = ControlState(
-            RatePredictor.fresh(
-                alpha=self.config.rate_alpha,
-                window=self.config.rate_window,
-                headroom=self.config.headroom,
-            )
-        )
+        self._control[fn.name] = self.config.control.fresh_state()
         self._last_arrivals[fn.name] = 0
 
     def start(self, until_ms: float) -> None:
@@ -202,7 +195,7 @@ class SimCluster:
             keep_alive_s=fn.keep_alive_s,
         )
         decision, self._control[fn.name] = control_step(
-            obs, self._control[fn.name], self.loop.now_ms / 1000.0, self.scale
+            obs, self._control[fn.name], self.loop.now_ms / 1000.0, self.scale, self.config.control
         )
         if self.on_decision:
             self.on_decision(decision.scale)
@@ -234,6 +227,7 @@ class SimCluster:
                 token_config=self.config.token_config,
                 interference=self.config.interference,
                 token_wakeup_ms=self.config.token_wakeup_ms,
+                token_reuse=self.config.token_reuse,
             )
             self.gpus[index] = gpu
         return gpu

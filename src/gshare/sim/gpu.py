@@ -16,6 +16,15 @@ running alone (the profile table's latency at quota 100 %). The GPU model
   (``work_ms`` of launch work, the token-charged part), while the device drains what was
   launched; the burst completes at ``max(launches done, start + device_ms)`` (see the NOTE
   below);
+* optionally (``token_reuse=True``) lets a client keep its token after a burst, as the live
+  runtime's instances do (Gemini: a token is a time slice): a burst that starts at the instant
+  the previous one ended runs on the held token while its rest fits the predicted burst
+  (``policy.tokens.reuse_token``, the client's burst EWMA ``policy.tokens.predict_burst_ms``);
+  a token nobody starts a burst on at that instant is released, charged with the time of all
+  the bursts that ran on it. The instance starts its next burst at that instant exactly when
+  its next batch is ready (``policy.batching``), which is the runtime's
+  ``keep_token_for_next_batch``. Launch-gated bursts release at the end of their launches, as
+  without reuse (their device drain needs no token);
 * optionally (``token_wakeup_ms``) charges a client that had to *wait* for its token a wake-up
   time at the start of that token (the blocked hook thread resumes, the token travels over the
   socket) during which it makes no progress;
@@ -34,7 +43,14 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gshare.policy.tokens import ClientSpec, Grant, TokenConfig, TokenScheduler
+from gshare.policy.tokens import (
+    ClientSpec,
+    Grant,
+    TokenConfig,
+    TokenScheduler,
+    predict_burst_ms,
+    reuse_token,
+)
 from gshare.sim.engine import EventLoop
 from gshare.sim.priorities import PRIO_GPU, PRIO_TICK
 
@@ -112,6 +128,8 @@ class _Burst:
     """When the burst last asked the scheduler for a token."""
     stall_until_ms: float = 0.0
     """No progress before this time (the wake-up after a waited-for token)."""
+    busy_ms: float = 0.0
+    """Time it has run holding a token, over all its tokens (its length, for the burst EWMA)."""
 
 
 @dataclass
@@ -126,6 +144,9 @@ class SimGpu:
     token_wakeup_ms: float = 0.0
     """Wake-up time charged at the start of a token granted to a burst that had to wait for it
     (granted later than it asked). 0 (the default) models an instantaneous hand-over."""
+    token_reuse: bool = False
+    """Keep a token after a burst for a burst that starts at once (module doc). Off by
+    default: the papers' experiments release after every burst."""
     token_log: list[tuple[str, float, float]] | None = None
     """When a list: every token use is appended as ``(client_id, start_ms, end_ms)`` at its
     release (experiments measure per-window shares from it). None (the default): no log."""
@@ -134,6 +155,12 @@ class SimGpu:
         self.scheduler = TokenScheduler(self.token_config, window_start_ms=self.loop.now_ms)
         self._bursts: dict[str, _Burst] = {}  # at most one burst per client
         self._running: dict[str, _Burst] = {}
+        self._held: dict[str, tuple[Grant, float]] = {}
+        """Tokens kept after a burst (``token_reuse``): client -> (grant, time used on it)."""
+        self._predicted_burst_ms: dict[str, float] = {}
+        """Burst-length EWMA per client (``token_reuse``), as the runtime's token client keeps."""
+        self.reused = 0
+        """Bursts that ran on a token kept from the previous burst."""
         self._tick_at: float | None = None
         self._stats = GpuStats(window_ms=self.token_config.window_ms)
         self._stats_since = self.loop.now_ms
@@ -150,6 +177,8 @@ class SimGpu:
     def remove_client(self, client_id: str) -> None:
         """Forget an instance; a burst it had in flight is dropped without completing."""
         self._settle()
+        self._held.pop(client_id, None)  # the scheduler forgets its token with it
+        self._predicted_burst_ms.pop(client_id, None)
         b = self._bursts.pop(client_id, None)
         if b is not None and client_id in self._running:
             del self._running[client_id]
@@ -182,6 +211,21 @@ class SimGpu:
             b.device_done_ms = now + max(0.0, device_ms)
         self._bursts[client_id] = b
         self._stats.bursts += 1
+        held = self._held.pop(client_id, None)
+        if held is not None:
+            grant, used_ms = held
+            left_ms = grant.quota_ms - used_ms
+            predicted = self._predicted_burst_ms.get(client_id, 0.0)
+            if reuse_token(left_ms, predicted, split_bursts=False):
+                self.reused += 1
+                self._settle()
+                b.token, b.token_used_ms, b.last_ms = grant, used_ms, now
+                self._running[client_id] = b
+                self._sm_running += self.scheduler.clients[client_id].spec.sm_pct
+                self._reschedule_all()
+                return
+            # the rest does not fit: give it back (work is queued) and ask again
+            self._release(client_id, grant, used_ms, completed=False)
         self._apply(self.scheduler.request(client_id, now))
 
     def active_sm_pct(self, exclude: str | None = None) -> float:
@@ -234,6 +278,7 @@ class SimGpu:
                 if productive > 0:
                     b.work_left_ms -= productive * b.rate
                 b.token_used_ms += dt
+                b.busy_ms += dt
                 b.last_ms = now
 
     def _apply(self, grants: list[Grant]) -> None:
@@ -276,12 +321,29 @@ class SimGpu:
             return  # superseded by a later rate change
         self._settle()
         now = self.loop.now_ms
+        cid = b.client_id
         done = b.work_left_ms <= 1e-9
-        del self._running[b.client_id]
-        self._sm_running -= self.scheduler.clients[b.client_id].spec.sm_pct
-        grants = self.scheduler.release(b.client_id, b.token_used_ms, now, completed=done)
+        del self._running[cid]
+        self._sm_running -= self.scheduler.clients[cid].spec.sm_pct
+        if done and self.token_reuse and b.device_done_ms is None and b.token is not None:
+            # Token reuse: keep the token; the next burst may start on it at this instant.
+            self._predicted_burst_ms[cid] = predict_burst_ms(
+                self._predicted_burst_ms.get(cid, 0.0),
+                b.busy_ms,
+                self.token_config.burst_ewma_alpha,
+            )
+            self._held[cid] = (b.token, b.token_used_ms)
+            b.token = None
+            del self._bursts[cid]
+            self._reschedule_all()
+            b.on_done()
+            held = self._held.pop(cid, None)
+            if held is not None:  # no burst started at once: the client is idle
+                self._release(cid, held[0], held[1], completed=True)
+            return
+        grants = self.scheduler.release(cid, b.token_used_ms, now, completed=done)
         if self.token_log is not None and b.token is not None:
-            self.token_log.append((b.client_id, b.token.start_ms, now))
+            self.token_log.append((cid, b.token.start_ms, now))
         b.token = None
         if done and b.device_done_ms is not None and b.device_done_ms > now + 1e-9:
             # Launch-gated: the launches are through; the device drains without a token.
@@ -289,7 +351,7 @@ class SimGpu:
             self._apply(grants)
             self.loop.at(b.device_done_ms, functools.partial(self._on_drained, b), PRIO_GPU)
         elif done:
-            del self._bursts[b.client_id]
+            del self._bursts[cid]
             self._reschedule_all()
             self._apply(grants)
             b.on_done()
@@ -298,7 +360,14 @@ class SimGpu:
             self._reschedule_all()
             self._apply(grants)
             b.requested_ms = now
-            self._apply(self.scheduler.request(b.client_id, now))
+            self._apply(self.scheduler.request(cid, now))
+
+    def _release(self, client_id: str, grant: Grant, used_ms: float, *, completed: bool) -> None:
+        """Give back a kept token (``token_reuse``), charged with the time used on it."""
+        now = self.loop.now_ms
+        if self.token_log is not None:
+            self.token_log.append((client_id, grant.start_ms, now))
+        self._apply(self.scheduler.release(client_id, used_ms, now, completed=completed))
 
     def _on_drained(self, b: _Burst) -> None:
         """A launch-gated burst's device work has drained: the burst is complete."""

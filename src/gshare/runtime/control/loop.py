@@ -50,7 +50,6 @@ from gshare.policy.control import (
     on_started,
 )
 from gshare.policy.placement import NoCapacity, make_placer
-from gshare.policy.rate import RatePredictor
 from gshare.profiles import ProfileTable
 from gshare.resources import GpuShare
 from gshare.runtime.control.configs import FunctionConfigs, configs_for, share_for
@@ -83,24 +82,14 @@ class ControllerConfig:
     """Knobs of the control loop (defaults as the simulator's ``ClusterConfig``)."""
 
     period_s: float = 1.0
-    headroom: float = 1.2
-    rate_alpha: float = 0.5
-    rate_window: int = 3
+    control: ControlParams = field(default_factory=ControlParams)
+    """Rate prediction, keep-alive and back-off knobs (``policy.control``; the simulator's
+    defaults)."""
     autoscaler: str = "fast-heuristic"
     placer: str = "mra"
     drain_timeout_s: float = 120.0
     """Longest a removed instance drains its in-flight requests before it is stopped."""
-    start_backoff_s: float = 2.0
-    """First back-off after a failed start; doubles per failure, at most 60 s."""
     agent_timeout_s: float = 10.0
-
-    def control_params(self) -> ControlParams:
-        return ControlParams(start_backoff_s=self.start_backoff_s)
-
-    def fresh_predictor(self) -> RatePredictor:
-        return RatePredictor.fresh(
-            alpha=self.rate_alpha, window=self.rate_window, headroom=self.headroom
-        )
 
 
 @dataclass
@@ -255,7 +244,7 @@ class Controller:
         fs = FunctionState(
             spec=spec,
             version=version,
-            control=ControlState(self.config.fresh_predictor()),
+            control=self.config.control.fresh_state(),
             inputs=inputs,
         )
         old = self.functions.get(spec.name)
@@ -390,7 +379,7 @@ class Controller:
         )
         try:
             decision, fs.control = control_step(
-                obs, fs.control, self.clock(), self.scale, self.config.control_params()
+                obs, fs.control, self.clock(), self.scale, self.config.control
             )
         except autoscale.AutoscaleError as e:
             self._event(name, f"autoscaler: {e}", level="error")
@@ -607,9 +596,7 @@ class Controller:
                 self._event(inst.function, f"failed: {err}", instance=iid, level="error")
                 await self.stop_instance(iid, log_event=False)
                 if fs is not None and not inst.profiling:
-                    fs.control = on_start_failed(
-                        fs.control, self.clock(), self.config.control_params()
-                    )
+                    fs.control = on_start_failed(fs.control, self.clock(), self.config.control)
                     fs.start_error = f"function {inst.function!r} failed to start: {err}"
                     if not any(i.state is LiveState.READY for i in self.live_of(inst.function)):
                         self.gateway.set_start_error(inst.function, fs.start_error)

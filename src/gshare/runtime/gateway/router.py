@@ -9,10 +9,12 @@ Data path (``POST /function/{name}``, ``POST /v2/models/{name}/infer``):
 
 1. the body is read under the size limit (413 beyond it) and checked (400 for malformed JSON
    or OIP tensors); an unknown function is a 404;
-2. the request joins its function's queue; the dispatcher sends it at once to the ready
-   instance with the fewest requests in flight, unless every instance already holds
-   ``inflight_cap`` (4 × its batch, at least 8): then it waits in the queue — also while the
-   function has no ready instance (cold start: the controller is nudged to start one);
+2. the request joins its function's queue; the dispatcher sends it at once to the instance
+   ``policy.routing.choose_instance`` picks (the simulator's gateway uses the same rule): the
+   ready instance with the fewest requests in flight, ties spread round-robin, unless every
+   instance already holds ``inflight_cap`` (4 × its batch, at least 8): then it waits in the
+   queue — also while the function has no ready instance (cold start: the controller is
+   nudged to start one);
 3. the frame goes over the instance's persistent connection (Unix socket on the same node,
    TCP across nodes; ``instance_protocol``) and the response comes back on it, matched by id;
 4. the HTTP answer carries the function's output; instance errors map to 4xx (the input was
