@@ -1,6 +1,6 @@
 """Model sharing: memory (PSS) of N instance processes of one model, with and without the store.
 
-What it measures (FaST-GShare §3.5, DESIGN.md §5 "model sharing"): the joint memory footprint
+What it measures (FaST-GShare §3.5, docs/DESIGN.md §5 "model sharing"): the joint memory footprint
 of N = 1 and N = 4 instance processes serving one model with >= 1 GB of weights (bert-large,
 335 M parameters, 1.34 GB fp32). The required rows run the runtime's own path: the node's
 template process (``gshare.runtime.node.launcher.Launcher``, what the agent uses by default) forks

@@ -1,4 +1,4 @@
-"""Placement decisions per second on 1,000 GPUs, per placer (DESIGN.md §7: ratios in one run).
+"""Placement decisions per second on 1,000 GPUs, per placer (docs/DESIGN.md §7: ratios in one run).
 
 Every placer replays the same churn (``gshare.experiments.packing_scale.make_workload``:
 Poisson arrivals, exponential lifetimes, FaST-style efficient shares from the shipped V100

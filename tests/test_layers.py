@@ -1,4 +1,4 @@
-"""The layer order of gshare's own imports (DESIGN.md §1): a module imports only from its own
+"""The layer order of gshare's own imports (docs/DESIGN.md §1): a module imports only from its own
 layer or below.
 
 * layer 0, data: ``gshare`` (the package ``__init__``), ``gshare.resources``,

@@ -1,4 +1,4 @@
-"""DESIGN.md §1: policy/ decides and never acts. Every module of gshare.policy is imported in a
+"""docs/DESIGN.md §1: policy/ decides and never acts. Every module of gshare.policy is imported in a
 fresh interpreter, and the test fails if it imports (directly or through its imports) a module
 that does I/O, reads the clock or drags in a runtime."""
 

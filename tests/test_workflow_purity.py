@@ -1,5 +1,5 @@
-"""gshare.policy.workflow stays pure (DESIGN.md §1) and light: importing any of its modules in a
-fresh interpreter pulls in no forbidden module — nor pydantic (its models import socket and
+"""gshare.policy.workflow stays pure (docs/DESIGN.md §1) and light: importing any of its modules in
+a fresh interpreter pulls in no forbidden module — nor pydantic (its models import socket and
 threading) nor networkx (which imports both), which is why the policy takes workflows through
 the ``WorkflowLike`` protocol and computes dominators itself."""
 

@@ -1,6 +1,6 @@
 """gshare: serverless deep-learning inference on shared accelerators.
 
-The package is layered (see DESIGN.md): ``gshare.resources`` and ``gshare.profiles`` hold data,
+The package is layered (docs/DESIGN.md §1): ``gshare.resources`` and ``gshare.profiles`` hold data,
 ``gshare.policy`` decides (pure), ``gshare.sim`` runs the policies in virtual time, and
 ``gshare.cli`` is the command line.
 """

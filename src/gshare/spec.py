@@ -1,5 +1,5 @@
 """Function specs: what a user deploys — a model (built-in or their own handler) with its GPU
-share, batching, SLO and scaling bounds (DESIGN.md §2, §5, §6).
+share, batching, SLO and scaling bounds (docs/DESIGN.md §2, §5, §6).
 
 YAML form (``load_function_spec``)::
 

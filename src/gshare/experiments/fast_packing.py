@@ -33,7 +33,7 @@ in use (those with at least one pod) of one placer, each measured over the same 
   of time sharing (paper: 1.34x);
 * ``sm_occupancy_ratio`` — the same for the SM occupancy: the time-weighted SM % of running
   bursts, where a burst counts the SMs it keeps busy on its partition (``common``: read off the
-  model's solo profile — a ResNet-50 batch given 100 % of the SMs keeps about a quarter busy), the
+  model's solo profile — a batch-1 ResNet-50 given 100 % of the SMs keeps about a tenth busy), the
   analogue of the DCGM counter the paper reports (paper: 3.13x);
 * ``sm_allocated_ratio`` — the same for the SM % *allocated* to running bursts
   (``GpuStats.sm_occupancy``: a time-shared pod counts as 100 %, so this ratio is about 1);

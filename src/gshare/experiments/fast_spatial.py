@@ -29,12 +29,13 @@ Summary (``*_no_interference`` keys: the same with interference off):
 * ``starved_pods_time`` — racing pods (of that same count) that never got a token while measured.
 
 Latency percentiles include requests still outstanding at the end (censored at their age; see
-``common``): a pod the token scheduler starves shows up as a huge p99 and in ``starved_pods``.
-With request = limit = 1 every racing pod may use the whole window, so the window end forgets
-all usage and ``policy.tokens`` breaks the resulting ties of missing quota by client id: from 4
-racing pods up the highest ids never run, their users' requests wait until the end of the run
-and ``p99_ms_time`` is then bounded only by the run length. Throughput is unaffected (the GPU is
-never idle).
+``common``): a pod the token scheduler starved would show up as a huge p99 and in
+``starved_pods``. With request = limit = 1 every racing pod may use the whole window, so the
+window end forgets all usage and the racing pods always tie on missing quota; ``policy.tokens``
+gives ties to the client waiting longest (then the lower id), so the racing pods take turns,
+none starves, and ``p99_ms_time`` grows about linearly with the number of pods (each waits for
+the others' bursts). Throughput is unaffected (the GPU is never idle). (Ties once went by id
+alone, which starved the highest ids: ``docs/journal/tokens.md``.)
 """
 
 from __future__ import annotations

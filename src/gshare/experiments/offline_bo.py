@@ -3,7 +3,7 @@ Zhou et al., ASPLOS 2023).
 
 Why in ``gshare.experiments``: it uses scikit-learn's ``GaussianProcessRegressor``, which
 imports ``threading`` (and joblib), and the policy layer must stay free of such imports
-(DESIGN.md §1); and it builds a policy, so it cannot sit in the data layer
+(docs/DESIGN.md §1); and it builds a policy, so it cannot sit in the data layer
 (``gshare.workflows``) that the policies import (``tests/test_layers.py``). The split:
 
 * this module runs the optimisation (``optimise_static_plans``) and builds the policy

@@ -1,4 +1,4 @@
-"""One registry of named experiments shared by the CLI, tests and benchmarks (DESIGN.md §8.8).
+"""One registry of named experiments shared by the CLI, tests and benchmarks (docs/DESIGN.md §8.8).
 
 An experiment is a function ``run(params, seed) -> ExperimentResult``. It declares its full and
 ``--quick`` parameters so that tests run the small version and users the large one.

@@ -1,7 +1,7 @@
 """Experiment results: the ``results.json`` / CSV / PNG files and the printed table.
 
 ``results.json`` is ``{"experiment", "seed", "params", "rows": [...], "summary": {...}}``
-(DESIGN.md §4). Rows are flat dicts (one per measured configuration); the summary holds the
+(docs/DESIGN.md §4). Rows are flat dicts (one per measured configuration); the summary holds the
 figures an issue's "Done when" names.
 """
 

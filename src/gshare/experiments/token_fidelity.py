@@ -54,13 +54,9 @@ gating, a wake-up loss per waited-for token, the closed loop with think time) wa
 looking at the whole table, as the lead's analysis had; only the two *values* are fitted, on
 one half.
 
-At the time of writing the full run picks ``launch_scale`` 1.3 and ``token_wakeup_ms`` 1.0
-(the grid is flat near its optimum: 1.2 / 1.0 and 1.4 / 0.5 are within 0.1 pp) and gives a
-held-out MAPE of 26.5 % (all models 25.2 %) against 45.4 % for the fluid rule and 31.3 % for
-the closed form. ``launch_scale`` > 1 says that, where throttling matters, the token-charged
-work of an inference is larger than the whole unthrottled inference: costs a quota-100 run
-never pays (the hook synchronising and asking again each time a token runs out) are folded
-into it.
+The constants the full run picks, the MAPEs it reports and what they say are in
+``docs/journal/tokens.md`` ("Simulator fidelity"); they are the simulator's defaults
+(``sim.instance.LaunchGating``, ``sim.profiler.DEFAULT_WAKEUP_MS``).
 
 Limits (be honest)
 ------------------

@@ -14,9 +14,9 @@ positive ``max_over_limit_pp`` is a scheduler bug. Clients use different burst l
 token lengths (Gemini dynamic quota) differ.
 
 A client's **share** is GPU time held under tokens (what the scheduler charges, read from the
-GPU's token log) divided by wall time. Each scenario runs ``phases`` of ``phase_ms``; the first
-``settle_windows`` windows of a phase are a transient (a neighbour just went idle or came back)
-and are not measured.
+GPU's token log) divided by wall time. Each scenario runs its phases (one per entry of a
+client's expected shares) of ``phase_windows`` windows each; the first ``settle_windows`` windows
+of a phase are a transient (a neighbour just went idle or came back) and are not measured.
 
 Expected shares, and why they are well defined (window W = 40 ms):
 
@@ -41,7 +41,7 @@ The scheduler runs with its defaults (``TokenConfig()``: 40-ms windows, dynamic 
 back-filling, guarantee reservation on). With ``compare_without_reservation`` the scenarios are
 run again with ``reserve_guarantees=False`` and that run's worst error is reported too: without
 reservation a saturating client loses its guarantee in the instant between its release and its
-next request (iso-90: 29 % instead of 90 %; see the NOTE in ``policy.tokens``).
+next request (iso-90: 29 % instead of 90 %; see ``docs/journal/tokens.md``).
 
 Summary figures:
 

@@ -1,11 +1,13 @@
 """Auto-scaling: how many instances of which (SM %, quota %, batch) config a function needs.
 
-Who calls it: the controller of each world — the simulator's controller (``sim``) in virtual time
-and the live runtime's controller (``runtime``) with the wall clock — once every reconcile
-period, for every function, with the predicted request rate (``gshare.policy.rate``) and the
-instances it currently runs. The policy answers with a ``ScaleDecision`` (configs to start,
-instance ids to stop); the controller then places the new instances (``policy.placement``) and
-stops the removed ones. The policy reads no clock, does no I/O and keeps no state: everything
+Who calls it: ``policy.control.control_step``, the reconcile step the controllers of both
+worlds run — the simulator's ``sim.cluster`` in virtual time and the live runtime's
+``runtime.control.loop`` with the wall clock — once every reconcile period (and on a cold-start
+nudge), for every function, with the predicted request rate (``policy.rate.RatePredictor``,
+after keep-alive and the queued-demand floor), the instances the function runs and the floor
+``min_instances``. The policy answers with a ``ScaleDecision`` (configs to start, instance ids
+to stop); the controller then places the new instances (``policy.placement``) and drains the
+removed ones. The policy reads no clock, does no I/O and keeps no state: everything
 it needs is in its arguments.
 
 Policies (registry ``AUTOSCALERS``, shared by the CLI, the simulator and the runtime):
@@ -386,9 +388,9 @@ def heuristic_scale(
 ) -> ScaleDecision:
     """FaST-GShare Algorithm 1 for one function (see the NOTE above).
 
-    Who calls it: the simulator's controller and the live runtime's controller, every reconcile
-    period, with ``predicted_rps`` from ``policy.rate``, the function's running (and starting)
-    instances, and its ``candidate_configs``. ``running`` must only hold instances of
+    Who calls it: ``policy.control.control_step`` (the reconcile step of both worlds' controllers),
+    every reconcile period, with ``predicted_rps`` from ``policy.rate``, the function's running
+    (and starting) instances, and its ``candidate_configs``. ``running`` must only hold instances of
     ``function`` with distinct ids.
 
     What must hold after the controller applies the decision: Σ T ≥ R (coverage, unless

@@ -11,8 +11,10 @@ Who calls it: the workflow simulator (``gshare.sim.workflow``) — every time a 
 starts on an invoker it folds the call into that pool's ``IntervalEwma`` (``observe_call``) and
 when the task ends its container hold time into ``hold_ms`` (``ewma``); every ``period_ms`` it
 calls ``plan_prewarm`` with a snapshot of every pool and starts the containers it asks for; when
-a container goes idle it asks ``keep_alive_deadline_ms`` when to evict it. Pure: the clock
-arrives as ``now_ms``; every state is a frozen value returned anew.
+a container goes idle it asks ``keep_alive_deadline_ms`` when to evict it. The GPU functions'
+keep-alive and scale to zero (``policy.control.control_step``, both worlds) use the same
+``keep_alive_deadline_ms``. Pure: the clock arrives as ``now_ms``; every state is a frozen value
+returned anew.
 
 NOTE (the policy, ESG §4; the paper gives only "EWMA of invocation intervals" and "10-minute
 keep-alive" — the rest is our reading, chosen to be the simplest rule that uses exactly that):

@@ -35,68 +35,46 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 # NOTE — the multi-token scheduler (FaST-GShare §3.3.2, Gemini token scheduler).
-# Time is cut into windows of ``window_ms`` (FaST-GShare's backend uses 40 ms). A client with
-# quota request Qr and limit Ql is guaranteed Qr·W and may use up to Ql·W of every window. On
-# every event the scheduler (1) *filters*: clients with no remaining quota (used >= Ql·W) wait
-# for the next window; (2) *enqueues* the other waiting clients in a ready queue ordered by
-# priority class (higher first) and then by missing quota Q_miss = Qr·W − used (larger first,
-# ties to the client waiting longest);
-# clients whose guarantee is already met (Q_miss <= 0) may only take *elastic* idle time up to
-# their limit, after every client still owed its guarantee; (3) *dispatches* tokens from the
-# head of the queue while the SM adapter allows: the SM % of running clients plus the head's
-# never exceeds SM_GLOBAL_LIMIT (100 %); FaST-GShare stops at the first head that does not fit
-# (no back-filling, so a large-SM client cannot starve), which is the default here.
-# Gemini adds a *dynamic token quota*: the token's length is predicted from the client's burst
-# history (an EWMA of its completed bursts, with head-room), clipped to its remaining quota, so
-# tokens are neither so long that the GPU idles nor so short that clients ask too often; and
-# *token revocation*: the frontend gives the token back early when the time left on it cannot
-# fit its next kernel (``should_yield``). A burst that still runs past its token (real CUDA
-# kernels cannot be interrupted) is charged in full, and usage beyond the limit becomes debt
-# repaid before the client runs again.
+# Time is cut into windows of ``window_ms`` (FaST-GShare's backend: 40 ms). A client with quota
+# request Qr and limit Ql is guaranteed Qr·W and may use up to Ql·W of every window. On every
+# event the scheduler (1) *filters*: clients with no quota left (used >= Ql·W) wait for the next
+# window; (2) *enqueues* the other waiting clients ordered by priority class (higher first), then
+# missing quota Q_miss = Qr·W − used (larger first), then the longest waiting, then id; clients
+# whose guarantee is met (Q_miss <= 0) may only take *elastic* idle time up to their limit, after
+# every client still owed its guarantee; (3) *dispatches* tokens from the head of the queue while
+# the SM adapter allows (running SM % + the head's <= SM_GLOBAL_LIMIT); like FaST-GShare it stops
+# at the first head that does not fit (no back-filling by default).
+# Gemini *dynamic quota*: a token lasts the client's predicted burst (EWMA of its completed
+# bursts) × headroom, clipped to its remaining quota. Gemini *revocation*: the frontend gives the
+# token back early when its rest cannot fit the next kernel (``should_yield``). A burst that runs
+# past its token is charged in full; usage beyond the limit is debt repaid in the next window.
 #
-# NOTE — guarantee reservation (gshare; found by the ``token-share`` experiment). Ordering the
-# ready queue by missing quota protects a guarantee only while its owner is *waiting* when a
-# token is handed out. A saturating client releases its token at the end of each burst and asks
-# again an instant later; in that instant the scheduler hands the GPU to a waiting neighbour,
-# whose token (its predicted burst, up to the window) then runs while the owner waits. Two
-# clients on the same SMs then split the GPU in the ratio of their burst lengths, whatever their
-# requests (a 90 % client with 5 ms bursts beside a 10 % client with 12 ms bursts got 29 %).
-# So a token is also clipped so that it never takes time still *owed* in this window to another
-# client that cannot run beside it (their SM shares sum over the global limit) and that is
-# active: waiting, holding a token, having used time in this window, or having asked or
-# released within the last window (a client between two bursts at a window boundary). A client
-# may always take its own missing quota, and beyond it only the window's slack:
+# NOTE — guarantee reservation (gshare's, not in the papers; ``reserve_guarantees``). Rule: no
+# token takes time still *owed* in this window to another client that conflicts with the holder
+# (their SM shares sum over the global limit) and is active (waiting, holding a token, having
+# used time in this window, or having asked or released within the last window). A client may
+# always take its own missing quota, and beyond it only the window's slack:
 #     length <= max(Q_miss(c), window_end - now - sum over conflicting active d of Q_owed(d)),
-# where Q_owed(d) is d's missing quota minus what its running token still covers in this
-# window. Elastic tokens therefore end before the window does and before others' guarantees
-# are due; idle clients reserve nothing (work conservation), and a client that goes idle stops
-# reserving one window after its last request or release. Conflicts are judged pairwise, which
-# is exact for two clients per SM band and an approximation beyond.
+# Q_owed(d) = d's missing quota (at most what it can still be given) minus what its running
+# token covers in this window. Invariant: a saturating client keeps its guarantee even though it
+# is never waiting at the instant it releases; idle clients reserve nothing. Conflicts are
+# judged pairwise (exact for two clients per SM band). Why and measurements:
+# docs/journal/tokens.md.
 #
-# NOTE — uncontended tokens (gshare runtime, ``TokenConfig.idle_token_ms``, off by default).
-# The live runtime pays 100-300 us per token on a machine where waking a sleeping thread is
-# slow, so a burst of a few ms that asks for its own token loses several % of its time. Gemini's
-# answer is that a token is a time slice: the client keeps launching while its token is valid
-# (``TokenClient.start_burst`` reuses a held token while the predicted next burst fits) and asks
-# again only when it expires. For that to pay off the token must be longer than one burst, which
-# costs nothing when nobody else is waiting: then a token is at least ``idle_token_ms``
-# (clipped like any token: remaining quota, ``max_token_ms``, reservations). A client that
-# arrives while such a token runs waits at most its rest; the reservation still keeps time owed
-# to active neighbours out of it. The simulator keeps 0 (off), so its results do not change.
+# NOTE — uncontended tokens (``idle_token_ms``, opt-in, the live runtime's; Gemini: a token is a
+# time slice). Rule: when no other client waits at dispatch, a token is at least
+# ``idle_token_ms`` long, clipped like any token (remaining quota, ``max_token_ms``,
+# reservations), so a client reusing its token (``reuse_token``) pays the protocol once per
+# slice. Invariant: a client arriving meanwhile waits at most the token's rest. The simulator
+# keeps 0 (off). Measurements: docs/journal/tokens.md.
 #
-# NOTE — limit margin (gshare runtime, ``TokenConfig.limit_margin_ms``, off by default). The
-# limit is a hard cap (FaST-GShare: a client never gets more than Ql of a window), but a live
-# burst can run a little past its token even when the frontend yields before every kernel that
-# does not fit: its process is descheduled in the middle of a kernel, or wakes late. When that
-# happens on the token that takes the client up to its cap, the window ends over the limit (the
-# debt is repaid in the next window, so only that one window is over). With a margin m, a
-# client whose cap is below the window (limit < 1, or its request without elasticity) is only
-# given tokens up to ``cap - m``: an overrun of up to m then stays within the limit. The rest of
-# the cap (m < ``min_token_ms``) is never handed out, so a saturating client with request =
-# limit gets m less than its request per window: the margin should be a small multiple of the
-# overruns the device shows (tens of microseconds on the CPU runtime), not a burst. A client
-# with the whole window as its cap (limit 1) cannot pass it and keeps its full quota. The
-# guarantee reservation counts only what a client can still be given (at most ``cap - m``).
+# NOTE — limit margin (``limit_margin_ms`` = m, opt-in, the live runtime's). Rule: a client
+# whose per-window cap is below the window (limit < 1, or its request without elasticity) gets
+# tokens only up to ``cap - m``; the rest of the cap (m < ``min_token_ms``) is never handed out.
+# Invariant: an overrun of up to m keeps the window within the limit (FaST-GShare: a client never
+# gets more than Ql of a window); a client with cap = window keeps its full quota; the guarantee
+# reservation counts only what a client can still be given. Why m is small:
+# docs/journal/tokens.md.
 
 
 class TokenError(ValueError):
@@ -452,9 +430,8 @@ class TokenScheduler:
             if self._remaining_ms(c) < cfg.min_token_ms:  # filtering: next window
                 continue
             miss = c.spec.quota_request * w - c.used_ms
-            # Ties of missing quota go to the client waiting longest, then by id: with the id
-            # alone, clients whose usage is forgotten at every window end (limit 1) and who
-            # always tie were starved by a lower id for ever (tests/test_sim_gpu.py racing).
+            # Ties of missing quota: the client waiting longest, then id, so clients that always
+            # tie take turns (why: docs/journal/tokens.md).
             key = (-c.spec.priority, -miss, c.waiting_since_ms, cid, c)
             if miss >= cfg.min_token_ms:
                 guaranteed.append(key)
@@ -513,9 +490,9 @@ LIVE_TOKEN_CONFIG = TokenConfig(idle_token_ms=40.0, limit_margin_ms=0.1)
   (clipped to the client's quota and the guarantee reservation), so a client that reuses its
   token (``reuse_token``) pays the protocol about once per window instead of once per burst;
 * ``limit_margin_ms=0.1`` -- a limited client's tokens stop 0.1 ms short of its per-window
-  limit, so a burst descheduled or woken late for up to that long stays within the limit
-  (overruns measured on the CPU runtime: a few to tens of microseconds); it costs a client with
-  request = limit 0.1 ms of its 40-ms window (0.25 pp).
+  limit, so a burst descheduled or woken late for up to that long stays within the limit; it
+  costs a client with request = limit 0.1 ms of its 40-ms window (0.25 pp). Measurements behind
+  both values: ``docs/journal/tokens.md``.
 """
 
 

@@ -1,4 +1,4 @@
-"""Live runtime: the mechanisms that run gshare's policies with real processes (DESIGN.md §5).
+"""Live runtime: the mechanisms that run gshare's policies with real processes (docs/DESIGN.md §5).
 
 Nothing here decides: decisions come from ``gshare.policy``; this package never imports
 ``gshare.sim``. Modules: ``tokens_uds`` (per-device time-token server and instance client over a

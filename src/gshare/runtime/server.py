@@ -1,6 +1,6 @@
 """``gshare serve``: one process that runs the gateway and the controller, on Ray.
 
-Processes (DESIGN.md §5)::
+Processes (docs/DESIGN.md §5)::
 
     gshare serve (this process: Ray driver)
       ├─ uvicorn + FastAPI gateway ─┐ one asyncio loop

@@ -1,10 +1,11 @@
 """The simulator's event loop: a heap of ``(time_ms, priority, seq, callback)`` in virtual time.
 
-NOTE (DESIGN.md §4, §8.3 — SimPy ``core.py``): events are ordered by virtual time, then by a
-small integer priority (lower first: e.g. window ticks before releases before arrivals at the
-same instant), then by a per-run sequence number, so a run is deterministic for a seed. The
-loop is written by hand because it is the simulator's hot path: ``bench/engine.py`` measures its
-events per second against the same model written with SimPy in the same run.
+NOTE (docs/DESIGN.md §4, §8.3 — SimPy ``core.py``): events are ordered by virtual time, then by
+a small integer priority (lower first; the one table is ``sim.priorities``: e.g. window ticks
+before burst ends before arrivals at the same instant), then by a per-run sequence number, so a
+run is deterministic for a seed. The loop is written by hand because it is the simulator's hot
+path: ``bench/engine.py`` measures its events per second against the same model written with
+SimPy in the same run.
 
 Who calls it: every simulated mechanism (``sim.gpu``, ``sim.instance``, workloads) schedules
 callbacks with ``at``/``after``; an experiment calls ``run(until_ms)``. A callback may schedule

@@ -3,16 +3,20 @@
 FaST-GShare's profiler (§3.2) runs a function at every (SM %, quota, batch) point of a grid under
 a closed-loop load and records latency and throughput; the autoscaler then picks configurations
 from those profiles. In the simulator, "the platform" is the simulator, so a profile the
-autoscaler can trust must be measured *in the simulator*: ``simulated_profile`` runs the same
-closed loop as the profiler that produced the shipped V100 table (RaPP's script: warm-up, then
-inferences with 5 ms of think time between them, mean latency) for one client on one ``SimGpu``
-under the token scheduler, with launch-gated bursts (the model ``token-fidelity`` validated:
-token-gated launch work ``min(launch_scale x launch floor, L100)``, device time L100).
+autoscaler can trust must be measured *in the simulator*. ``simulate_closed_loop`` runs one
+client on one ``SimGpu`` under the token scheduler, with launch-gated bursts (the model
+``token-fidelity`` validated: token-gated launch work ``min(launch_scale x launch floor, L100)``,
+device time L100), in a closed loop whose think time is the caller's ``ClosedLoopProtocol``
+(``token-fidelity`` passes the 5 ms of the profiler that produced the shipped V100 table, RaPP's
+script: warm-up, then inferences 5 ms apart, mean latency). ``simulated_profile`` runs it over a
+grid with no think time (a *saturating* loop: each row is the sustainable service time per
+batch, see its docstring), solo or on a GPU filled with neighbours (``colocation``).
 
-Inputs are the quota-100 rows only (measured or interpolated): at quota 100 % the simulated row
-is the measured latency; below, it is what the simulator predicts. Who calls it: the
-``token-fidelity`` experiment (``simulate_closed_loop`` on every measured point) and experiments
-whose controller autoscales from profiles (``fast-autoscale``).
+Inputs are the quota-100 rows only (measured or interpolated): at quota 100 % a row is the
+quota-100 latency (slowed by the neighbours' interference with ``colocation``); below, it is
+what the simulator predicts. Who calls it: the ``token-fidelity`` experiment
+(``simulate_closed_loop`` on every measured point) and experiments whose controller autoscales
+from profiles (``fast-autoscale``: ``simulated_profile``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Generators return sorted arrival times in milliseconds (numpy arrays):
 
 * ``poisson`` — exponential inter-arrivals at ``rate_rps``;
-* ``uniform`` — one request every ``1000 / rate_rps`` ms (ESG §4.1's uniform intervals);
+* ``uniform`` — one request every ``1000 / rate_rps`` ms (constant intervals; ESG §4.1's
+  intervals drawn uniformly from a range are ``sim.workflow.workload.uniform_intervals``);
 * ``bursty`` — a two-state Markov-modulated Poisson process (on/off bursts);
 * ``piecewise_poisson`` — Poisson with a rate that changes at given times (a varying RPS trace);
 * ``ramping_poisson`` — Poisson whose rate ramps linearly between targets (k6 stages);

@@ -1,4 +1,4 @@
-"""Placement: which GPU and which free rectangle of it an instance gets (DESIGN.md §3).
+"""Placement: which GPU and which free rectangle of it an instance gets (docs/DESIGN.md §3).
 
 A GPU is a 100 x 100 square: x is time (% of every token window), y is SMs (%). An instance with
 quota ``w`` % and SM share ``h`` % gets a ``w`` x ``h`` rectangle (``Rect``: x = time offset,

@@ -9,7 +9,7 @@
 * ``dispatch`` — ESG_Dispatch (home / predecessor / warm / cold invoker) and the recheck list;
 * ``queues`` — application-function-wise (AFW) queues served round-robin.
 
-All pure: no clock, no I/O, no random numbers (DESIGN.md §1).
+All pure: no clock, no I/O, no random numbers (docs/DESIGN.md §1).
 """
 
 from gshare.policy.workflow.astar import (

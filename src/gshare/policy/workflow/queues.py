@@ -8,7 +8,7 @@ queue is ready, ESG_1Q configures a batch of its jobs and ESG_Dispatch places th
 Who calls it: the controller of the simulator (and of the live runtime): ``push`` when a request
 arrives (first stage) or a predecessor task completes, ``next_queue`` to pick the queue to
 serve, ``take`` to remove the jobs of a dispatched batch. ``AfwQueues`` is immutable: every
-operation returns a new value (the policy state is passed in and returned, DESIGN.md §1).
+operation returns a new value (the policy state is passed in and returned, docs/DESIGN.md §1).
 
 What holds: each queue is FIFO; ``next_queue`` visits queues in registration order starting
 after the one served last, so a ready queue is served within one pass over the queues

@@ -1,4 +1,4 @@
-"""Spatial partition of an instance process, and its memory measurement (DESIGN.md §2, §5).
+"""Spatial partition of an instance process, and its memory measurement (docs/DESIGN.md §2, §5).
 
 An instance gets ``sm_pct`` of a device. Enforcement depends on the device:
 

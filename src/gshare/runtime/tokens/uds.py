@@ -1,6 +1,6 @@
 """Time tokens over a Unix domain socket: the live runtime's FaST Backend (FaST-GShare §3.3.2).
 
-Who uses what (DESIGN.md §5):
+Who uses what (docs/DESIGN.md §5):
 
 * the **node agent** owns one ``TokenServer`` per device. It registers every instance it starts
   (``add_client`` with the instance's ``ClientSpec``) *before* the instance connects, and

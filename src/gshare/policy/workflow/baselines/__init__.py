@@ -40,7 +40,7 @@ the simulator and the experiments can build any of them the same way::
   options, perf, seed)`` is the one-call alternative;
 * any other keyword is passed to the policy's constructor (e.g. ``max_evaluations=`` for Orion).
 
-Everything here is pure (DESIGN.md §1): no clock, no I/O, no scikit-learn.
+Everything here is pure (docs/DESIGN.md §1): no clock, no I/O, no scikit-learn.
 """
 
 from __future__ import annotations

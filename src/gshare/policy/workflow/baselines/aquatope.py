@@ -4,7 +4,7 @@ ASPLOS 2023).
 Who calls it: the workflow simulator (later the runtime) through the ``WorkflowPolicy``
 protocol. The offline part — Bayesian optimisation with scikit-learn Gaussian processes — lives
 in ``gshare.experiments.offline_bo`` because the policy layer must not import scikit-learn
-(it pulls in ``threading``; DESIGN.md §1). The split:
+(it pulls in ``threading``; docs/DESIGN.md §1). The split:
 
 * ``gshare.experiments.offline_bo.optimise_static_plans(workflows, options, perf, seed)`` runs
   the BO and returns ``{application: {stage: FunctionConfig}}``;
