@@ -8,7 +8,7 @@ N real ``InstanceServer`` processes (token client on a ``TokenServer`` in this p
 data path on a Unix socket), and each answers one request on the model's example input:
 
 * ``fork-shared``   — the weights are put ONCE in the node's model store (``/dev/shm``) by a
-  one-off child (``node_tasks.put_weights``, the agent's job); each instance builds the model
+  one-off child (``node.tasks.put_weights``, the agent's job); each instance builds the model
   on the meta device and maps the stored tensors;
 * ``fork-unshared`` — no store: each instance initialises its own copy of the weights.
 

@@ -1,4 +1,4 @@
-"""runtime.tokens_uds: the token server and client over real Unix sockets, real threads and
+"""runtime.tokens: the token server and client over real Unix sockets, real threads and
 real processes (no mocks of gshare components).
 
 Shares are measured from the server's token records (the busy time each client reported,

@@ -15,7 +15,8 @@ from typing import Any
 from gshare.policy.control import ControlParams
 from gshare.runtime.control.loop import Controller, ControllerConfig
 from gshare.runtime.control.state import StateStore
-from gshare.runtime.gateway.router import Gateway, HttpError
+from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.messages import (
     AgentGone,

@@ -4,12 +4,13 @@ Processes (docs/DESIGN.md §5)::
 
     gshare serve (this process: Ray driver)
       ├─ uvicorn + FastAPI gateway ─┐ one asyncio loop
-      ├─ controller ────────────────┘ (autoscale + place every second; SQLite state)
+      ├─ controller ────────────────┘ (policy.control + placement every second; SQLite state)
       └─ Ray: a local instance (default) or a cluster (--address)
-           ├─ node agent per node (actor, pinned with NodeAffinitySchedulingStrategy):
-           │    token server per device (UDS), model store, instance lifecycle, MPS
-           └─ instances (actors, pinned to the node the placer chose):
-                batching + token client + model; a UDS/TCP server for the gateway
+           └─ node agent per node (actor, pinned with NodeAffinitySchedulingStrategy):
+                token server per device (UDS), model store, instance lifecycle, MPS
+                └─ instance template (--launcher fork, the default) forks the instances on
+                   the node the placer chose (--launcher ray: one Ray actor each):
+                     batching + token client + model; a UDS/TCP server for the gateway
 
 ``run_server`` binds the HTTP socket first (a busy port fails in a second, before Ray starts),
 starts Ray, one agent per alive node, then serves until SIGINT or SIGTERM. Shutdown, in
@@ -282,7 +283,8 @@ class _Runtime:
         from gshare.runtime.control.api import ControlApi
         from gshare.runtime.control.loop import Controller, ControllerConfig
         from gshare.runtime.control.profiler import LiveProfiler
-        from gshare.runtime.gateway.router import Gateway, build_app
+        from gshare.runtime.gateway.app import build_app
+        from gshare.runtime.gateway.router import Gateway
 
         node_id = ray.get_runtime_context().get_node_id()
         self.gateway = Gateway(

@@ -1,6 +1,6 @@
 """The control API behind ``/system/...``: deploy, update, delete, list, status, logs, profile.
 
-Who uses it: the gateway's HTTP app (``runtime.gateway.router.build_app``) calls a
+Who uses it: the gateway's HTTP app (``runtime.gateway.app.build_app``) calls a
 ``ControlApi`` for every authenticated control request; it acts on the controller
 (``runtime.control.loop``) and the state database. Every bad input is an ``HttpError`` naming
 the problem (400 spec errors, 404 unknown function, 409 conflicts, 503 no agent).
@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from gshare.runtime.control.loop import Controller, LiveInstance
-from gshare.runtime.gateway.router import ControlPlane, HttpError
+from gshare.runtime.gateway.app import ControlPlane
+from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.messages import LiveState
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from gshare.policy import autoscale
 from gshare.profiles import ProfilePoint
 from gshare.resources import GpuShare
-from gshare.runtime.gateway.router import HttpError
+from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.messages import LiveState
 

@@ -1,6 +1,7 @@
-"""The gateway: HTTP in (FastAPI + uvicorn), binary frames out to the instances.
+"""The gateway's router: per-function queues, instance connections and dispatch (HTTP in
+through ``gateway.app``, binary frames out to the instances).
 
-Who uses it: ``server`` builds one ``Gateway`` and its FastAPI app (``build_app``) in the
+Who uses it: ``server`` builds one ``Gateway`` and its FastAPI app (``app.build_app``) in the
 server process, next to the controller (same asyncio loop). The controller tells the gateway
 which instances are ready (``instance_ready``), draining (``drain``) or gone
 (``instance_gone``), and reads the arrivals it counted (``take_arrivals``) to predict rates.
@@ -16,7 +17,7 @@ Data path (``POST /function/{name}``, ``POST /v2/models/{name}/infer``):
    queue — also while the function has no ready instance (cold start: the controller is
    nudged to start one);
 3. the frame goes over the instance's persistent connection (Unix socket on the same node,
-   TCP across nodes; ``instance_protocol``) and the response comes back on it, matched by id;
+   TCP across nodes; ``instance.protocol``) and the response comes back on it, matched by id;
 4. the HTTP answer carries the function's output; instance errors map to 4xx (the input was
    rejected) or 5xx (the function raised, the instance crashed or hit its memory limit).
 
@@ -33,9 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
-import secrets
 import socket
 import time
 from collections import deque
@@ -43,20 +42,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
 from gshare.policy.routing import Candidate, choose_instance
-from gshare.runtime.gateway.oip import OipError, check_infer_request
+from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.metrics import Metrics
 from gshare.runtime.instance import protocol as P
 
 log = logging.getLogger("gshare.gateway")
@@ -67,85 +55,6 @@ DEFAULT_REQUEST_TIMEOUT_S = 120.0
 """Longest a request may wait for its answer, cold start included (then 504)."""
 MAX_QUEUE = 10_000
 """Requests queued per function beyond which new ones get 429."""
-LATENCY_BUCKETS_S = (
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
-)  # fmt: skip
-
-
-class HttpError(Exception):
-    """An error answered as ``{"error": message}`` with ``status``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.recorded = False
-        """Set once the request was counted in the metrics."""
-
-
-def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
-
-
-# -- metrics -----------------------------------------------------------------------------------
-
-
-class Metrics:
-    """The Prometheus metrics of one server (its own registry, served at ``/metrics``)."""
-
-    def __init__(self) -> None:
-        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series
-        r = self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "gshare_requests", "Requests answered, by function and HTTP code", ["function", "code"], registry=r
-        )
-        self.latency = Histogram(
-            "gshare_request_latency_seconds",
-            "Gateway arrival to response, successful requests",
-            ["function"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.slo_violations = Counter(
-            "gshare_slo_violations", "Successful requests slower than the function's slo_ms", ["function"], registry=r
-        )
-        self.token_wait = Histogram(
-            "gshare_token_wait_seconds",
-            "Time a request's batch waited for its time token",
-            ["function"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.queue_wait = Histogram(
-            "gshare_queue_wait_seconds",
-            "Time a request waited (gateway queue + instance batching) before its batch ran",
-            ["function"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.batch_size = Histogram(
-            "gshare_batch_size", "Requests per batch", ["function"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r
-        )
-        self.retries = Counter("gshare_request_retries", "Requests re-sent after an instance crash", ["function"], registry=r)
-        self.queued = Gauge("gshare_queue_length", "Requests waiting for an instance", ["function"], registry=r)
-        self.instances = Gauge("gshare_instances", "Instances by state", ["function", "state"], registry=r)
-        self.achieved_share = Gauge(
-            "gshare_achieved_share",
-            "Fraction of device time an instance used over the last reconcile period",
-            ["function", "instance"],
-            registry=r,
-        )
-        self.requested_share = Gauge(
-            "gshare_requested_share", "Quota request of an instance (guaranteed share)", ["function", "instance"], registry=r
-        )
-        self.predicted_rps = Gauge("gshare_predicted_rps", "Rate the autoscaler sized the function for", ["function"], registry=r)
-        self.restarts = Counter("gshare_instance_restarts", "Instance restarts after a crash", ["function"], registry=r)
-        self.cold_starts = Counter("gshare_cold_starts", "Instances started", ["function"], registry=r)
-
-    def forget_instance(self, function: str, instance: str) -> None:
-        for g in (self.achieved_share, self.requested_share):
-            with contextlib.suppress(KeyError):
-                g.remove(function, instance)
 
 
 # -- requests and instance connections ----------------------------------------------------------
@@ -585,370 +494,12 @@ class Gateway:
             c[5].inc()
 
 
-def status_of(status: int) -> int:
-    """HTTP code of an instance status."""
-    return {
-        P.ST_OK: 200,
-        P.ST_BAD_INPUT: 400,
-        P.ST_FUNCTION_ERROR: 500,
-        P.ST_MEMORY_LIMIT: 503,
-        P.ST_INTERNAL: 500,
-    }.get(status, 502)
-
-
-# -- the HTTP app --------------------------------------------------------------------------------
-
-
-class ControlPlane:
-    """What the HTTP layer needs from the controller (implemented by ``Controller``)."""
-
-    async def deploy(self, body: bytes, content_type: str, *, update: bool | None) -> dict[str, Any]:
-        raise NotImplementedError
-
-    async def delete(self, name: str) -> None:
-        raise NotImplementedError
-
-    def list_functions(self) -> list[dict[str, Any]]:
-        raise NotImplementedError
-
-    def function_status(self, name: str) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def logs(self, name: str, tail: int) -> list[str]:
-        raise NotImplementedError
-
-    async def start_profile(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def profile_status(self, name: str) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def info(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def ready(self) -> bool:
-        raise NotImplementedError
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, or ``HttpError`` 413 past ``limit`` bytes (declared or streamed)."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            n = int(declared)
-        except ValueError:
-            raise HttpError(400, f"bad Content-Length header {declared!r}") from None
-        if n > limit:
-            raise HttpError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes")
-        return await request.body()
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HttpError(413, f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _is_json(content_type: str) -> bool:
-    ct = content_type.split(";", 1)[0].strip().lower()
-    return ct == "application/json" or ct.endswith("+json")
-
-
-def build_app(gw: Gateway, control: ControlPlane, token: str, *, lifespan: Any = None) -> Any:
-    """The ASGI app: ``InvokeFastPath`` for ``POST /function/{name}`` in front of the FastAPI
-    app with the OpenFaaS-style control routes, OIP v2 and ``/metrics`` (module doc)."""
-    return InvokeFastPath(build_fastapi(gw, control, token, lifespan=lifespan), gw)
-
-
-def build_fastapi(gw: Gateway, control: ControlPlane, token: str, *, lifespan: Any = None) -> FastAPI:
-    """The FastAPI app behind ``InvokeFastPath``."""
-    app = FastAPI(title="gshare", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    expected = f"Bearer {token}".encode()
-
-    @app.exception_handler(HttpError)
-    async def _http_error(_: Request, e: HttpError) -> JSONResponse:
-        return error_response(e.status, e.message)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, e: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return error_response(500, f"internal error: {type(e).__name__}: {e}")
-
-    def require_token(request: Request) -> None:
-        got = request.headers.get("authorization", "").encode()
-        if not secrets.compare_digest(got, expected):
-            raise HttpError(
-                401,
-                "the control API needs 'Authorization: Bearer <token>' (the token is in the "
-                "server's state directory, file 'token')",
-            )
-
-    async def run(function: str, op: int, enc: int, payload: bytes) -> tuple[Pending, int, int, bytes, Any]:
-        p = gw.submit(function, op, enc, payload)
-        try:
-            status, renc, data, m = await gw.wait(p)
-        except HttpError as e:
-            gw.record(function, e.status, p, None)
-            raise
-        code = status_of(status)
-        gw.record(function, code, p, m)
-        return p, code, renc, data, m
-
-    # -- Open Inference Protocol v2 --
-
-    @app.get("/v2/health/live")
-    async def live() -> dict[str, bool]:
-        return {"live": True}
-
-    @app.get("/v2/health/ready")
-    async def ready() -> JSONResponse:
-        ok = control.ready() and not gw.closing
-        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
-
-    @app.get("/v2")
-    async def server_metadata() -> dict[str, Any]:
-        from gshare import __version__
-
-        return {"name": "gshare", "version": __version__, "extensions": []}
-
-    @app.get("/v2/models/{name}")
-    async def model_metadata(name: str) -> dict[str, Any]:
-        st = control.function_status(name)  # 404 if unknown
-        return {
-            "name": name,
-            "versions": [str(st.get("version", 1))],
-            "platform": "gshare/" + (st["spec"].get("model") or "handler"),
-            "inputs": st.get("inputs") or [],
-            "outputs": [],
-        }
-
-    @app.get("/v2/models/{name}/ready")
-    async def model_ready(name: str) -> JSONResponse:
-        st = control.function_status(name)
-        ok = st["start_error"] is None
-        body = {"name": name, "ready": ok, "instances_ready": st["available_replicas"]}
-        if not ok:
-            body["error"] = st["start_error"]
-        return JSONResponse(body, status_code=200 if ok else 503)
-
-    @app.post("/v2/models/{name}/infer")
-    async def infer(name: str, request: Request) -> Response:
-        if name not in gw.routes:
-            raise HttpError(404, f"model {name!r} is not deployed")
-        body = await read_body(request, gw.max_body_bytes)
-        try:
-            doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HttpError(400, f"malformed JSON body: {e}") from None
-        try:
-            check_infer_request(doc)
-        except OipError as e:
-            raise HttpError(400, str(e)) from None
-        _, code, _renc, data, m = await run(name, P.OP_INVOKE, P.ENC_OIP, body)
-        if code != 200:
-            raise HttpError(code, data.decode("utf-8", errors="replace"))
-        return Response(content=data, media_type="application/json", headers=_timing_headers(m))
-
-    # -- metrics (no token: scraped by Prometheus) --
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    # -- control API (bearer token) --
-
-    @app.get("/system/functions")
-    async def list_functions(request: Request) -> list[dict[str, Any]]:
-        require_token(request)
-        return control.list_functions()
-
-    async def deploy_or_update(request: Request, *, update: bool) -> JSONResponse:
-        require_token(request)
-        body = await read_body(request, gw.max_body_bytes)
-        out = await control.deploy(body, request.headers.get("content-type", ""), update=update)
-        return JSONResponse(out, status_code=200 if update else 201)
-
-    @app.post("/system/functions")
-    async def deploy(request: Request) -> JSONResponse:
-        return await deploy_or_update(request, update=False)
-
-    @app.put("/system/functions")
-    async def update(request: Request) -> JSONResponse:
-        return await deploy_or_update(request, update=True)
-
-    @app.delete("/system/functions")
-    async def delete(request: Request) -> JSONResponse:
-        require_token(request)
-        body = await read_body(request, gw.max_body_bytes)
-        try:
-            doc = json.loads(body or b"{}")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HttpError(400, f"malformed JSON body: {e}") from None
-        name = doc.get("functionName") if isinstance(doc, dict) else None
-        if not isinstance(name, str) or not name:
-            raise HttpError(400, 'the body must be {"functionName": "<name>"}')
-        await control.delete(name)
-        return JSONResponse({"deleted": name})
-
-    @app.delete("/system/functions/{name}")
-    async def delete_named(name: str, request: Request) -> JSONResponse:
-        require_token(request)
-        await control.delete(name)
-        return JSONResponse({"deleted": name})
-
-    @app.get("/system/function/{name}")
-    async def function_status(name: str, request: Request) -> dict[str, Any]:
-        require_token(request)
-        return control.function_status(name)
-
-    @app.get("/system/logs")
-    async def logs(request: Request, name: str = "", tail: int = 100) -> dict[str, Any]:
-        require_token(request)
-        if not name:
-            raise HttpError(400, "query parameter 'name' is required")
-        if tail < 0:
-            raise HttpError(400, f"tail must be >= 0, got {tail}")
-        return {"name": name, "lines": control.logs(name, tail)}
-
-    @app.post("/system/profile/{name}")
-    async def profile(name: str, request: Request) -> JSONResponse:
-        require_token(request)
-        body = await read_body(request, gw.max_body_bytes)
-        try:
-            params = json.loads(body or b"{}")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HttpError(400, f"malformed JSON body: {e}") from None
-        if not isinstance(params, dict):
-            raise HttpError(400, "the body must be a JSON object")
-        return JSONResponse(await control.start_profile(name, params), status_code=202)
-
-    @app.get("/system/profile/{name}")
-    async def profile_status(name: str, request: Request) -> dict[str, Any]:
-        require_token(request)
-        return control.profile_status(name)
-
-    @app.get("/system/info")
-    async def info(request: Request) -> dict[str, Any]:
-        require_token(request)
-        return control.info()
-
-    @app.get("/healthz")
-    async def healthz() -> PlainTextResponse:
-        return PlainTextResponse("ok")
-
-    return app
-
-
-class InvokeFastPath:
-    """ASGI wrapper that serves ``POST /function/{name}`` itself and passes everything else
-    to the FastAPI app: the invocation hot path skips FastAPI's routing, request and response
-    objects (about half of the gateway's CPU per request on a trivial function)."""
-
-    PREFIX = "/function/"
-
-    def __init__(self, app: Any, gw: Gateway) -> None:
-        self.app = app
-        self.gw = gw
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(self.PREFIX):
-            try:
-                await self._invoke(scope, receive, send)
-            except HttpError as e:
-                name = scope["path"][len(self.PREFIX) :]
-                if not e.recorded and name in self.gw.routes:  # rejected before it was queued
-                    self.gw.metrics.requests.labels(name, str(e.status)).inc()
-                await self._send(send, e.status, json.dumps({"error": e.message}).encode(), b"application/json")
-            return
-        await self.app(scope, receive, send)
-
-    @staticmethod
-    async def _send(send: Any, status: int, body: bytes, ctype: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-        headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
-        if extra:
-            headers.extend(extra)
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-    async def _invoke(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        gw = self.gw
-        name = scope["path"][len(self.PREFIX) :]
-        if scope["method"] != "POST":
-            raise HttpError(405, f"use POST to invoke a function, not {scope['method']}")
-        if name not in gw.routes or "/" in name:
-            raise HttpError(404, f"function {name!r} is not deployed")
-        ctype = b""
-        declared: int | None = None
-        for k, v in scope["headers"]:
-            if k == b"content-type":
-                ctype = v
-            elif k == b"content-length":
-                try:
-                    declared = int(v)
-                except ValueError:
-                    raise HttpError(400, f"bad Content-Length header {v.decode(errors='replace')!r}") from None
-        limit = gw.max_body_bytes
-        if declared is not None and declared > limit:
-            raise HttpError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-        body = b""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            chunk = msg.get("body", b"")
-            if chunk:
-                size += len(chunk)
-                if size > limit:
-                    raise HttpError(413, f"request body exceeds the limit of {limit} bytes")
-                chunks.append(chunk)
-            if not msg.get("more_body", False):
-                break
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        enc = P.ENC_RAW
-        if _is_json(ctype.decode("latin-1")):
-            try:
-                json.loads(body)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise HttpError(400, f"malformed JSON body: {e}") from None
-            enc = P.ENC_JSON
-        p = gw.submit(name, P.OP_INVOKE, enc, body)
-        try:
-            status, renc, data, m = await gw.wait(p)
-        except HttpError as e:
-            gw.record(name, e.status, p, None)
-            e.recorded = True
-            raise
-        code = status_of(status)
-        gw.record(name, code, p, m)
-        if code != 200:
-            err = HttpError(code, data.decode("utf-8", errors="replace"))
-            err.recorded = True
-            raise err
-        media = b"application/json" if renc == P.ENC_JSON else b"application/octet-stream"
-        await self._send(send, 200, data, media, [(b"x-gshare-batch", str(m[3]).encode())])
-
-
-def _timing_headers(m: tuple[float, float, float, int] | None) -> dict[str, str]:
-    if m is None:
-        return {}
-    return {"x-gshare-batch": str(m[3]), "x-gshare-exec-ms": f"{m[2]:.3f}", "x-gshare-token-wait-ms": f"{m[1]:.3f}"}
-
-
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_REQUEST_TIMEOUT_S",
-    "ControlPlane",
+    "MAX_QUEUE",
     "FunctionRoute",
     "Gateway",
-    "HttpError",
     "InstanceChannel",
-    "Metrics",
-    "InvokeFastPath",
     "Pending",
-    "build_app",
-    "build_fastapi",
 ]

@@ -26,7 +26,7 @@ An instance process serves a function through an object with two methods::
 * ``build_on_meta`` and ``load_weights`` are the two helpers a user handler needs to build its
   ``torch.nn.Module`` without allocating and to adopt the shared tensors without copying them.
 
-Payloads (what ``predict`` receives, by request encoding — ``instance_protocol``): raw bytes
+Payloads (what ``predict`` receives, by request encoding — ``instance.protocol``): raw bytes
 (``ENC_RAW``), a parsed JSON document (``ENC_JSON``), or for the Open Inference Protocol a
 ``torch.Tensor`` shaped like ``input_spec()`` with its leading batch dimension (``ENC_OIP``).
 

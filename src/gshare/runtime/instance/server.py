@@ -1,26 +1,27 @@
-"""A function instance: one process (a Ray actor) serving one function with one GPU share.
+"""A function instance: one process serving one function with one GPU share.
 
 Who creates it: the node agent of the node the placement policy chose
-(``NodeAgent.start_instance``), as a Ray actor pinned to that node. Its ``__init__`` does the
-whole cold start, in this order (FaST-GShare §3.3, Fig. 5a):
+(``NodeAgent.start_instance``): a process forked from the node's instance template
+(``node.launcher``, the default) or a Ray actor pinned to that node (``--launcher ray``). Its
+``__init__`` does the whole cold start, in this order (FaST-GShare §3.3, Fig. 5a):
 
 1. spatial partition — CPU: core affinity + intra-op threads (``partition.apply_cpu_partition``);
-   CUDA: the MPS thread percentage was put in the actor's environment by the agent before the
-   process started, so it holds before the CUDA context exists;
+   CUDA: the MPS thread percentage was put in the process's environment by the agent before
+   the process started, so it holds before the CUDA context exists;
 2. the model — ``models.make_handler(spec)`` and ``handler.load(weights, device)`` where the
    weights are the node's shared read-only copy (``ModelStore.get``, put there by the agent);
 3. the time-token client (``TokenClient``) on the device's token-server socket;
 4. the data-path server: a Unix-domain socket (and a TCP port when the gateway runs on another
-   node) speaking ``instance_protocol``; plus the batching thread and the memory watchdog.
+   node) speaking ``instance.protocol``; plus the batching thread and the memory watchdog.
 
 Data path: frames arrive on an asyncio loop (IO thread) and are queued; the batching thread
 takes up to ``max_batch`` requests, waiting at most ``max_wait_ms`` after the first for more
-(a full batch goes at once), asks the token server for a token (``acquire``), runs
+(a full batch goes at once: ``policy.batching.next_batch``, the simulator's rule), asks the token server for a token (``acquire``), runs
 ``handler.predict`` on the batch, and sends the responses with per-request metrics (queue
 wait, token wait, busy time, batch size). A batch whose ``predict`` raises is re-run one request at a time so that one bad input fails alone.
-Token reuse (Gemini: a token is a time slice): while the next batch can start at once the
-instance keeps its token and runs that batch on it if the token's rest fits the predicted
-batch (``TokenClient.reusable``), else releases it and acquires another; when the queue has no
+Token reuse (Gemini: a token is a time slice): while the next batch can start at once
+(``policy.batching.keep_token_for_next_batch``) the instance keeps its token and runs that
+batch on it if the token's rest fits the predicted batch (``policy.tokens.reuse_token``), else releases it and acquires another; when the queue has no
 batch ready it releases the token (``idle``) with the busy time of all the batches it ran, so
 the protocol is paid once per token under load, not once per batch.
 

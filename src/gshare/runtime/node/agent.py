@@ -5,7 +5,7 @@ Who creates it: the server (``server.start_agents``), one per alive Ray node, pi
 at most, never per request):
 
 * ``start_instance(launch)`` — put the function's weights in the node's ``ModelStore`` once
-  (``node_tasks.put_weights`` in a throw-away process on this node, so the agent's process
+  (``node.tasks.put_weights`` in a throw-away process on this node, so the agent's process
   stays free of CPU-bound work: it hosts the token servers, whose answers need the GIL),
   register the instance with its device's ``TokenServer`` (``ClientSpec``: SM %, quota request
   and limit, priority), and start the instance process on this node (CUDA: with the MPS thread
@@ -30,7 +30,7 @@ die with the agent. ``ray`` makes each instance a Ray actor of its own (``Instan
 pinned to this node with ``NodeAffinitySchedulingStrategy``, and runs the one-off jobs as Ray
 tasks. Both run the same ``InstanceServer``; the agent supervises both the same way, by pid.
 
-Token servers run ``tokens_uds.LIVE_TOKEN_CONFIG`` (long uncontended tokens that instances
+Token servers run ``policy.tokens.LIVE_TOKEN_CONFIG`` (long uncontended tokens that instances
 reuse for back-to-back batches; a small margin below each client's per-window limit), with the
 fields of ``token_config`` overridden.
 
@@ -208,7 +208,7 @@ class NodeAgent:
         return self._launcher
 
     def _node_task(self, name: str, args: list[Any], timeout_s: float) -> Any:
-        """Run ``node_tasks.NAME(*args)`` in a throw-away process on this node."""
+        """Run ``node.tasks.NAME(*args)`` in a throw-away process on this node."""
         if self._launcher is not None:
             return self._launcher_started().call(f"gshare.runtime.node.tasks:{name}", args, timeout_s)
         task = ray.remote(getattr(node_tasks, name)).options(

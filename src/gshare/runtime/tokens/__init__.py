@@ -1,14 +1,15 @@
-"""Time tokens between instances and their device's token server, over a Unix socket."""
+"""Time tokens between instances and their device's token server, over a Unix socket:
+``protocol`` (the wire format and its rules), ``server`` (in the node agent), ``client`` (in
+every instance process). The decisions are in ``policy.tokens``."""
 
-from gshare.runtime.tokens.uds import (
-    LIVE_TOKEN_CONFIG,
+from gshare.policy.tokens import LIVE_TOKEN_CONFIG
+from gshare.runtime.tokens.client import TokenClient
+from gshare.runtime.tokens.protocol import (
     PROTOCOL_VERSION,
-    TokenClient,
-    TokenRecord,
     TokenRuntimeError,
-    TokenServer,
     UnknownClientError,
 )
+from gshare.runtime.tokens.server import TokenRecord, TokenServer
 
 __all__ = [
     "LIVE_TOKEN_CONFIG",

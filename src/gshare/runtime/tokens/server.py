@@ -1,79 +1,5 @@
-"""Time tokens over a Unix domain socket: the live runtime's FaST Backend (FaST-GShare §3.3.2).
-
-Who uses what (docs/DESIGN.md §5):
-
-* the **node agent** owns one ``TokenServer`` per device. It registers every instance it starts
-  (``add_client`` with the instance's ``ClientSpec``) *before* the instance connects, and
-  removes it (``remove_client``) when the instance is gone. The server runs its own thread; it
-  drives the pure ``gshare.policy.tokens.TokenScheduler`` with the wall clock and is the only
-  place that touches the scheduler (all calls go through one lock, so ``add_client``,
-  ``remove_client``, ``snapshot`` and ``token_records`` are safe from any thread).
-* every **instance process** owns one ``TokenClient`` (one connection per instance). Its
-  frontend calls ``acquire()`` before each burst (one batch on the device), runs the burst, and
-  calls ``release(busy_ms)`` after it, or uses ``with client.burst(): ...``. Before each kernel
-  it may ask ``should_yield(next_kernel_ms)`` and give the token back early (Gemini
-  revocation, ``release(..., completed=False)``) rather than overrun it. A frontend with work
-  queued back to back reuses its token instead (Gemini: a token is a time slice):
-  ``start_burst()`` runs the next burst on the held token while its rest fits the predicted
-  burst (the EWMA of its own bursts; with ``split_bursts=True``, for a frontend that checks
-  ``should_yield`` before every kernel: while any time is left on it), else releases it and
-  acquires another; ``end_burst()``
-  keeps the token; ``idle()`` releases it, charged with the busy time of all its bursts, when
-  the queue is empty. The round trip (100-300 us where waking a sleeping thread is slow) is then
-  paid once per token, not once per burst.
-
-What must hold:
-
-* every decision is the scheduler's: the server only turns socket events into ``request`` /
-  ``release`` calls, calls ``tick`` at ``next_wakeup_ms()`` while a client waits, and delivers
-  the returned grants; the SM adapter, quotas and limits are therefore exactly the policy's;
-* a grant goes only to the connection that asked for it; a grant that nobody can receive (its
-  client disconnected while waiting, or has no request outstanding) is given back at once
-  (``release(busy_ms=0, completed=False)``), so it never blocks the device;
-* a connection that drops while holding a token releases it, charged with the wall time since
-  the grant (``completed=False``); the client stays registered (the agent removes clients) and
-  may reconnect under the same id;
-* a malformed frame closes that connection only (logged); an event the scheduler rejects
-  (unknown client, acquire while holding, release without a token, bad ``busy_ms``) gets an
-  error reply and the connection stays open; nothing a client sends stops the server.
-
-Wire protocol (version 1). Every message is a 16-byte little-endian frame, optionally
-followed by ``length`` bytes of UTF-8 text::
-
-    offset  size  field
-    0       u8    op
-    1       u8    flags
-    2       u16   length  (bytes of text after the frame; 0 except HELLO and ERROR)
-    4       u32   seq     (the client's sequence number of the message, echoed in replies)
-    8       f64   value   (milliseconds)
-
-    client -> server
-      0x01 HELLO    flags = protocol version, length = len(client_id) in 1..255, text = client_id
-      0x02 ACQUIRE  seq = n                       -> GRANT(seq = n) when the token is dispatched
-      0x03 RELEASE  seq = n, value = busy_ms, flags bit 0 = completed     (no reply on success)
-    server -> client
-      0x81 WELCOME  value = window_ms             (reply to HELLO)
-      0x82 GRANT    seq = the ACQUIRE's seq, value = token length ms, flags bit 0 = elastic
-      0xEE ERROR    flags = error code, seq = the offending message's seq, text = message
-
-Error codes: 1 unknown client, 2 connection not identified (no HELLO yet), 3 bad state
-(ACQUIRE while waiting or holding, RELEASE without a token, second HELLO, client id already
-connected), 4 bad value (``busy_ms`` negative or not finite). A RELEASE has no reply, so one
-request + release costs one round trip; an ERROR for a RELEASE reaches the client with its
-next ``acquire`` and is logged there (the server's state is authoritative). Anything else -- an
-unknown op, a non-zero length on ACQUIRE/RELEASE, a bad version, an id that is not UTF-8 --
-is malformed and closes the connection.
-
-Limits: the server never takes a token back (a device burst cannot be pre-empted; an overrun
-is charged as debt by the policy), so an instance that hangs while holding one blocks its SM
-band until its connection drops -- the agent's liveness check must kill such an instance. A
-RELEASE is asynchronous: ``snapshot`` may show the token held until the server has read it.
-
-Latency: the client uses a blocking socket and reuses its frame buffers; the server is one
-selector loop. The server thread needs the GIL to answer, so keep CPU-bound Python threads out
-of the process that hosts it (or lower ``sys.setswitchinterval``): a busy thread can delay a
-grant by the switch interval (5 ms by default).
-"""
+"""The token server: one per device, in the node agent's process (``tokens.protocol`` has the
+wire protocol, who calls what and what must hold)."""
 
 from __future__ import annotations
 
@@ -85,77 +11,40 @@ import select
 import selectors
 import socket
 import stat
-import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gshare.policy.tokens import (
-    LIVE_TOKEN_CONFIG,
     ClientSpec,
     ClientView,
     Grant,
     TokenConfig,
     TokenError,
     TokenScheduler,
-    predict_burst_ms,
-    reuse_token,
-    should_yield,
+)
+from gshare.runtime.tokens.protocol import (
+    ERR_BAD_STATE,
+    ERR_BAD_VALUE,
+    ERR_NOT_IDENTIFIED,
+    ERR_UNKNOWN_CLIENT,
+    FRAME,
+    FRAME_SIZE,
+    MAX_ERROR_BYTES,
+    MAX_ID_BYTES,
+    OP_ACQUIRE,
+    OP_ERROR,
+    OP_GRANT,
+    OP_HELLO,
+    OP_RELEASE,
+    OP_WELCOME,
+    PROTOCOL_VERSION,
+    SELECT_FD_LIMIT,
 )
 
-__all__ = [
-    "LIVE_TOKEN_CONFIG",
-    "PROTOCOL_VERSION",
-    "TokenClient",
-    "TokenRecord",
-    "TokenRuntimeError",
-    "TokenServer",
-    "UnknownClientError",
-]
-
 log = logging.getLogger(__name__)
-
-PROTOCOL_VERSION = 1
-_FRAME = struct.Struct("<BBHId")  # op, flags, length, seq, value_ms: 16 bytes
-FRAME_SIZE = _FRAME.size
-
-OP_HELLO = 0x01
-OP_ACQUIRE = 0x02
-OP_RELEASE = 0x03
-OP_WELCOME = 0x81
-OP_GRANT = 0x82
-OP_ERROR = 0xEE
-
-ERR_UNKNOWN_CLIENT = 1
-ERR_NOT_IDENTIFIED = 2
-ERR_BAD_STATE = 3
-ERR_BAD_VALUE = 4
-
-MAX_ID_BYTES = 255
-MAX_ERROR_BYTES = 1024
-_SEQ_MASK = 0xFFFFFFFF
-_SELECT_FD_LIMIT = 1024  # FD_SETSIZE: select(2) takes no descriptor at or above it
-
-
-class TokenRuntimeError(RuntimeError):
-    """The token server refused a message (``code`` is the wire error code), or the client was
-    used out of order (``code`` 0)."""
-
-    def __init__(self, message: str, code: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class UnknownClientError(TokenRuntimeError):
-    """The server has no client of that id (never added by the agent, or removed since)."""
-
-
-def _error(code: int, message: str) -> TokenRuntimeError:
-    if code == ERR_UNKNOWN_CLIENT:
-        return UnknownClientError(message, code)
-    return TokenRuntimeError(message, code)
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,7 +317,7 @@ class TokenServer:
         assert sel is not None
         if timeout_s is not None and 0 < timeout_s < 0.001:
             fds = [k.fd for k in sel.get_map().values()]
-            if max(fds) < _SELECT_FD_LIMIT:
+            if max(fds) < SELECT_FD_LIMIT:
                 ready, _, _ = select.select(fds, [], [], timeout_s)
                 return ready
         if timeout_s is not None and timeout_s >= 0.001:
@@ -480,7 +369,7 @@ class TokenServer:
             conn.buf = b""
         n = len(data)
         off = 0
-        unpack = _FRAME.unpack_from
+        unpack = FRAME.unpack_from
         while n - off >= FRAME_SIZE:
             op, flags, length, seq, value = unpack(data, off)
             if op == OP_ACQUIRE and length == 0:
@@ -528,7 +417,7 @@ class TokenServer:
             conn.client_id = client_id
             conn.label = f"client {client_id!r}"
             self._by_client[client_id] = conn
-            _FRAME.pack_into(
+            FRAME.pack_into(
                 self._out, 0, OP_WELCOME, PROTOCOL_VERSION, 0, seq, self.config.window_ms
             )
             self._send(conn, self._out)
@@ -621,7 +510,7 @@ class TokenServer:
             i += 1
             conn = self._by_client.get(g.client_id)
             if conn is not None and not conn.dead and conn.pending_seq is not None:
-                _FRAME.pack_into(
+                FRAME.pack_into(
                     self._out, 0, OP_GRANT, 1 if g.elastic else 0, 0, conn.pending_seq, g.quota_ms
                 )
                 if self._send(conn, self._out):
@@ -655,7 +544,7 @@ class TokenServer:
         text = message.encode("utf-8")[:MAX_ERROR_BYTES]
         self._stats["errors"] += 1
         log.debug("token server: error %d to %s: %s", code, conn.label, message)
-        self._send(conn, _FRAME.pack(OP_ERROR, code, len(text), seq, 0.0) + text)
+        self._send(conn, FRAME.pack(OP_ERROR, code, len(text), seq, 0.0) + text)
 
     def _reap(self, now_ms: float) -> None:
         """Close dead connections; a token they hold is released with the time it ran."""
@@ -719,329 +608,4 @@ class TokenServer:
             probe.close()
 
 
-class TokenClient:
-    """An instance's connection to its device's token server (blocking, one per instance).
-
-    Called by the instance frontend from one thread: ``acquire()`` before a burst, ``release()``
-    after it, never two ``acquire`` in a row. The constructor connects and identifies itself
-    (HELLO): it raises ``UnknownClientError`` if the agent has not registered ``client_id``,
-    ``ConnectionError`` if nobody serves ``socket_path``.
-
-    ``timeout_s`` bounds every blocking call (``None``: wait for ever). When it expires the
-    connection is closed (the server then forgets the request, or releases a token granted
-    meanwhile) and ``TimeoutError`` is raised; the client cannot be used afterwards.
-    """
-
-    def __init__(
-        self,
-        socket_path: str,
-        client_id: str,
-        timeout_s: float | None = None,
-        *,
-        split_bursts: bool = False,
-        busy_clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        raw = client_id.encode("utf-8")
-        if not 0 < len(raw) <= MAX_ID_BYTES:
-            raise ValueError(
-                f"client_id must be 1..{MAX_ID_BYTES} bytes of UTF-8, got {client_id!r}"
-            )
-        self.socket_path = socket_path
-        self.client_id = client_id
-        self.window_ms = 0.0
-        """The server's window length (from WELCOME)."""
-        self.token_ms: float | None = None
-        """Length of the token held, or None."""
-        self.elastic = False
-        """Whether the token held is elastic (idle time beyond the guarantee)."""
-        self._t_grant = 0.0
-        self._busy_at_grant = 0.0
-        """``busy_clock`` when the held token was granted."""
-        self._used_ms = 0.0
-        """Busy time of the bursts ended on the held token (reuse protocol)."""
-        self._in_burst = False
-        self._seg_t0 = 0.0
-        """Start of the open burst segment (``busy_clock``), valid while ``_in_burst``."""
-        self._burst_done_ms = 0.0
-        """Busy time of the open burst on earlier tokens (a burst renewed mid-way)."""
-        self.predicted_burst_ms = 0.0
-        """EWMA of this client's completed bursts (0 = no history): the reuse test."""
-        self.burst_ewma_alpha = 0.3
-        self.reused = 0
-        """Bursts that ran on a token already held (no round trip to the server)."""
-        self.split_bursts = split_bursts
-        self.busy_clock = busy_clock
-        """The clock (seconds) that measures the busy time reported on a token; the token's
-        own length is always wall time (``perf_counter``). Default ``perf_counter``: the
-        device time a GPU burst holds, as the host sees it. A single-threaded CPU frontend may
-        pass ``time.thread_time``: the CPU time it got, which leaves out the time its core was
-        taken from it (another task, or the VM stopping the vCPU) while it held the token."""
-        """Reuse a held token while any time is left on it, not only while its rest fits the
-        predicted burst (``reusable``). For frontends that call ``should_yield`` before every
-        kernel, so that a burst cut where the token ends never runs past it."""
-        self._seq = 0
-        self._out = bytearray(FRAME_SIZE)
-        self._in = bytearray(FRAME_SIZE)
-        self._in_view = memoryview(self._in)
-        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.settimeout(timeout_s)
-        try:
-            try:
-                self._sock.connect(socket_path)
-            except (FileNotFoundError, ConnectionRefusedError) as e:
-                raise ConnectionError(f"no token server on {socket_path}: {e}") from None
-            self._io(
-                self._sock.sendall, _FRAME.pack(OP_HELLO, PROTOCOL_VERSION, len(raw), 0, 0.0) + raw
-            )
-            op, flags, length, _seq, value = self._read_frame()
-            if op == OP_ERROR:
-                raise _error(flags, self._read_text(length))
-            if op != OP_WELCOME:
-                raise TokenRuntimeError(f"token server answered HELLO with op 0x{op:02x}")
-            self.window_ms = value
-        except BaseException:
-            self.close()
-            raise
-
-    # -- the burst protocol (instance frontend) -----------------------------------------------
-
-    def acquire(self) -> float:
-        """Block until the server grants a token; return its length in ms.
-
-        Raises ``UnknownClientError`` if the client was removed, ``TokenRuntimeError`` if a
-        token is already held, ``ConnectionError`` if the server went away, ``TimeoutError``.
-        """
-        sock = self._sock
-        if sock is None:
-            raise TokenRuntimeError(f"token client {self.client_id!r} is closed")
-        if self.token_ms is not None:
-            raise TokenRuntimeError(f"client {self.client_id!r} already holds a token")
-        seq = self._seq = (self._seq + 1) & _SEQ_MASK
-        _FRAME.pack_into(self._out, 0, OP_ACQUIRE, 0, 0, seq, 0.0)
-        self._io(sock.sendall, self._out)
-        while True:
-            op, flags, length, rseq, value = self._read_frame()
-            if op == OP_GRANT and rseq == seq:
-                self._t_grant = time.perf_counter()
-                self._busy_at_grant = (
-                    self._t_grant if self.busy_clock is time.perf_counter else self.busy_clock()
-                )
-                self.token_ms = value
-                self.elastic = bool(flags & 1)
-                self._used_ms = 0.0
-                if self._in_burst:
-                    self._seg_t0 = self._busy_at_grant
-                return value
-            if op == OP_ERROR:
-                text = self._read_text(length)
-                if rseq == seq:
-                    raise _error(flags, text)
-                log.warning(
-                    "token server rejected an earlier release of %r: %s", self.client_id, text
-                )
-                continue
-            self.close()
-            raise TokenRuntimeError(
-                f"unexpected reply op=0x{op:02x} seq={rseq} (waiting for {seq})"
-            )
-
-    def release(self, busy_ms: float, completed: bool = True) -> None:
-        """Give the token back, having used ``busy_ms`` of device time on it.
-
-        ``completed`` is False when the burst is not finished (the token ran out or was
-        revoked by ``should_yield``). Does not wait for the server (no reply on success).
-        """
-        sock = self._sock
-        if sock is None:
-            raise TokenRuntimeError(f"token client {self.client_id!r} is closed")
-        if self.token_ms is None:
-            raise TokenRuntimeError(f"client {self.client_id!r} holds no token")
-        if not (math.isfinite(busy_ms) and busy_ms >= 0):
-            raise ValueError(f"busy_ms must be finite and >= 0, got {busy_ms}")
-        self._seq = (self._seq + 1) & _SEQ_MASK
-        _FRAME.pack_into(self._out, 0, OP_RELEASE, 1 if completed else 0, 0, self._seq, busy_ms)
-        self.token_ms = None
-        self._used_ms = 0.0
-        self._io(sock.sendall, self._out)
-
-    @contextlib.contextmanager
-    def burst(self, reuse: bool = False) -> Iterator[float]:
-        """``with client.burst() as token_ms: run()`` -- acquire, run, release the time measured
-        with ``busy_clock`` (also when the body raises).
-
-        ``reuse=True``: ``start_burst`` / ``end_burst`` instead -- the token is kept after the
-        body for the next burst (yields the time left on it); call ``idle()`` when done."""
-        if reuse:
-            left = self.start_burst()
-            try:
-                yield left
-            finally:
-                self.end_burst()
-            return
-        token_ms = self.acquire()
-        t0 = self._busy_at_grant
-        try:
-            yield token_ms
-        finally:
-            self.release((self.busy_clock() - t0) * 1000.0)
-
-    # -- token reuse (Gemini: a token is a time slice) -----------------------------------------
-
-    def reusable(self) -> bool:
-        """True when a token is held and its rest fits the predicted next burst (the EWMA of
-        this client's bursts; any rest > 0 before the first burst ends), or, with
-        ``split_bursts``, when any time is left on it.
-
-        NOTE — split bursts. Giving back a rest that cannot fit the next burst and asking again
-        costs one round trip, as does cutting the burst where the token ends (revocation) and
-        asking again for its remainder; but a rest given back is not charged, so the scheduler
-        hands it out again later in the window, and while a neighbour time-shares the device
-        that is one more hand-over (two wake-ups, device idle) per token: two clients with
-        quota-sized tokens then swap four times per window instead of twice. A frontend that
-        checks ``should_yield`` before every kernel can cut a burst anywhere without running
-        past its token, so it keeps the rest (``split_bursts=True``). A frontend whose only
-        preemption points are coarse (the instance's per-module hook, which yields once the
-        token is spent) would instead overrun the token at every cut, so it keeps the default.
-        """
-        if self.token_ms is None:
-            return False
-        return reuse_token(
-            self.token_left_ms(), self.predicted_burst_ms, split_bursts=self.split_bursts
-        )
-
-    def start_burst(self) -> float:
-        """Begin a burst on the held token if its rest fits the predicted burst (``reusable``),
-        else give it back (``completed=False``: work is still queued) and ``acquire`` a new
-        one. Returns the time left on the token. End the burst with ``end_burst``; call
-        ``release_if_held`` when the caller goes idle (no more work queued), so the protocol is
-        paid once per token, not once per burst."""
-        if self._in_burst:
-            raise TokenRuntimeError(f"client {self.client_id!r} is already in a burst")
-        if self.reusable():
-            self.reused += 1
-        else:
-            self.release_if_held(completed=False)
-            self.acquire()
-        self.begin_burst()
-        return self.token_left_ms()
-
-    @property
-    def in_burst(self) -> bool:
-        """Between ``start_burst``/``begin_burst`` and ``end_burst``."""
-        return self._in_burst
-
-    def begin_burst(self) -> None:
-        """Mark the start of a burst on the token held now (``start_burst`` without the
-        acquire, for callers that acquire through their own reconnect logic)."""
-        if self.token_ms is None:
-            raise TokenRuntimeError(f"client {self.client_id!r} holds no token")
-        self._in_burst = True
-        self._seg_t0 = self.busy_clock()
-        self._burst_done_ms = 0.0
-
-    def end_burst(self) -> float:
-        """End the burst: its busy time (measured since ``start_burst``, across renewed
-        tokens) feeds the burst EWMA and is added to the time used on the held token, which is
-        kept for the next burst. Returns the burst's busy ms."""
-        if not self._in_burst:
-            raise TokenRuntimeError(f"client {self.client_id!r} is not in a burst")
-        self._in_burst = False
-        seg_ms = (self.busy_clock() - self._seg_t0) * 1000.0 if self.token_ms is not None else 0.0
-        self._used_ms += seg_ms
-        burst_ms = self._burst_done_ms + seg_ms
-        self._burst_done_ms = 0.0
-        self.predicted_burst_ms = predict_burst_ms(
-            self.predicted_burst_ms, burst_ms, self.burst_ewma_alpha
-        )
-        return burst_ms
-
-    def release_if_held(self, completed: bool = True) -> bool:
-        """Give back the held token, if any, charged with the busy time used on it (bursts
-        ended on it plus the open burst's segment). Inside a burst (the token ran out mid-way,
-        ``completed=False``) the burst stays open and continues on the next ``acquire``.
-        Returns whether a token was released."""
-        if self.token_ms is None:
-            return False
-        busy_ms = self._used_ms
-        if self._in_burst:
-            seg_ms = (self.busy_clock() - self._seg_t0) * 1000.0
-            self._burst_done_ms += seg_ms
-            busy_ms += seg_ms
-        self.release(busy_ms, completed=completed)
-        return True
-
-    def idle(self) -> bool:
-        """The caller has no more work queued: ``release_if_held(completed=True)``."""
-        return self.release_if_held(completed=True)
-
-    def token_left_ms(self) -> float:
-        """Time left on the held token (0 when none is held)."""
-        if self.token_ms is None:
-            return 0.0
-        return self.token_ms - (time.perf_counter() - self._t_grant) * 1000.0
-
-    def should_yield(self, next_kernel_ms: float) -> bool:
-        """Gemini revocation: True when the next kernel does not fit in the token's rest."""
-        return should_yield(self.token_left_ms(), next_kernel_ms)
-
-    def close(self) -> None:
-        """Close the connection (a held token is released by the server). Idempotent."""
-        sock, self._sock = self._sock, None
-        self.token_ms = None
-        self._in_burst = False
-        self._used_ms = 0.0
-        if sock is not None:
-            sock.close()
-
-    def __enter__(self) -> TokenClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- internals ----------------------------------------------------------------------------
-
-    def _io(self, fn: Callable[[bytes | bytearray], object], data: bytes | bytearray) -> None:
-        try:
-            fn(data)
-        except TimeoutError:
-            self.close()
-            raise TimeoutError(
-                f"token server on {self.socket_path} did not answer in time"
-            ) from None
-        except OSError as e:
-            self.close()
-            raise ConnectionError(f"token server on {self.socket_path} went away: {e}") from None
-
-    def _recv_exact(self, view: memoryview) -> None:
-        sock = self._sock
-        if sock is None:
-            raise TokenRuntimeError(f"token client {self.client_id!r} is closed")
-        got = 0
-        want = len(view)
-        try:
-            while got < want:
-                k = sock.recv_into(view[got:], want - got) if got else sock.recv_into(view, want)
-                if k == 0:
-                    raise ConnectionError("closed by the server")
-                got += k
-        except TimeoutError:
-            self.close()
-            raise TimeoutError(
-                f"token server on {self.socket_path} did not answer in time"
-            ) from None
-        except OSError as e:
-            self.close()
-            raise ConnectionError(f"token server on {self.socket_path} went away: {e}") from None
-
-    def _read_frame(self) -> tuple[int, int, int, int, float]:
-        self._recv_exact(self._in_view)
-        op, flags, length, seq, value = _FRAME.unpack_from(self._in)
-        return op, flags, length, seq, value
-
-    def _read_text(self, length: int) -> str:
-        if length == 0:
-            return ""
-        buf = bytearray(length)
-        self._recv_exact(memoryview(buf))
-        return buf.decode("utf-8", errors="replace")
+__all__ = ["TokenRecord", "TokenServer"]

@@ -1,0 +1,82 @@
+"""The Prometheus metrics of one server (``/metrics``): the gateway records requests, the
+controller sets the instance and rate gauges."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+
+LATENCY_BUCKETS_S = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+class Metrics:
+    """The Prometheus metrics of one server (its own registry, served at ``/metrics``)."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "gshare_requests", "Requests answered, by function and HTTP code", ["function", "code"], registry=r
+        )
+        self.latency = Histogram(
+            "gshare_request_latency_seconds",
+            "Gateway arrival to response, successful requests",
+            ["function"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.slo_violations = Counter(
+            "gshare_slo_violations", "Successful requests slower than the function's slo_ms", ["function"], registry=r
+        )
+        self.token_wait = Histogram(
+            "gshare_token_wait_seconds",
+            "Time a request's batch waited for its time token",
+            ["function"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gshare_queue_wait_seconds",
+            "Time a request waited (gateway queue + instance batching) before its batch ran",
+            ["function"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "gshare_batch_size", "Requests per batch", ["function"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r
+        )
+        self.retries = Counter("gshare_request_retries", "Requests re-sent after an instance crash", ["function"], registry=r)
+        self.queued = Gauge("gshare_queue_length", "Requests waiting for an instance", ["function"], registry=r)
+        self.instances = Gauge("gshare_instances", "Instances by state", ["function", "state"], registry=r)
+        self.achieved_share = Gauge(
+            "gshare_achieved_share",
+            "Fraction of device time an instance used over the last reconcile period",
+            ["function", "instance"],
+            registry=r,
+        )
+        self.requested_share = Gauge(
+            "gshare_requested_share", "Quota request of an instance (guaranteed share)", ["function", "instance"], registry=r
+        )
+        self.predicted_rps = Gauge("gshare_predicted_rps", "Rate the autoscaler sized the function for", ["function"], registry=r)
+        self.restarts = Counter("gshare_instance_restarts", "Instance restarts after a crash", ["function"], registry=r)
+        self.cold_starts = Counter("gshare_cold_starts", "Instances started", ["function"], registry=r)
+
+    def forget_instance(self, function: str, instance: str) -> None:
+        for g in (self.achieved_share, self.requested_share):
+            with contextlib.suppress(KeyError):
+                g.remove(function, instance)
+
+
+__all__ = ["LATENCY_BUCKETS_S", "Metrics"]

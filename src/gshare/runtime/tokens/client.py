@@ -1,0 +1,365 @@
+"""The token client: one per instance process (``tokens.protocol`` has the wire protocol, who
+calls what and what must hold; ``policy.tokens`` the reuse and burst-prediction rules)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+from gshare.policy.tokens import (
+    predict_burst_ms,
+    reuse_token,
+    should_yield,
+)
+from gshare.runtime.tokens.protocol import (
+    FRAME,
+    FRAME_SIZE,
+    MAX_ID_BYTES,
+    OP_ACQUIRE,
+    OP_ERROR,
+    OP_GRANT,
+    OP_HELLO,
+    OP_RELEASE,
+    OP_WELCOME,
+    PROTOCOL_VERSION,
+    SEQ_MASK,
+    TokenRuntimeError,
+    error_for,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TokenClient:
+    """An instance's connection to its device's token server (blocking, one per instance).
+
+    Called by the instance frontend from one thread: ``acquire()`` before a burst, ``release()``
+    after it, never two ``acquire`` in a row. The constructor connects and identifies itself
+    (HELLO): it raises ``UnknownClientError`` if the agent has not registered ``client_id``,
+    ``ConnectionError`` if nobody serves ``socket_path``.
+
+    ``timeout_s`` bounds every blocking call (``None``: wait for ever). When it expires the
+    connection is closed (the server then forgets the request, or releases a token granted
+    meanwhile) and ``TimeoutError`` is raised; the client cannot be used afterwards.
+    """
+
+    def __init__(
+        self,
+        socket_path: str,
+        client_id: str,
+        timeout_s: float | None = None,
+        *,
+        split_bursts: bool = False,
+        busy_clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        raw = client_id.encode("utf-8")
+        if not 0 < len(raw) <= MAX_ID_BYTES:
+            raise ValueError(
+                f"client_id must be 1..{MAX_ID_BYTES} bytes of UTF-8, got {client_id!r}"
+            )
+        self.socket_path = socket_path
+        self.client_id = client_id
+        self.window_ms = 0.0
+        """The server's window length (from WELCOME)."""
+        self.token_ms: float | None = None
+        """Length of the token held, or None."""
+        self.elastic = False
+        """Whether the token held is elastic (idle time beyond the guarantee)."""
+        self._t_grant = 0.0
+        self._busy_at_grant = 0.0
+        """``busy_clock`` when the held token was granted."""
+        self._used_ms = 0.0
+        """Busy time of the bursts ended on the held token (reuse protocol)."""
+        self._in_burst = False
+        self._seg_t0 = 0.0
+        """Start of the open burst segment (``busy_clock``), valid while ``_in_burst``."""
+        self._burst_done_ms = 0.0
+        """Busy time of the open burst on earlier tokens (a burst renewed mid-way)."""
+        self.predicted_burst_ms = 0.0
+        """EWMA of this client's completed bursts (0 = no history): the reuse test."""
+        self.burst_ewma_alpha = 0.3
+        self.reused = 0
+        """Bursts that ran on a token already held (no round trip to the server)."""
+        self.split_bursts = split_bursts
+        self.busy_clock = busy_clock
+        """The clock (seconds) that measures the busy time reported on a token; the token's
+        own length is always wall time (``perf_counter``). Default ``perf_counter``: the
+        device time a GPU burst holds, as the host sees it. A single-threaded CPU frontend may
+        pass ``time.thread_time``: the CPU time it got, which leaves out the time its core was
+        taken from it (another task, or the VM stopping the vCPU) while it held the token."""
+        """Reuse a held token while any time is left on it, not only while its rest fits the
+        predicted burst (``reusable``). For frontends that call ``should_yield`` before every
+        kernel, so that a burst cut where the token ends never runs past it."""
+        self._seq = 0
+        self._out = bytearray(FRAME_SIZE)
+        self._in = bytearray(FRAME_SIZE)
+        self._in_view = memoryview(self._in)
+        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout_s)
+        try:
+            try:
+                self._sock.connect(socket_path)
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                raise ConnectionError(f"no token server on {socket_path}: {e}") from None
+            self._io(
+                self._sock.sendall, FRAME.pack(OP_HELLO, PROTOCOL_VERSION, len(raw), 0, 0.0) + raw
+            )
+            op, flags, length, _seq, value = self._read_frame()
+            if op == OP_ERROR:
+                raise error_for(flags, self._read_text(length))
+            if op != OP_WELCOME:
+                raise TokenRuntimeError(f"token server answered HELLO with op 0x{op:02x}")
+            self.window_ms = value
+        except BaseException:
+            self.close()
+            raise
+
+    # -- the burst protocol (instance frontend) -----------------------------------------------
+
+    def acquire(self) -> float:
+        """Block until the server grants a token; return its length in ms.
+
+        Raises ``UnknownClientError`` if the client was removed, ``TokenRuntimeError`` if a
+        token is already held, ``ConnectionError`` if the server went away, ``TimeoutError``.
+        """
+        sock = self._sock
+        if sock is None:
+            raise TokenRuntimeError(f"token client {self.client_id!r} is closed")
+        if self.token_ms is not None:
+            raise TokenRuntimeError(f"client {self.client_id!r} already holds a token")
+        seq = self._seq = (self._seq + 1) & SEQ_MASK
+        FRAME.pack_into(self._out, 0, OP_ACQUIRE, 0, 0, seq, 0.0)
+        self._io(sock.sendall, self._out)
+        while True:
+            op, flags, length, rseq, value = self._read_frame()
+            if op == OP_GRANT and rseq == seq:
+                self._t_grant = time.perf_counter()
+                self._busy_at_grant = (
+                    self._t_grant if self.busy_clock is time.perf_counter else self.busy_clock()
+                )
+                self.token_ms = value
+                self.elastic = bool(flags & 1)
+                self._used_ms = 0.0
+                if self._in_burst:
+                    self._seg_t0 = self._busy_at_grant
+                return value
+            if op == OP_ERROR:
+                text = self._read_text(length)
+                if rseq == seq:
+                    raise error_for(flags, text)
+                log.warning(
+                    "token server rejected an earlier release of %r: %s", self.client_id, text
+                )
+                continue
+            self.close()
+            raise TokenRuntimeError(
+                f"unexpected reply op=0x{op:02x} seq={rseq} (waiting for {seq})"
+            )
+
+    def release(self, busy_ms: float, completed: bool = True) -> None:
+        """Give the token back, having used ``busy_ms`` of device time on it.
+
+        ``completed`` is False when the burst is not finished (the token ran out or was
+        revoked by ``should_yield``). Does not wait for the server (no reply on success).
+        """
+        sock = self._sock
+        if sock is None:
+            raise TokenRuntimeError(f"token client {self.client_id!r} is closed")
+        if self.token_ms is None:
+            raise TokenRuntimeError(f"client {self.client_id!r} holds no token")
+        if not (math.isfinite(busy_ms) and busy_ms >= 0):
+            raise ValueError(f"busy_ms must be finite and >= 0, got {busy_ms}")
+        self._seq = (self._seq + 1) & SEQ_MASK
+        FRAME.pack_into(self._out, 0, OP_RELEASE, 1 if completed else 0, 0, self._seq, busy_ms)
+        self.token_ms = None
+        self._used_ms = 0.0
+        self._io(sock.sendall, self._out)
+
+    @contextlib.contextmanager
+    def burst(self, reuse: bool = False) -> Iterator[float]:
+        """``with client.burst() as token_ms: run()`` -- acquire, run, release the time measured
+        with ``busy_clock`` (also when the body raises).
+
+        ``reuse=True``: ``start_burst`` / ``end_burst`` instead -- the token is kept after the
+        body for the next burst (yields the time left on it); call ``idle()`` when done."""
+        if reuse:
+            left = self.start_burst()
+            try:
+                yield left
+            finally:
+                self.end_burst()
+            return
+        token_ms = self.acquire()
+        t0 = self._busy_at_grant
+        try:
+            yield token_ms
+        finally:
+            self.release((self.busy_clock() - t0) * 1000.0)
+
+    # -- token reuse (Gemini: a token is a time slice) -----------------------------------------
+
+    def reusable(self) -> bool:
+        """True when a token is held and its rest fits the predicted next burst (the EWMA of
+        this client's bursts; any rest > 0 before the first burst ends), or, with
+        ``split_bursts``, when any time is left on it.
+
+        NOTE — split bursts. Giving back a rest that cannot fit the next burst and asking again
+        costs one round trip, as does cutting the burst where the token ends (revocation) and
+        asking again for its remainder; but a rest given back is not charged, so the scheduler
+        hands it out again later in the window, and while a neighbour time-shares the device
+        that is one more hand-over (two wake-ups, device idle) per token: two clients with
+        quota-sized tokens then swap four times per window instead of twice. A frontend that
+        checks ``should_yield`` before every kernel can cut a burst anywhere without running
+        past its token, so it keeps the rest (``split_bursts=True``). A frontend whose only
+        preemption points are coarse (the instance's per-module hook, which yields once the
+        token is spent) would instead overrun the token at every cut, so it keeps the default.
+        """
+        if self.token_ms is None:
+            return False
+        return reuse_token(
+            self.token_left_ms(), self.predicted_burst_ms, split_bursts=self.split_bursts
+        )
+
+    def start_burst(self) -> float:
+        """Begin a burst on the held token if its rest fits the predicted burst (``reusable``),
+        else give it back (``completed=False``: work is still queued) and ``acquire`` a new
+        one. Returns the time left on the token. End the burst with ``end_burst``; call
+        ``release_if_held`` when the caller goes idle (no more work queued), so the protocol is
+        paid once per token, not once per burst."""
+        if self._in_burst:
+            raise TokenRuntimeError(f"client {self.client_id!r} is already in a burst")
+        if self.reusable():
+            self.reused += 1
+        else:
+            self.release_if_held(completed=False)
+            self.acquire()
+        self.begin_burst()
+        return self.token_left_ms()
+
+    @property
+    def in_burst(self) -> bool:
+        """Between ``start_burst``/``begin_burst`` and ``end_burst``."""
+        return self._in_burst
+
+    def begin_burst(self) -> None:
+        """Mark the start of a burst on the token held now (``start_burst`` without the
+        acquire, for callers that acquire through their own reconnect logic)."""
+        if self.token_ms is None:
+            raise TokenRuntimeError(f"client {self.client_id!r} holds no token")
+        self._in_burst = True
+        self._seg_t0 = self.busy_clock()
+        self._burst_done_ms = 0.0
+
+    def end_burst(self) -> float:
+        """End the burst: its busy time (measured since ``start_burst``, across renewed
+        tokens) feeds the burst EWMA and is added to the time used on the held token, which is
+        kept for the next burst. Returns the burst's busy ms."""
+        if not self._in_burst:
+            raise TokenRuntimeError(f"client {self.client_id!r} is not in a burst")
+        self._in_burst = False
+        seg_ms = (self.busy_clock() - self._seg_t0) * 1000.0 if self.token_ms is not None else 0.0
+        self._used_ms += seg_ms
+        burst_ms = self._burst_done_ms + seg_ms
+        self._burst_done_ms = 0.0
+        self.predicted_burst_ms = predict_burst_ms(
+            self.predicted_burst_ms, burst_ms, self.burst_ewma_alpha
+        )
+        return burst_ms
+
+    def release_if_held(self, completed: bool = True) -> bool:
+        """Give back the held token, if any, charged with the busy time used on it (bursts
+        ended on it plus the open burst's segment). Inside a burst (the token ran out mid-way,
+        ``completed=False``) the burst stays open and continues on the next ``acquire``.
+        Returns whether a token was released."""
+        if self.token_ms is None:
+            return False
+        busy_ms = self._used_ms
+        if self._in_burst:
+            seg_ms = (self.busy_clock() - self._seg_t0) * 1000.0
+            self._burst_done_ms += seg_ms
+            busy_ms += seg_ms
+        self.release(busy_ms, completed=completed)
+        return True
+
+    def idle(self) -> bool:
+        """The caller has no more work queued: ``release_if_held(completed=True)``."""
+        return self.release_if_held(completed=True)
+
+    def token_left_ms(self) -> float:
+        """Time left on the held token (0 when none is held)."""
+        if self.token_ms is None:
+            return 0.0
+        return self.token_ms - (time.perf_counter() - self._t_grant) * 1000.0
+
+    def should_yield(self, next_kernel_ms: float) -> bool:
+        """Gemini revocation: True when the next kernel does not fit in the token's rest."""
+        return should_yield(self.token_left_ms(), next_kernel_ms)
+
+    def close(self) -> None:
+        """Close the connection (a held token is released by the server). Idempotent."""
+        sock, self._sock = self._sock, None
+        self.token_ms = None
+        self._in_burst = False
+        self._used_ms = 0.0
+        if sock is not None:
+            sock.close()
+
+    def __enter__(self) -> TokenClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _io(self, fn: Callable[[bytes | bytearray], object], data: bytes | bytearray) -> None:
+        try:
+            fn(data)
+        except TimeoutError:
+            self.close()
+            raise TimeoutError(
+                f"token server on {self.socket_path} did not answer in time"
+            ) from None
+        except OSError as e:
+            self.close()
+            raise ConnectionError(f"token server on {self.socket_path} went away: {e}") from None
+
+    def _recv_exact(self, view: memoryview) -> None:
+        sock = self._sock
+        if sock is None:
+            raise TokenRuntimeError(f"token client {self.client_id!r} is closed")
+        got = 0
+        want = len(view)
+        try:
+            while got < want:
+                k = sock.recv_into(view[got:], want - got) if got else sock.recv_into(view, want)
+                if k == 0:
+                    raise ConnectionError("closed by the server")
+                got += k
+        except TimeoutError:
+            self.close()
+            raise TimeoutError(
+                f"token server on {self.socket_path} did not answer in time"
+            ) from None
+        except OSError as e:
+            self.close()
+            raise ConnectionError(f"token server on {self.socket_path} went away: {e}") from None
+
+    def _read_frame(self) -> tuple[int, int, int, int, float]:
+        self._recv_exact(self._in_view)
+        op, flags, length, seq, value = FRAME.unpack_from(self._in)
+        return op, flags, length, seq, value
+
+    def _read_text(self, length: int) -> str:
+        if length == 0:
+            return ""
+        buf = bytearray(length)
+        self._recv_exact(memoryview(buf))
+        return buf.decode("utf-8", errors="replace")
+
+
+__all__ = ["TokenClient"]

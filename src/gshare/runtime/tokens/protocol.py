@@ -1,0 +1,133 @@
+"""Time tokens over a Unix domain socket: the live runtime's FaST Backend (FaST-GShare §3.3.2).
+
+Who uses what (docs/DESIGN.md §5):
+
+* the **node agent** owns one ``TokenServer`` per device. It registers every instance it starts
+  (``add_client`` with the instance's ``ClientSpec``) *before* the instance connects, and
+  removes it (``remove_client``) when the instance is gone. The server runs its own thread; it
+  drives the pure ``gshare.policy.tokens.TokenScheduler`` with the wall clock and is the only
+  place that touches the scheduler (all calls go through one lock, so ``add_client``,
+  ``remove_client``, ``snapshot`` and ``token_records`` are safe from any thread).
+* every **instance process** owns one ``TokenClient`` (one connection per instance). Its
+  frontend calls ``acquire()`` before each burst (one batch on the device), runs the burst, and
+  calls ``release(busy_ms)`` after it, or uses ``with client.burst(): ...``. Before each kernel
+  it may ask ``should_yield(next_kernel_ms)`` and give the token back early (Gemini
+  revocation, ``release(..., completed=False)``) rather than overrun it. A frontend with work
+  queued back to back reuses its token instead (Gemini: a token is a time slice):
+  ``start_burst()`` runs the next burst on the held token while its rest fits the predicted
+  burst (the EWMA of its own bursts; with ``split_bursts=True``, for a frontend that checks
+  ``should_yield`` before every kernel: while any time is left on it), else releases it and
+  acquires another; ``end_burst()``
+  keeps the token; ``idle()`` releases it, charged with the busy time of all its bursts, when
+  the queue is empty. The round trip (100-300 us where waking a sleeping thread is slow) is then
+  paid once per token, not once per burst.
+
+What must hold:
+
+* every decision is the scheduler's: the server only turns socket events into ``request`` /
+  ``release`` calls, calls ``tick`` at ``next_wakeup_ms()`` while a client waits, and delivers
+  the returned grants; the SM adapter, quotas and limits are therefore exactly the policy's;
+* a grant goes only to the connection that asked for it; a grant that nobody can receive (its
+  client disconnected while waiting, or has no request outstanding) is given back at once
+  (``release(busy_ms=0, completed=False)``), so it never blocks the device;
+* a connection that drops while holding a token releases it, charged with the wall time since
+  the grant (``completed=False``); the client stays registered (the agent removes clients) and
+  may reconnect under the same id;
+* a malformed frame closes that connection only (logged); an event the scheduler rejects
+  (unknown client, acquire while holding, release without a token, bad ``busy_ms``) gets an
+  error reply and the connection stays open; nothing a client sends stops the server.
+
+Wire protocol (version 1). Every message is a 16-byte little-endian frame, optionally
+followed by ``length`` bytes of UTF-8 text::
+
+    offset  size  field
+    0       u8    op
+    1       u8    flags
+    2       u16   length  (bytes of text after the frame; 0 except HELLO and ERROR)
+    4       u32   seq     (the client's sequence number of the message, echoed in replies)
+    8       f64   value   (milliseconds)
+
+    client -> server
+      0x01 HELLO    flags = protocol version, length = len(client_id) in 1..255, text = client_id
+      0x02 ACQUIRE  seq = n                       -> GRANT(seq = n) when the token is dispatched
+      0x03 RELEASE  seq = n, value = busy_ms, flags bit 0 = completed     (no reply on success)
+    server -> client
+      0x81 WELCOME  value = window_ms             (reply to HELLO)
+      0x82 GRANT    seq = the ACQUIRE's seq, value = token length ms, flags bit 0 = elastic
+      0xEE ERROR    flags = error code, seq = the offending message's seq, text = message
+
+Error codes: 1 unknown client, 2 connection not identified (no HELLO yet), 3 bad state
+(ACQUIRE while waiting or holding, RELEASE without a token, second HELLO, client id already
+connected), 4 bad value (``busy_ms`` negative or not finite). A RELEASE has no reply, so one
+request + release costs one round trip; an ERROR for a RELEASE reaches the client with its
+next ``acquire`` and is logged there (the server's state is authoritative). Anything else -- an
+unknown op, a non-zero length on ACQUIRE/RELEASE, a bad version, an id that is not UTF-8 --
+is malformed and closes the connection.
+
+Limits: the server never takes a token back (a device burst cannot be pre-empted; an overrun
+is charged as debt by the policy), so an instance that hangs while holding one blocks its SM
+band until its connection drops -- the agent's liveness check must kill such an instance. A
+RELEASE is asynchronous: ``snapshot`` may show the token held until the server has read it.
+
+Latency: the client uses a blocking socket and reuses its frame buffers; the server is one
+selector loop. The server thread needs the GIL to answer, so keep CPU-bound Python threads out
+of the process that hosts it (or lower ``sys.setswitchinterval``): a busy thread can delay a
+grant by the switch interval (5 ms by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+FRAME = struct.Struct("<BBHId")  # op, flags, length, seq, value_ms: 16 bytes
+FRAME_SIZE = FRAME.size
+
+OP_HELLO = 0x01
+OP_ACQUIRE = 0x02
+OP_RELEASE = 0x03
+OP_WELCOME = 0x81
+OP_GRANT = 0x82
+OP_ERROR = 0xEE
+
+ERR_UNKNOWN_CLIENT = 1
+ERR_NOT_IDENTIFIED = 2
+ERR_BAD_STATE = 3
+ERR_BAD_VALUE = 4
+
+MAX_ID_BYTES = 255
+MAX_ERROR_BYTES = 1024
+SEQ_MASK = 0xFFFFFFFF
+SELECT_FD_LIMIT = 1024  # FD_SETSIZE: select(2) takes no descriptor at or above it
+
+
+class TokenRuntimeError(RuntimeError):
+    """The token server refused a message (``code`` is the wire error code), or the client was
+    used out of order (``code`` 0)."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class UnknownClientError(TokenRuntimeError):
+    """The server has no client of that id (never added by the agent, or removed since)."""
+
+
+def error_for(code: int, message: str) -> TokenRuntimeError:
+    if code == ERR_UNKNOWN_CLIENT:
+        return UnknownClientError(message, code)
+    return TokenRuntimeError(message, code)
+
+
+__all__ = [
+    "FRAME",
+    "FRAME_SIZE",
+    "PROTOCOL_VERSION",
+    "TokenRuntimeError",
+    "UnknownClientError",
+    "error_for",
+]
