@@ -57,6 +57,7 @@ LAYERS: tuple[tuple[str, int, str], ...] = (
     ("gshare.experiments", 3, ""),
     ("gshare.cli", 3, ""),
     ("gshare.testing", 3, ""),
+    ("gshare.demo", 3, ""),
 )
 LAYER_NAMES = {0: "data", 1: "policy", 2: "sim|runtime", 3: "experiments|cli|testing"}
 

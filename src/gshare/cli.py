@@ -99,9 +99,17 @@ def experiment_run(
 
 # -- the live runtime ---------------------------------------------------------------------------
 
-URL_OPTION = typer.Option(None, "--url", help="Server URL (default $GSHARE_URL or http://127.0.0.1:8080).")
-TOKEN_OPTION = typer.Option(None, "--token", help="Control-API token (default: read from the state directory).")
-STATE_OPTION = typer.Option(None, "--state", help="The server's state directory, to read its token (default $GSHARE_STATE or ~/.gshare).")
+URL_OPTION = typer.Option(
+    None, "--url", help="Server URL (default $GSHARE_URL or http://127.0.0.1:8080)."
+)
+TOKEN_OPTION = typer.Option(
+    None, "--token", help="Control-API token (default: read from the state directory)."
+)
+STATE_OPTION = typer.Option(
+    None,
+    "--state",
+    help="The server's state directory, to read its token (default $GSHARE_STATE or ~/.gshare).",
+)
 
 
 def _client(url: str | None, token: str | None, state: Path | None) -> Any:
@@ -122,16 +130,42 @@ def _call(fn: Any, *args: Any, **kw: Any) -> Any:
 
 @app.command("serve")
 def serve_cmd(
-    address: str | None = typer.Option(None, "--address", help="Join this Ray cluster (default: start a local Ray instance)."),
+    address: str | None = typer.Option(
+        None, "--address", help="Join this Ray cluster (default: start a local Ray instance)."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
-    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
-    state: Path | None = typer.Option(None, "--state", help="State directory (default $GSHARE_STATE or ~/.gshare)."),
-    max_body_mb: float = typer.Option(16.0, "--max-body-mb", min=0.001, help="Largest request body accepted (413 beyond)."),
-    request_timeout_s: float = typer.Option(120.0, "--request-timeout-s", min=0.1, help="Longest a request waits for its answer (504 beyond)."),
-    placer: str = typer.Option("mra", "--placer", help="Placement policy (policy.placement.PLACERS)."),
-    autoscaler: str = typer.Option("fast-heuristic", "--autoscaler", help="Autoscaling policy (policy.autoscale.AUTOSCALERS)."),
-    period_s: float = typer.Option(1.0, "--period-s", min=0.05, help="Controller reconcile period."),
-    launcher: str = typer.Option("fork", "--launcher", help="How instance processes start: fork (from a pre-imported template per node: shared imports, fast cold starts) or ray (one Ray actor each)."),
+    port: int = typer.Option(
+        8080, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."
+    ),
+    state: Path | None = typer.Option(
+        None, "--state", help="State directory (default $GSHARE_STATE or ~/.gshare)."
+    ),
+    max_body_mb: float = typer.Option(
+        16.0, "--max-body-mb", min=0.001, help="Largest request body accepted (413 beyond)."
+    ),
+    request_timeout_s: float = typer.Option(
+        120.0,
+        "--request-timeout-s",
+        min=0.1,
+        help="Longest a request waits for its answer (504 beyond).",
+    ),
+    placer: str = typer.Option(
+        "mra", "--placer", help="Placement policy (policy.placement.PLACERS)."
+    ),
+    autoscaler: str = typer.Option(
+        "fast-heuristic", "--autoscaler", help="Autoscaling policy (policy.autoscale.AUTOSCALERS)."
+    ),
+    period_s: float = typer.Option(
+        1.0, "--period-s", min=0.05, help="Controller reconcile period."
+    ),
+    launcher: str = typer.Option(
+        "fork",
+        "--launcher",
+        help=(
+            "How instance processes start: fork (from a pre-imported template per node: "
+            "shared imports, fast cold starts) or ray (one Ray actor each)."
+        ),
+    ),
 ) -> None:
     """Run the gateway, the controller and one node agent per Ray node until Ctrl-C / SIGTERM."""
     from gshare.runtime.server import ServeError, ServeOptions, run_server
@@ -171,19 +205,40 @@ def deploy_cmd(
 
 
 @app.command("list")
-def list_cmd(url: str | None = URL_OPTION, token: str | None = TOKEN_OPTION, state: Path | None = STATE_OPTION) -> None:
+def list_cmd(
+    url: str | None = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    state: Path | None = STATE_OPTION,
+) -> None:
     """List deployed functions and their instances."""
     with _client(url, token, state) as c:
         fns = _call(c.list)
-    table = Table("name", "model/handler", "invocations", "ready/replicas", "rps (pred)", "instances", box=None)
+    table = Table(
+        "name",
+        "model/handler",
+        "invocations",
+        "ready/replicas",
+        "rps (pred)",
+        "instances",
+        box=None,
+    )
     for f in fns:
         insts = ", ".join(
-            f"{i['id']}:{i['state']}" + (f" {i['achieved_share']:.2f}/{i['quota_request']:g}" if i.get("achieved_share") is not None else "")
+            f"{i['id']}:{i['state']}"
+            + (
+                f" {i['achieved_share']:.2f}/{i['quota_request']:g}"
+                if i.get("achieved_share") is not None
+                else ""
+            )
             for i in f["instances"]
         )
         table.add_row(
-            f["name"], str(f["image"]), str(f["invocationCount"]), f"{f['availableReplicas']}/{f['replicas']}",
-            f"{f['observed_rps']:.1f} ({f['predicted_rps']:.1f})", insts or "-",
+            f["name"],
+            str(f["image"]),
+            str(f["invocationCount"]),
+            f"{f['availableReplicas']}/{f['replicas']}",
+            f"{f['observed_rps']:.1f} ({f['predicted_rps']:.1f})",
+            insts or "-",
         )
     console.print(table)
 
@@ -192,7 +247,9 @@ def list_cmd(url: str | None = URL_OPTION, token: str | None = TOKEN_OPTION, sta
 def invoke_cmd(
     name: str = typer.Argument(..., help="Function name."),
     data: str | None = typer.Option(None, "--data", help="JSON request body."),
-    file: Path | None = typer.Option(None, "--file", help="Send this file's bytes (raw; JSON if it ends in .json)."),
+    file: Path | None = typer.Option(
+        None, "--file", help="Send this file's bytes (raw; JSON if it ends in .json)."
+    ),
     url: str | None = URL_OPTION,
 ) -> None:
     """Invoke a function and print its answer (JSON, or raw bytes to stdout)."""
@@ -259,7 +316,10 @@ def _num_list(text: str | None, what: str, integer: bool = False) -> list[Any] |
     try:
         vals = [int(x) if integer else float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise CliError(f"{what}: expected a comma-separated list of {'integers' if integer else 'numbers'}, got {text!r}") from None
+        raise CliError(
+            f"{what}: expected a comma-separated list of "
+            f"{'integers' if integer else 'numbers'}, got {text!r}"
+        ) from None
     if not vals:
         raise CliError(f"{what}: empty list")
     return vals
@@ -268,10 +328,22 @@ def _num_list(text: str | None, what: str, integer: bool = False) -> list[Any] |
 @app.command("profile")
 def profile_cmd(
     name: str = typer.Argument(..., help="Function name."),
-    sm: str | None = typer.Option(None, "--sm", help="SM (core) shares to sweep, %, e.g. 50,100 (default: one per core count)."),
-    quota: str | None = typer.Option(None, "--quota", help="Time quotas to sweep, %, e.g. 25,50,100."),
-    batch: str | None = typer.Option(None, "--batch", help="Batch sizes to sweep, e.g. 1,2,4 (default: powers of 2 up to max_batch, at most 8)."),
-    trial_s: float = typer.Option(1.0, "--trial-s", min=0.05, max=60, help="Closed-loop load per point, seconds."),
+    sm: str | None = typer.Option(
+        None,
+        "--sm",
+        help="SM (core) shares to sweep, %, e.g. 50,100 (default: one per core count).",
+    ),
+    quota: str | None = typer.Option(
+        None, "--quota", help="Time quotas to sweep, %, e.g. 25,50,100."
+    ),
+    batch: str | None = typer.Option(
+        None,
+        "--batch",
+        help="Batch sizes to sweep, e.g. 1,2,4 (default: powers of 2 up to max_batch, at most 8).",
+    ),
+    trial_s: float = typer.Option(
+        1.0, "--trial-s", min=0.05, max=60, help="Closed-loop load per point, seconds."
+    ),
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
     state: Path | None = STATE_OPTION,
@@ -289,19 +361,40 @@ def profile_cmd(
     with _client(url, token, state) as c:
         job = _call(c.start_profile, name, **grid)
         with Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[current]}"), TimeElapsedColumn(), console=err_console, transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[current]}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=False,
         ) as progress:
-            task = progress.add_task(f"profiling {name}", total=job["total"], current=job["current"])
+            task = progress.add_task(
+                f"profiling {name}", total=job["total"], current=job["current"]
+            )
             while job["state"] == "running":
                 time.sleep(0.3)
                 job = _call(c.profile_status, name)
                 progress.update(task, completed=job["done"], current=job["current"])
     if job["state"] != "done":
         raise CliError(f"profiling {name} {job['state']}: {job['error']}", code=1)
-    table = Table("sm %", "quota %", "batch", "latency ms", "throughput rps", title=f"{name}: live profile", box=None)
+    table = Table(
+        "sm %",
+        "quota %",
+        "batch",
+        "latency ms",
+        "throughput rps",
+        title=f"{name}: live profile",
+        box=None,
+    )
     for r in job["rows"]:
-        table.add_row(f"{r['sm_pct']:g}", f"{r['quota_pct']:g}", str(r["batch"]), f"{r['latency_ms']:.2f}", f"{r['throughput_rps']:.1f}")
+        table.add_row(
+            f"{r['sm_pct']:g}",
+            f"{r['quota_pct']:g}",
+            str(r["batch"]),
+            f"{r['latency_ms']:.2f}",
+            f"{r['throughput_rps']:.1f}",
+        )
     console.print(table)
     console.print(f"wrote {len(job['rows'])} rows to the live profile table of {name}")
 
@@ -318,13 +411,17 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(e.ctx.get_help() if e.ctx else "", err=True)
         sys.exit(2)
     except click.UsageError as e:
-        err_console.print(f"gshare: error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(
+            f"gshare: error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True
+        )
         sys.exit(2)
     except click.exceptions.Abort:
         err_console.print("gshare: aborted", markup=False, soft_wrap=True)
         sys.exit(130)
     except click.ClickException as e:
-        err_console.print(f"gshare: error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(
+            f"gshare: error: {e.format_message()}", markup=False, highlight=False, soft_wrap=True
+        )
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -32,8 +32,8 @@ Relative paths: when a spec is loaded from a file, a relative ``weights`` path a
 module can travel together (see ``examples/``).
 
 Who calls it: the CLI (``gshare deploy FILE``), the controller and agent (which store and ship
-``FunctionSpec.model_dump()``), ``gshare.runtime.instance.models.make_handler``. This module is data: it
-reads a file only in ``load_function_spec`` and imports neither torch nor the runtime.
+``FunctionSpec.model_dump()``), ``gshare.runtime.instance.models.make_handler``. This module is
+data: it reads a file only in ``load_function_spec`` and imports neither torch nor the runtime.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from pydantic import (
 from gshare.resources import GpuShare
 
 BUILTIN_MODELS: Final[tuple[str, ...]] = ("resnet50", "bert-base", "bert-large", "vit-base", "mlp")
-"""Built-in models (``gshare.runtime.instance.models`` builds them from ``transformers`` configurations
-with random weights; nothing is ever downloaded)."""
+"""Built-in models (``gshare.runtime.instance.models`` builds them from ``transformers``
+configurations with random weights; nothing is ever downloaded)."""
 
 MAX_SLO_MS: Final[float] = 3_600_000.0
 """Largest accepted SLO: one hour."""
@@ -294,7 +294,9 @@ def _format_errors(e: ValidationError) -> str:
         else:
             rule = FIELD_RULES.get(path)
             got = _short(err.get("input"))
-            out.append(f"{path}: must be {rule}, got {got}" if rule else f"{path}: {msg}, got {got}")
+            out.append(
+                f"{path}: must be {rule}, got {got}" if rule else f"{path}: {msg}, got {got}"
+            )
     # One line per spec: dedupe while keeping the order.
     return "; ".join(dict.fromkeys(out))
 

@@ -212,9 +212,7 @@ def run_saturated(
             "throughput_rps": n_fn / span_s,
             "p99_ms": float(np.percentile(lat_fn, 99)) if len(lat_fn) else float("nan"),
         }
-    lat = np.array(
-        [r.latency_ms for r in measured] + [end_ms - r.arrival_ms for r in outstanding]
-    )
+    lat = np.array([r.latency_ms for r in measured] + [end_ms - r.arrival_ms for r in outstanding])
     busy = {p.instance_id: gpu.client_busy_ms.get(p.instance_id, 0.0) for p in pods}
     eff_pct_ms = sum(busy[cid] * effective[cid] for cid in busy)
     return GpuRun(

@@ -46,8 +46,13 @@ FULL: dict[str, Any] = {
     "initial_warm_per_pool": 5,
     "workers": 2,
 }
-QUICK: dict[str, Any] = {"warmup_s": 1.0, "measure_s": 2.0, "drain_s": 60.0, "workers": 1,
-                         "variants": VARIANTS}
+QUICK: dict[str, Any] = {
+    "warmup_s": 1.0,
+    "measure_s": 2.0,
+    "drain_s": 60.0,
+    "workers": 1,
+    "variants": VARIANTS,
+}
 
 
 @register(
@@ -57,16 +62,16 @@ QUICK: dict[str, Any] = {"warmup_s": 1.0, "measure_s": 2.0, "drain_s": 60.0, "wo
     QUICK,
 )
 def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
-    cell_params = {k: params[k] for k in ("warmup_s", "measure_s", "drain_s",
-                                          "initial_warm_per_pool")}
+    cell_params = {
+        k: params[k] for k in ("warmup_s", "measure_s", "drain_s", "initial_warm_per_pool")
+    }
     jobs: list[tuple[str, str, Mapping[str, Any], int, Mapping[str, Any]]] = []
     for v in params["variants"]:
         if isinstance(v, str):
             jobs.append((params["setting"], v, cell_params, seed, {}))
         else:
             label, sched, over = v
-            jobs.append((params["setting"], sched, {**cell_params, **over}, seed,
-                         {"label": label}))
+            jobs.append((params["setting"], sched, {**cell_params, **over}, seed, {"label": label}))
     cells = run_cells(jobs, int(params["workers"]))
     rows: list[dict[str, Any]] = []
     for cell in cells:
@@ -79,17 +84,30 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         "cost": {v: r["cost_per_request_usd"] for v, r in overall.items()},
         "cost_normalized": {v: r["cost_normalized"] for v, r in overall.items()},
         "details": {
-            v: {k: r[k] for k in ("mean_batch", "vcpu_alloc_util", "vgpu_alloc_util",
-                                  "local_input_share", "p95_ms", "no_invoker", "cold_starts")}
+            v: {
+                k: r[k]
+                for k in (
+                    "mean_batch",
+                    "vcpu_alloc_util",
+                    "vgpu_alloc_util",
+                    "local_input_share",
+                    "p95_ms",
+                    "no_invoker",
+                    "cold_starts",
+                )
+            }
             for v, r in overall.items()
         },
     }
 
     def plot(result: ExperimentResult, folder: Path) -> Path:
-        return grouped_bars(folder, "ablation.png",
-                            {"SLO hit rate": summary["slo_hit_rate"],
-                             "cost / ESG": summary["cost_normalized"]},
-                            title=f"esg-ablation ({params['setting']})", ylabel="value")
+        return grouped_bars(
+            folder,
+            "ablation.png",
+            {"SLO hit rate": summary["slo_hit_rate"], "cost / ESG": summary["cost_normalized"]},
+            title=f"esg-ablation ({params['setting']})",
+            ylabel="value",
+        )
 
     return ExperimentResult(
         experiment="esg-ablation",
@@ -98,6 +116,14 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         rows=rows,
         summary=summary,
         plots=[plot],
-        table_columns=["scheduler", "application", "requests", "slo_hit_rate",
-                       "cost_per_request_usd", "cost_normalized", "p95_ms", "mean_batch"],
+        table_columns=[
+            "scheduler",
+            "application",
+            "requests",
+            "slo_hit_rate",
+            "cost_per_request_usd",
+            "cost_normalized",
+            "p95_ms",
+            "mean_batch",
+        ],
     )

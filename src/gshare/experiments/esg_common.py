@@ -127,13 +127,17 @@ def run_cell(
     arrivals = load_arrivals(load, horizon_ms, list(wfs), seed, trace=trace)
     perf = PerfModel.default()
     t0 = time.perf_counter()
-    policy = build_policy(scheduler, perf, seed, bo_params=bo_params,
-                          **dict(policy_kwargs or {}))
+    policy = build_policy(scheduler, perf, seed, bo_params=bo_params, **dict(policy_kwargs or {}))
     sim = WorkflowSim(wfs, policy, cell_config(p), perf=perf, seed=seed)
     result = sim.run(arrivals, horizon_ms)
     out = summarise(result)
-    out.update(setting=setting, scheduler=label or scheduler, seed=seed, trace=trace,
-               wall_s=time.perf_counter() - t0)
+    out.update(
+        setting=setting,
+        scheduler=label or scheduler,
+        seed=seed,
+        trace=trace,
+        wall_s=time.perf_counter() - t0,
+    )
     return out
 
 
@@ -169,21 +173,39 @@ def run_cells(
         return list(pool.map(_run_job, [tuple(j) for j in jobs]))
 
 
-def cell_rows(cell: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def cell_rows(
+    cell: Mapping[str, Any], extra: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """One row for the whole cell (``application = "all"``) and one per application."""
-    base = {"setting": cell["setting"], "scheduler": cell["scheduler"], "seed": cell["seed"],
-            "trace": cell["trace"], **(extra or {})}
+    base = {
+        "setting": cell["setting"],
+        "scheduler": cell["scheduler"],
+        "seed": cell["seed"],
+        "trace": cell["trace"],
+        **(extra or {}),
+    }
     c, d = cell["counters"], cell["decision"]
-    rows = [{
-        **base, "application": "all", **_stat_cols(cell["overall"]),
-        "cold_starts": c["cold_starts"], "prewarm_started": c["prewarm_started"],
-        "mean_batch": c["mean_batch"], "config_miss_rate": c["config_miss_rate"],
-        "local_input_share": c["local_input_share"], "no_invoker": c["no_invoker"],
-        "vcpu_alloc_util": c["vcpu_alloc_util"], "vgpu_alloc_util": c["vgpu_alloc_util"],
-        "plan_ms_mean": d["plan_ms_mean"], "plan_ms_p95": d["plan_ms_p95"],
-        "select_ms_mean": d["select_ms_mean"], "wall_s": cell["wall_s"],
-        "peak_vcpus_max": max(cell["peak_vcpus"]), "peak_vgpus_max": max(cell["peak_vgpus"]),
-    }]
+    rows = [
+        {
+            **base,
+            "application": "all",
+            **_stat_cols(cell["overall"]),
+            "cold_starts": c["cold_starts"],
+            "prewarm_started": c["prewarm_started"],
+            "mean_batch": c["mean_batch"],
+            "config_miss_rate": c["config_miss_rate"],
+            "local_input_share": c["local_input_share"],
+            "no_invoker": c["no_invoker"],
+            "vcpu_alloc_util": c["vcpu_alloc_util"],
+            "vgpu_alloc_util": c["vgpu_alloc_util"],
+            "plan_ms_mean": d["plan_ms_mean"],
+            "plan_ms_p95": d["plan_ms_p95"],
+            "select_ms_mean": d["select_ms_mean"],
+            "wall_s": cell["wall_s"],
+            "peak_vcpus_max": max(cell["peak_vcpus"]),
+            "peak_vgpus_max": max(cell["peak_vgpus"]),
+        }
+    ]
     for app, st in cell["per_app"].items():
         rows.append({**base, "application": app, **_stat_cols(st)})
     return rows
@@ -202,15 +224,21 @@ def _stat_cols(st: Mapping[str, float]) -> dict[str, Any]:
     }
 
 
-def normalise_costs(rows: list[dict[str, Any]], group_keys: Sequence[str], ref: str = "esg") -> None:
+def normalise_costs(
+    rows: list[dict[str, Any]], group_keys: Sequence[str], ref: str = "esg"
+) -> None:
     """Add ``cost_normalized`` to every row: its cost per request over the ``ref`` scheduler's
     in the same group (same values of ``group_keys``); NaN when the group has no ``ref``."""
-    refs = {tuple(r[k] for k in group_keys): r["cost_per_request_usd"]
-            for r in rows if r["scheduler"] == ref}
+    refs = {
+        tuple(r[k] for k in group_keys): r["cost_per_request_usd"]
+        for r in rows
+        if r["scheduler"] == ref
+    }
     for r in rows:
         base = refs.get(tuple(r[k] for k in group_keys))
-        r["cost_normalized"] = (r["cost_per_request_usd"] / base
-                                if base and np.isfinite(base) else float("nan"))
+        r["cost_normalized"] = (
+            r["cost_per_request_usd"] / base if base and np.isfinite(base) else float("nan")
+        )
 
 
 def grouped_bars(
@@ -257,11 +285,11 @@ def grouped_bars(
     return out
 
 
-def table(rows: Sequence[Mapping[str, Any]], row_key: str, col_key: str, value: str
-          ) -> dict[str, dict[str, float]]:
+def table(
+    rows: Sequence[Mapping[str, Any]], row_key: str, col_key: str, value: str
+) -> dict[str, dict[str, float]]:
     """``{row[row_key]: {row[col_key]: row[value]}}`` (for summaries and plots)."""
     out: dict[str, dict[str, float]] = {}
     for r in rows:
         out.setdefault(str(r[row_key]), {})[str(r[col_key])] = r[value]
     return out
-

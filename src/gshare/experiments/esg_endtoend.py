@@ -79,8 +79,10 @@ _WEIGHT = {"aquatope": 8.0, "orion": 6.0}
 def cell_kwargs(params: Mapping[str, Any], scheduler: str, trace: str) -> dict[str, Any]:
     """``run_cell`` keywords of a scheduler from the experiment parameters (plain data, so the
     cell can run in another process)."""
-    kw: dict[str, Any] = {"trace": trace,
-                          "policy_kwargs": dict(params.get("policy_params", {}).get(scheduler, {}))}
+    kw: dict[str, Any] = {
+        "trace": trace,
+        "policy_kwargs": dict(params.get("policy_params", {}).get(scheduler, {})),
+    }
     if scheduler == "aquatope":
         kw["bo_params"] = dict(params.get("aquatope_bo", {}))
     return kw
@@ -93,8 +95,11 @@ def run_grid(
     ``cost_normalized``), the missing schedulers and the raw cells."""
     have, missing = available_schedulers(params["schedulers"])
     seeds = [seed + int(s) for s in params["seeds"]]
-    cell_params = {k: params[k] for k in ("warmup_s", "measure_s", "drain_s",
-                                          "initial_warm_per_pool") if k in params}
+    cell_params = {
+        k: params[k]
+        for k in ("warmup_s", "measure_s", "drain_s", "initial_warm_per_pool")
+        if k in params
+    }
     jobs: list[tuple[str, str, Mapping[str, Any], int, Mapping[str, Any]]] = []
     charged_scheds = params.get("charged_schedulers", have)
     for charged in (False, True):
@@ -116,8 +121,11 @@ def run_grid(
         cells[i] = cell
     rows: list[dict[str, Any]] = []
     for job, cell in zip(jobs, cells, strict=True):
-        rows.extend(cell_rows(cell, {"decision_time_charged": bool(job[2].get(
-            "charge_decision_time", False))}))
+        rows.extend(
+            cell_rows(
+                cell, {"decision_time_charged": bool(job[2].get("charge_decision_time", False))}
+            )
+        )
     normalise_costs(rows, ("setting", "application", "seed", "decision_time_charged"))
     return rows, missing, cells
 
@@ -132,10 +140,17 @@ def summarise_grid(
 ) -> dict[str, Any]:
     """The summary tables (module doc), averaged over seeds."""
 
-    def pick(setting: str, sched: str, app: str = "all", charged: bool = False
-             ) -> list[dict[str, Any]]:
-        return [r for r in rows if r["setting"] == setting and r["scheduler"] == sched
-                and r["application"] == app and r["decision_time_charged"] == charged]
+    def pick(
+        setting: str, sched: str, app: str = "all", charged: bool = False
+    ) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in rows
+            if r["setting"] == setting
+            and r["scheduler"] == sched
+            and r["application"] == app
+            and r["decision_time_charged"] == charged
+        ]
 
     hit: dict[str, dict[str, float]] = {}
     cost: dict[str, dict[str, float]] = {}
@@ -160,7 +175,8 @@ def summarise_grid(
                 if rs:
                     hit_app.setdefault(st, {}).setdefault(app, {})[sc] = _mean(rs, "slo_hit_rate")
                     cost_app.setdefault(st, {}).setdefault(app, {})[sc] = _mean(
-                        rs, "cost_normalized")
+                        rs, "cost_normalized"
+                    )
     gain_pp: dict[str, dict[str, float]] = {}
     gain_rel: dict[str, dict[str, float]] = {}
     saving: dict[str, dict[str, float]] = {}
@@ -171,8 +187,7 @@ def summarise_grid(
             if sc == "esg":
                 continue
             gain_pp.setdefault(st, {})[sc] = (by["esg"] - h) * 100.0
-            gain_rel.setdefault(st, {})[sc] = ((by["esg"] - h) / h * 100.0 if h > 0
-                                                 else float("inf"))
+            gain_rel.setdefault(st, {})[sc] = (by["esg"] - h) / h * 100.0 if h > 0 else float("inf")
             saving.setdefault(st, {})[sc] = (cost[st][sc] - 1.0) * 100.0
     charged_hit: dict[str, dict[str, float]] = {}
     charged_cost: dict[str, dict[str, float]] = {}
@@ -204,20 +219,29 @@ def plots(summary: Mapping[str, Any], prefix: str, title: str) -> list[Any]:
     application, one PNG per setting)."""
 
     def fig6(result: ExperimentResult, folder: Path) -> Path:
-        return grouped_bars(folder, f"{prefix}_slo_cost.png", summary["slo_hit_rate"],
-                            title=f"{title}: SLO hit rate (bars), cost / ESG (markers)",
-                            ylabel="SLO hit rate", second=summary["cost_normalized"],
-                            second_label="cost normalised to ESG")
+        return grouped_bars(
+            folder,
+            f"{prefix}_slo_cost.png",
+            summary["slo_hit_rate"],
+            title=f"{title}: SLO hit rate (bars), cost / ESG (markers)",
+            ylabel="SLO hit rate",
+            second=summary["cost_normalized"],
+            second_label="cost normalised to ESG",
+        )
 
     out: list[Any] = [fig6]
     for st in summary.get("slo_hit_rate_per_app", {}):
+
         def fig8(result: ExperimentResult, folder: Path, st: str = st) -> Path:
-            return grouped_bars(folder, f"{prefix}_per_app_{st}.png",
-                                summary["slo_hit_rate_per_app"][st],
-                                title=f"{title}, {st}: per application",
-                                ylabel="SLO hit rate",
-                                second=summary["cost_normalized_per_app"][st],
-                                second_label="cost normalised to ESG")
+            return grouped_bars(
+                folder,
+                f"{prefix}_per_app_{st}.png",
+                summary["slo_hit_rate_per_app"][st],
+                title=f"{title}, {st}: per application",
+                ylabel="SLO hit rate",
+                second=summary["cost_normalized_per_app"][st],
+                second_label="cost normalised to ESG",
+            )
 
         out.append(fig8)
     return out
@@ -243,6 +267,15 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         rows=rows,
         summary=summary,
         plots=plots(summary, "endtoend", "esg-endtoend"),
-        table_columns=["setting", "scheduler", "application", "decision_time_charged",
-                       "requests", "slo_hit_rate", "cost_normalized", "p95_ms", "slo_ms"],
+        table_columns=[
+            "setting",
+            "scheduler",
+            "application",
+            "decision_time_charged",
+            "requests",
+            "slo_hit_rate",
+            "cost_normalized",
+            "p95_ms",
+            "slo_ms",
+        ],
     )

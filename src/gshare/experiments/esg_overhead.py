@@ -144,21 +144,38 @@ def search_cases(
     perf = PerfModel.default()
     cases: list[dict[str, Any]] = []
     for g in (3, 4):
-        apps = g3_apps if g == 3 else [a for a in APPLICATION_CHAINS
-                                       if len(APPLICATION_CHAINS[a]) >= 4]
+        apps = (
+            g3_apps
+            if g == 3
+            else [a for a in APPLICATION_CHAINS if len(APPLICATION_CHAINS[a]) >= 4]
+        )
         for app in apps:
             for level in slo_levels:
                 wf = application(app, level)  # type: ignore[arg-type]
                 opts = {s.function: perf.options(s.function, grid) for s in wf.stages}
-                rp = plan_remaining(wf, (), 0.0, 0.0, options=opts, max_group_size=g,
-                                    for_stages=(wf.stages[0].name,))
+                rp = plan_remaining(
+                    wf,
+                    (),
+                    0.0,
+                    0.0,
+                    options=opts,
+                    max_group_size=g,
+                    for_stages=(wf.stages[0].name,),
+                )
                 gp = rp.groups[0]
                 if len(gp.group.stages) != g:
                     continue
                 lists = [opts[wf.function_of(s)] for s in gp.group.stages]
-                cases.append({"g": g, "application": app, "slo_level": level,
-                              "stages": gp.group.stages, "target_ms": gp.target_ms,
-                              "lists": lists})
+                cases.append(
+                    {
+                        "g": g,
+                        "application": app,
+                        "slo_level": level,
+                        "stages": gp.group.stages,
+                        "target_ms": gp.target_ms,
+                        "lists": lists,
+                    }
+                )
     return cases
 
 
@@ -183,12 +200,18 @@ def run_search_case(case: Mapping[str, Any], params: Mapping[str, Any]) -> dict[
     lit, lit_ms = _timed(lambda: esg_1q(lists, target, pareto=False), reps)
     par, par_ms = _timed(lambda: esg_1q(lists, target, pareto=True), reps)
     row: dict[str, Any] = {
-        "g": g, "application": case["application"], "slo_level": case["slo_level"],
-        "stages": " ".join(case["stages"]), "configs_per_function": len(lists[0]),
-        "paths": math.prod(len(x) for x in lists), "target_ms": target,
-        "astar_literal_ms": lit_ms, "astar_pareto_ms": par_ms,
+        "g": g,
+        "application": case["application"],
+        "slo_level": case["slo_level"],
+        "stages": " ".join(case["stages"]),
+        "configs_per_function": len(lists[0]),
+        "paths": math.prod(len(x) for x in lists),
+        "target_ms": target,
+        "astar_literal_ms": lit_ms,
+        "astar_pareto_ms": par_ms,
         "astar_literal_generated": 0 if isinstance(lit, Infeasible) else lit.stats.generated,
-        "cost_astar_literal": _cost(lit), "cost_astar_pareto": _cost(par),
+        "cost_astar_literal": _cost(lit),
+        "cost_astar_pareto": _cost(par),
     }
     costs = [row["cost_astar_literal"], row["cost_astar_pareto"]]
     if g == 3 or params.get("numpy_g4", True):
@@ -240,15 +263,23 @@ def _ratio(rows: Sequence[Mapping[str, Any]], num: str, den: str) -> float:
     QUICK,
 )
 def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
-    cell_params = {k: params[k] for k in ("warmup_s", "measure_s", "drain_s",
-                                          "initial_warm_per_pool")}
+    cell_params = {
+        k: params[k] for k in ("warmup_s", "measure_s", "drain_s", "initial_warm_per_pool")
+    }
     jobs: list[tuple[str, str, Mapping[str, Any], int, Mapping[str, Any]]] = []
     for st in params["settings"]:
         jobs.append((st, "esg", cell_params, seed, {}))
     for st in params["k_settings"]:
         for k in params["k_values"]:
-            jobs.append((st, "esg", cell_params, seed,
-                         {"policy_kwargs": {"k_best": int(k)}, "label": f"esg-k{k}"}))
+            jobs.append(
+                (
+                    st,
+                    "esg",
+                    cell_params,
+                    seed,
+                    {"policy_kwargs": {"k_best": int(k)}, "label": f"esg-k{k}"},
+                )
+            )
     cells = run_cells(jobs, int(params["workers"]))
     n_set = len(params["settings"])
     sim_cells, k_cells = cells[:n_set], cells[n_set:]
@@ -258,9 +289,10 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
     dist: dict[str, list[float]] = {}
     for cell in sim_cells:
         d = cell["decision"]
-        decision[cell["setting"]] = {k: d[k] for k in ("plan_calls", "plan_ms_mean",
-                                                         "plan_ms_p50", "plan_ms_p95",
-                                                         "plan_ms_max")}
+        decision[cell["setting"]] = {
+            k: d[k]
+            for k in ("plan_calls", "plan_ms_mean", "plan_ms_p50", "plan_ms_p95", "plan_ms_max")
+        }
         dist[cell["setting"]] = cell["plan_ms"]
         for r in cell_rows(cell, {"part": "decision_time"}):
             if r["application"] == "all":
@@ -272,17 +304,19 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         r = cell_rows(cell, {"part": "k_sensitivity", "k": int(k)})[0]
         k_rows.append(r)
     for st in params["k_settings"]:
-        ref = next((r["cost_per_request_usd"] for r in k_rows
-                    if r["k"] == 5 and r["setting"] == st), None)
+        ref = next(
+            (r["cost_per_request_usd"] for r in k_rows if r["k"] == 5 and r["setting"] == st), None
+        )
         for r in k_rows:
             if r["setting"] == st:
-                r["cost_normalized_k5"] = (r["cost_per_request_usd"] / ref if ref
-                                           else float("nan"))
+                r["cost_normalized_k5"] = r["cost_per_request_usd"] / ref if ref else float("nan")
     rows.extend(k_rows)
 
     grid = ConfigGrid.esg_256() if params["grid"] == "esg_256" else SMALL_GRID
-    search_rows = [dict(run_search_case(c, params), part="search")
-                   for c in search_cases(grid, params["slo_levels"], params["g3_apps"])]
+    search_rows = [
+        dict(run_search_case(c, params), part="search")
+        for c in search_cases(grid, params["slo_levels"], params["g3_apps"])
+    ]
     rows.extend(search_rows)
     g3 = [r for r in search_rows if r["g"] == 3]
     g4 = [r for r in search_rows if r["g"] == 4]
@@ -297,31 +331,46 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         "esg_decision_under_10ms": all(v["plan_ms_mean"] <= 10.0 for v in decision.values()),
         "configs_per_function": len(grid),
         "speedup_vs_bruteforce_g3": _ratio(g3, "python_bruteforce_ms", "astar_pareto_ms"),
-        "speedup_vs_bruteforce_g3_literal": _ratio(g3, "python_bruteforce_ms",
-                                                   "astar_literal_ms"),
+        "speedup_vs_bruteforce_g3_literal": _ratio(g3, "python_bruteforce_ms", "astar_literal_ms"),
         "speedup_vs_numpy_bruteforce_g3": _ratio(g3, "numpy_bruteforce_ms", "astar_pareto_ms"),
-        "speedup_vs_numpy_bruteforce_g3_literal": _ratio(g3, "numpy_bruteforce_ms",
-                                                         "astar_literal_ms"),
-        "speedup_vs_bruteforce_g4_extrapolated": _ratio(g4, "python_bruteforce_ms",
-                                                        "astar_pareto_ms"),
+        "speedup_vs_numpy_bruteforce_g3_literal": _ratio(
+            g3, "numpy_bruteforce_ms", "astar_literal_ms"
+        ),
+        "speedup_vs_bruteforce_g4_extrapolated": _ratio(
+            g4, "python_bruteforce_ms", "astar_pareto_ms"
+        ),
         "speedup_vs_numpy_bruteforce_g4": _ratio(g4, "numpy_bruteforce_ms", "astar_pareto_ms"),
-        "bruteforce_python_ms_mean": {"g3": mean_of(g3, "python_bruteforce_ms"),
-                                      "g4_extrapolated": mean_of(g4, "python_bruteforce_ms")},
-        "bruteforce_numpy_ms_mean": {"g3": mean_of(g3, "numpy_bruteforce_ms"),
-                                     "g4": mean_of(g4, "numpy_bruteforce_ms")},
-        "astar_literal_ms_mean": {"g3": mean_of(g3, "astar_literal_ms"),
-                                  "g4": mean_of(g4, "astar_literal_ms")},
-        "astar_pareto_ms_mean": {"g3": mean_of(g3, "astar_pareto_ms"),
-                                 "g4": mean_of(g4, "astar_pareto_ms")},
-        "astar_equals_bruteforce": bool(search_rows) and all(r["same_optimum"]
-                                                             for r in search_rows),
+        "bruteforce_python_ms_mean": {
+            "g3": mean_of(g3, "python_bruteforce_ms"),
+            "g4_extrapolated": mean_of(g4, "python_bruteforce_ms"),
+        },
+        "bruteforce_numpy_ms_mean": {
+            "g3": mean_of(g3, "numpy_bruteforce_ms"),
+            "g4": mean_of(g4, "numpy_bruteforce_ms"),
+        },
+        "astar_literal_ms_mean": {
+            "g3": mean_of(g3, "astar_literal_ms"),
+            "g4": mean_of(g4, "astar_literal_ms"),
+        },
+        "astar_pareto_ms_mean": {
+            "g3": mean_of(g3, "astar_pareto_ms"),
+            "g4": mean_of(g4, "astar_pareto_ms"),
+        },
+        "astar_equals_bruteforce": bool(search_rows)
+        and all(r["same_optimum"] for r in search_rows),
         "search_cases": {"g3": len(g3), "g4": len(g4)},
         "k_sensitivity": {
-            st: {str(r["k"]): {"slo_hit_rate": r["slo_hit_rate"],
-                               "cost_normalized_k5": r["cost_normalized_k5"],
-                               "decision_ms_mean": r["plan_ms_mean"], "p95_ms": r["p95_ms"],
-                               "no_invoker": r["no_invoker"]}
-                 for r in k_rows if r["setting"] == st}
+            st: {
+                str(r["k"]): {
+                    "slo_hit_rate": r["slo_hit_rate"],
+                    "cost_normalized_k5": r["cost_normalized_k5"],
+                    "decision_ms_mean": r["plan_ms_mean"],
+                    "p95_ms": r["p95_ms"],
+                    "no_invoker": r["no_invoker"],
+                }
+                for r in k_rows
+                if r["setting"] == st
+            }
             for st in params["k_settings"]
         },
     }
@@ -347,18 +396,24 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         groups = {
             f"g={g}": {
                 "A* pareto": mean_of([r for r in search_rows if r["g"] == g], "astar_pareto_ms"),
-                "A* literal": mean_of([r for r in search_rows if r["g"] == g],
-                                      "astar_literal_ms"),
-                "numpy brute force": mean_of([r for r in search_rows if r["g"] == g],
-                                             "numpy_bruteforce_ms"),
-                "python brute force": mean_of([r for r in search_rows if r["g"] == g],
-                                              "python_bruteforce_ms"),
+                "A* literal": mean_of([r for r in search_rows if r["g"] == g], "astar_literal_ms"),
+                "numpy brute force": mean_of(
+                    [r for r in search_rows if r["g"] == g], "numpy_bruteforce_ms"
+                ),
+                "python brute force": mean_of(
+                    [r for r in search_rows if r["g"] == g], "python_bruteforce_ms"
+                ),
             }
             for g in (3, 4)
         }
-        return grouped_bars(folder, "overhead_search_ms.png", groups,
-                            title=f"search time, {len(grid)} configs/function (g=4 python: "
-                                  "extrapolated)", ylabel="ms (log scale)", logy=True)
+        return grouped_bars(
+            folder,
+            "overhead_search_ms.png",
+            groups,
+            title=f"search time, {len(grid)} configs/function (g=4 python: extrapolated)",
+            ylabel="ms (log scale)",
+            logy=True,
+        )
 
     def k_fig(result: ExperimentResult, folder: Path) -> Path:
         import matplotlib.pyplot as plt
@@ -368,12 +423,27 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         for st, style in zip(params["k_settings"], ("-", "--", ":"), strict=False):
             rs = [r for r in k_rows if r["setting"] == st]
             ks = [r["k"] for r in rs]
-            ax.plot(ks, [r["plan_ms_mean"] for r in rs], "o" + style, color="tab:blue",
-                    label=f"decision ms (mean), {st}")
-            ax2.plot(ks, [r["cost_normalized_k5"] for r in rs], "s" + style, color="tab:red",
-                     label=f"cost / cost(K=5), {st}")
-            ax2.plot(ks, [r["slo_hit_rate"] for r in rs], "^" + style, color="tab:green",
-                     label=f"SLO hit rate, {st}")
+            ax.plot(
+                ks,
+                [r["plan_ms_mean"] for r in rs],
+                "o" + style,
+                color="tab:blue",
+                label=f"decision ms (mean), {st}",
+            )
+            ax2.plot(
+                ks,
+                [r["cost_normalized_k5"] for r in rs],
+                "s" + style,
+                color="tab:red",
+                label=f"cost / cost(K=5), {st}",
+            )
+            ax2.plot(
+                ks,
+                [r["slo_hit_rate"] for r in rs],
+                "^" + style,
+                color="tab:green",
+                label=f"SLO hit rate, {st}",
+            )
         ax.set_xscale("log")
         ax.set_xlabel("K")
         ax.set_ylabel("ms")
@@ -392,7 +462,20 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         rows=rows,
         summary=summary,
         plots=[fig10, search_fig, k_fig],
-        table_columns=["part", "setting", "scheduler", "k", "g", "application", "slo_level",
-                       "plan_ms_mean", "slo_hit_rate", "astar_pareto_ms", "astar_literal_ms",
-                       "numpy_bruteforce_ms", "python_bruteforce_ms", "same_optimum"],
+        table_columns=[
+            "part",
+            "setting",
+            "scheduler",
+            "k",
+            "g",
+            "application",
+            "slo_level",
+            "plan_ms_mean",
+            "slo_hit_rate",
+            "astar_pareto_ms",
+            "astar_literal_ms",
+            "numpy_bruteforce_ms",
+            "python_bruteforce_ms",
+            "same_optimum",
+        ],
     )

@@ -61,8 +61,9 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         "slo_hit_rate_per_app": by_setting["slo_hit_rate_per_app"],
         "cost_normalized_per_app": by_setting["cost_normalized_per_app"],
         "config_miss_rate": by_setting["config_miss_rate"],
-        "requests": {s: int(np.sum([r["requests"] for r in overall if r["scheduler"] == s]))
-                     for s in have},
+        "requests": {
+            s: int(np.sum([r["requests"] for r in overall if r["scheduler"] == s])) for s in have
+        },
         "missing_schedulers": missing,
         "schedulers": have,
     }
@@ -73,6 +74,14 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         rows=rows,
         summary=summary,
         plots=plots(by_setting, "trace", "esg-trace (Azure 2021)"),
-        table_columns=["setting", "scheduler", "application", "requests", "slo_hit_rate",
-                       "cost_normalized", "p95_ms", "slo_ms"],
+        table_columns=[
+            "setting",
+            "scheduler",
+            "application",
+            "requests",
+            "slo_hit_rate",
+            "cost_normalized",
+            "p95_ms",
+            "slo_ms",
+        ],
     )

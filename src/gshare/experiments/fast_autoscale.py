@@ -64,7 +64,10 @@ FULL = {
 QUICK = {
     "rps_steps": [50, 200, 100],
     "step_s": 6.0,
-    "variants": [["fast-heuristic", "mra", True, "colocated"], ["fast-heuristic", "mra", False, "solo"]],
+    "variants": [
+        ["fast-heuristic", "mra", True, "colocated"],
+        ["fast-heuristic", "mra", False, "solo"],
+    ],
 }
 
 
@@ -134,7 +137,9 @@ def _run_variant(
         "p99_ms": s["p99_ms"],
         "mean_gpus": cluster.mean_gpus(),
         "max_gpus_used": max((r["gpus_used"] for r in cluster.timeline), default=0),
-        "gpu_util_mean": float(np.mean([st.utilisation for st in stats.values()])) if stats else 0.0,
+        "gpu_util_mean": float(np.mean([st.utilisation for st in stats.values()]))
+        if stats
+        else 0.0,
     }
     return row, cluster.timeline
 
@@ -181,7 +186,9 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         ax.set_xlabel("time (s)")
         ax.set_ylabel("requests/s")
         ax2 = ax.twinx()
-        ax2.step(t, [r["instances"] for r in tl], where="post", color="tab:green", label="instances")
+        ax2.step(
+            t, [r["instances"] for r in tl], where="post", color="tab:green", label="instances"
+        )
         ax2.step(t, [r["gpus_used"] for r in tl], where="post", color="tab:red", label="GPUs used")
         ax2.set_ylabel("count")
         ax.set_title(f"fast-autoscale ({key})")

@@ -10,16 +10,16 @@ are placed on a cluster of 4 GPUs by
 
 Pods are placed in decreasing order of their requested area (quota % x SM %: BERT 3000, RNNT 960,
 ResNet 480; ties in instance order), the usual order for offline bin packing; the summary also
-gives the GPUs each placer needs in the listed order (ResNet first), where both do worse. Each pod's time
-quota is both its request and its limit (the FaST-Profiler setting, §3.3.2: its throughput is its
-profile at that config). Then every GPU in use is simulated alone under a saturating closed loop
+gives the GPUs each placer needs in the listed order (ResNet first), where both do worse. Each pod's
+time quota is both its request and its limit (the FaST-Profiler setting, §3.3.2: its throughput is
+its profile at that config). Then every GPU in use is simulated alone under a saturating closed loop
 (``common.run_saturated``), with interference on (default) and off.
 
 Model substitutions: the shipped V100 table has torchvision models only, no RNNT or BERT.
 
 * ResNet -> ``resnet50`` (as in the paper);
-* RNNT (mid-size, profiled at 24 % SMs) -> ``resnext101_32x8d`` (88.8 M parameters, 16.5 GFLOPs): its
-  batch-1 latency improves up to ~24 % SMs and not beyond (43.2 ms at 12 %, 38.0 ms at 24 %,
+* RNNT (mid-size, profiled at 24 % SMs) -> ``resnext101_32x8d`` (88.8 M parameters, 16.5 GFLOPs):
+  its batch-1 latency improves up to ~24 % SMs and not beyond (43.2 ms at 12 %, 38.0 ms at 24 %,
   38.7 ms at 100 %), so 24 % is its efficient partition, as for RNNT in the paper;
 * BERT (large, profiled at 50 % SMs) -> ``wide_resnet101_2`` (126.9 M parameters, 22.8 GFLOPs):
   it keeps speeding up to ~40-50 % SMs (26.7 ms at 24 %, 18.0 ms at 50 %, 19.4 ms at 100 %), so

@@ -85,9 +85,7 @@ def _summary(rows: list[dict[str, Any]], interference: bool) -> dict[str, Any]:
     """The headline figures of one interference setting (module docstring)."""
     mine = [r for r in rows if r["interference"] is interference]
     racing = {r["pods"]: r for r in mine if r["config"] == "racing"}
-    fitting = [
-        r for r in mine if r["config"] != "racing" and r["pods"] * r["sm_pct"] <= 100 + 1e-9
-    ]
+    fitting = [r for r in mine if r["config"] != "racing" and r["pods"] * r["sm_pct"] <= 100 + 1e-9]
     sfx = "" if interference else "_no_interference"
     if not fitting or 1 not in racing:
         return {f"throughput_ratio_spatial_vs_time{sfx}": float("nan")}

@@ -33,9 +33,9 @@ five configurations in each round), and selects the best configuration").
   P95 goal Orion uses too; ``percentile`` changes it).
 * Surrogates: two Gaussian processes over the plan's encoding (per stage: log2 of the batch,
   the vCPUs and the vGPUs, each scaled to [0, 1] over the stage's options) — one for
-  log(cost), one for the constraint log(P95 / SLO) (<= 0 is feasible) — with a Matern-5/2 ARD kernel times a constant
-  plus a white-noise kernel (Aquatope is uncertainty-aware: the samples are noisy), normalised
-  targets, hyper-parameters fitted by maximum likelihood (warm-started, every
+  log(cost), one for the constraint log(P95 / SLO) (<= 0 is feasible) — with a Matern-5/2 ARD kernel
+  times a constant plus a white-noise kernel (Aquatope is uncertainty-aware: the samples are noisy),
+  normalised targets, hyper-parameters fitted by maximum likelihood (warm-started, every
   ``hyper_every`` rounds and whenever the data has grown by half; refitted to the new data
   with the hyper-parameters kept in between).
 * Acquisition: constrained expected improvement (Gardner et al., 2014), EI of the cost below
@@ -198,8 +198,14 @@ class StaticSpace:
         feats = []
         for opts in self.options:
             raw = np.array(
-                [[math.log2(o.config.batch), math.log2(o.config.vcpus), math.log2(o.config.vgpus)]
-                 for o in opts],
+                [
+                    [
+                        math.log2(o.config.batch),
+                        math.log2(o.config.vcpus),
+                        math.log2(o.config.vgpus),
+                    ]
+                    for o in opts
+                ],
                 dtype=np.float64,
             )
             lo, hi = raw.min(axis=0), raw.max(axis=0)
@@ -313,19 +319,27 @@ def _all_plans(space: StaticSpace) -> list[tuple[int, ...]]:
 def _gp(dim: int, seed: int, warm: Kernel | None, maxiter: int) -> GaussianProcessRegressor:
     """A surrogate: constant x Matern-5/2 (one length scale per feature) + white noise;
     hyper-parameters by L-BFGS-B from ``warm`` (last round's fit) when given."""
-    kernel = warm if warm is not None else ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
-        length_scale=np.ones(dim), length_scale_bounds=(1e-2, 1e2), nu=2.5
-    ) + WhiteKernel(1e-3, (1e-8, 1.0))
+    kernel = (
+        warm
+        if warm is not None
+        else ConstantKernel(1.0, (1e-3, 1e3))
+        * Matern(length_scale=np.ones(dim), length_scale_bounds=(1e-2, 1e2), nu=2.5)
+        + WhiteKernel(1e-3, (1e-8, 1.0))
+    )
 
     def lbfgs(
         obj: Callable[..., Any], theta0: FloatArray, bounds: FloatArray
     ) -> tuple[FloatArray, float]:
-        res = minimize(obj, theta0, method="L-BFGS-B", jac=True, bounds=bounds,
-                       options={"maxiter": maxiter})
+        res = minimize(
+            obj, theta0, method="L-BFGS-B", jac=True, bounds=bounds, options={"maxiter": maxiter}
+        )
         return np.asarray(res.x, dtype=np.float64), float(res.fun)
 
     return GaussianProcessRegressor(
-        kernel=kernel, normalize_y=True, optimizer=lbfgs, n_restarts_optimizer=0,
+        kernel=kernel,
+        normalize_y=True,
+        optimizer=lbfgs,
+        n_restarts_optimizer=0,
         random_state=seed,
     )
 
@@ -422,8 +436,12 @@ def _bayesian_optimise(
         x_train = space.encode([e.plan for e in evals])
         y_cost = np.log(np.array([max(e.cost_usd, 1e-300) for e in evals]))
         y_con = np.log(np.array([max(e.p95_ms, 1e-9) for e in evals]) / space.slo_ms)
-        if (warm_cost is None or warm_con is None or rnd % p.hyper_every == 0
-                or len(evals) >= 1.5 * fitted_on):
+        if (
+            warm_cost is None
+            or warm_con is None
+            or rnd % p.hyper_every == 0
+            or len(evals) >= 1.5 * fitted_on
+        ):
             gp_cost = _fit(_gp(dim, gp_seed, warm_cost, p.gp_maxiter), x_train, y_cost)
             gp_con = _fit(_gp(dim, gp_seed, warm_con, p.gp_maxiter), x_train, y_con)
             warm_cost, warm_con = gp_cost.kernel_, gp_con.kernel_
@@ -567,7 +585,6 @@ def make_aquatope(
     p = _params(params, overrides)
     plans = optimise_static_plans(workflows, options, perf, seed, p)
     return AquatopePolicy(plans, optimiser=bo_optimiser(perf, p))
-
 
 
 __all__ = [

@@ -298,8 +298,14 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         idx = idx[::step]
         meas = [points[i].measured_ms for i in idx]
         for ax, vals, name in ((axes[0], preds, "simulator"), (axes[1], fluid, "fluid L100/q")):
-            ax.scatter(meas, [vals[i] for i in idx], s=3, alpha=0.3,
-                       c=[points[i].quota_pct for i in idx], cmap="viridis")
+            ax.scatter(
+                meas,
+                [vals[i] for i in idx],
+                s=3,
+                alpha=0.3,
+                c=[points[i].quota_pct for i in idx],
+                cmap="viridis",
+            )
             lo, hi = min(meas), max(meas)
             ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
             ax.set_xscale("log")
@@ -342,8 +348,12 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
     def plot_curves(result: ExperimentResult, out: Path) -> Path:
         import matplotlib.pyplot as plt
 
-        wanted = [("convnext_large", 50.0, 1), ("vgg19", 10.0, 8), ("resnet50", 100.0, 1),
-                  ("efficientnet_b7", 50.0, 1)]
+        wanted = [
+            ("convnext_large", 50.0, 1),
+            ("vgg19", 10.0, 8),
+            ("resnet50", 100.0, 1),
+            ("efficientnet_b7", 50.0, 1),
+        ]
         picks = [w for w in wanted if w[0] in models and w[1] in eval_sms]
         if not picks:  # quick runs with other models: the first three (model, sm, batch)
             seen: list[tuple[str, float, int]] = []
@@ -382,7 +392,13 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         summary=summary,
         plots=[plot_scatter, plot_per_quota, plot_curves],
         table_columns=(
-            "model", "split", "quota_pct", "points", "floor_ms", "sim_mape_pct",
-            "fluid_mape_pct", "median_sim_over_measured",
+            "model",
+            "split",
+            "quota_pct",
+            "points",
+            "floor_ms",
+            "sim_mape_pct",
+            "fluid_mape_pct",
+            "median_sim_over_measured",
         ),
     )

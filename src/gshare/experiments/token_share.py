@@ -191,9 +191,7 @@ def run_scenario(
     gpu = SimGpu(loop, token_config=config, token_log=log)
     drivers = {}
     for c in sc.clients:
-        gpu.add_client(
-            ClientSpec(c.name, c.sm_pct, c.request_pct / 100.0, c.limit_pct / 100.0)
-        )
+        gpu.add_client(ClientSpec(c.name, c.sm_pct, c.request_pct / 100.0, c.limit_pct / 100.0))
         drivers[c.name] = _Driver(gpu, c.name, c.burst_ms)
     phase_ms = phase_windows * w
     for p in range(sc.phases):
@@ -357,7 +355,15 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         summary=summary,
         plots=[plot_shares, plot_traces],
         table_columns=(
-            "scenario", "phase", "client", "sm_pct", "request_pct", "limit_pct",
-            "expected_pct", "achieved_pct", "error_pp", "max_window_pct",
+            "scenario",
+            "phase",
+            "client",
+            "sm_pct",
+            "request_pct",
+            "limit_pct",
+            "expected_pct",
+            "achieved_pct",
+            "error_pp",
+            "max_window_pct",
         ),
     )

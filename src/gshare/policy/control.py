@@ -78,7 +78,9 @@ class ControlParams:
     """Longest back-off."""
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.start_backoff_s <= self.max_backoff_s and math.isfinite(self.max_backoff_s)):
+        if not (
+            0.0 <= self.start_backoff_s <= self.max_backoff_s and math.isfinite(self.max_backoff_s)
+        ):
             raise ControlError(
                 "need 0 <= start_backoff_s <= max_backoff_s < inf, got "
                 f"{self.start_backoff_s}, {self.max_backoff_s}"

@@ -100,7 +100,9 @@ def predicted_next_call_ms(est: IntervalEwma, now_ms: float) -> float | None:
     return est.last_ms + interval
 
 
-def keep_alive_deadline_ms(idle_since_ms: float, keep_alive_ms: float = DEFAULT_KEEP_ALIVE_MS) -> float:
+def keep_alive_deadline_ms(
+    idle_since_ms: float, keep_alive_ms: float = DEFAULT_KEEP_ALIVE_MS
+) -> float:
     """When a container idle since ``idle_since_ms`` is evicted (if it stays idle)."""
     if keep_alive_ms < 0:
         raise PrewarmError(f"keep_alive_ms must be >= 0, got {keep_alive_ms}")

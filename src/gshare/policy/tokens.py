@@ -127,10 +127,13 @@ class TokenConfig:
         if self.window_ms <= 0:
             raise TokenError(f"window_ms must be > 0, got {self.window_ms}")
         if not (0 < self.sm_global_limit_pct <= 100):
-            raise TokenError(f"sm_global_limit_pct must be in (0, 100], got {self.sm_global_limit_pct}")
+            raise TokenError(
+                f"sm_global_limit_pct must be in (0, 100], got {self.sm_global_limit_pct}"
+            )
         if not (0 < self.min_token_ms <= self.max_token_ms):
             raise TokenError(
-                f"need 0 < min_token_ms <= max_token_ms, got {self.min_token_ms}, {self.max_token_ms}"
+                "need 0 < min_token_ms <= max_token_ms, got "
+                f"{self.min_token_ms}, {self.max_token_ms}"
             )
         if not (0 < self.burst_ewma_alpha <= 1):
             raise TokenError(f"burst_ewma_alpha must be in (0, 1], got {self.burst_ewma_alpha}")
@@ -161,14 +164,18 @@ class ClientSpec:
 
     def __post_init__(self) -> None:
         if not (0 < self.sm_pct <= 100):
-            raise TokenError(f"client {self.client_id}: sm_pct must be in (0, 100], got {self.sm_pct}")
+            raise TokenError(
+                f"client {self.client_id}: sm_pct must be in (0, 100], got {self.sm_pct}"
+            )
         if not (0 < self.quota_request <= self.quota_limit <= 1):
             raise TokenError(
                 f"client {self.client_id}: need 0 < quota_request <= quota_limit <= 1, "
                 f"got {self.quota_request}, {self.quota_limit}"
             )
         if not (0 <= self.priority <= 9):
-            raise TokenError(f"client {self.client_id}: priority must be in 0..9, got {self.priority}")
+            raise TokenError(
+                f"client {self.client_id}: priority must be in 0..9, got {self.priority}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

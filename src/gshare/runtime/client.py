@@ -83,7 +83,8 @@ class Client:
         if not token:
             where = resolve_state_dir(self._state_dir)
             raise ClientError(
-                f"no control-API token: pass --token, or --state pointing at the server's state directory (no token in {where})"
+                "no control-API token: pass --token, or --state pointing at the server's "
+                f"state directory (no token in {where})"
             )
         return {"authorization": f"Bearer {token}"}
 
@@ -94,7 +95,9 @@ class Client:
         try:
             r = self._http.request(method, path, headers=headers, **kw)
         except httpx.ConnectError as e:
-            raise ClientError(f"cannot reach the gshare server at {self.url} ({e}); is `gshare serve` running?") from None
+            raise ClientError(
+                f"cannot reach the gshare server at {self.url} ({e}); is `gshare serve` running?"
+            ) from None
         except httpx.TimeoutException:
             raise ClientError(f"the gshare server at {self.url} did not answer in time") from None
         except httpx.HTTPError as e:
@@ -127,7 +130,9 @@ class Client:
         return out
 
     def list(self) -> builtins.list[dict[str, Any]]:
-        out: builtins.list[dict[str, Any]] = self._request("GET", "/system/functions", auth=True).json()
+        out: builtins.list[dict[str, Any]] = self._request(
+            "GET", "/system/functions", auth=True
+        ).json()
         return out
 
     def get(self, name: str) -> dict[str, Any]:
@@ -135,10 +140,18 @@ class Client:
         return out
 
     def delete(self, name: str) -> None:
-        self._request("DELETE", "/system/functions", auth=True, content=json.dumps({"functionName": name}), headers={"content-type": "application/json"})
+        self._request(
+            "DELETE",
+            "/system/functions",
+            auth=True,
+            content=json.dumps({"functionName": name}),
+            headers={"content-type": "application/json"},
+        )
 
     def logs(self, name: str, tail: int = 100) -> builtins.list[str]:
-        out: builtins.list[str] = self._request("GET", "/system/logs", auth=True, params={"name": name, "tail": tail}).json()["lines"]
+        out: builtins.list[str] = self._request(
+            "GET", "/system/logs", auth=True, params={"name": name, "tail": tail}
+        ).json()["lines"]
         return out
 
     def info(self) -> dict[str, Any]:
@@ -147,9 +160,17 @@ class Client:
 
     # -- invocation -------------------------------------------------------------------------------
 
-    def invoke_raw(self, name: str, body: bytes, content_type: str = "application/octet-stream") -> httpx.Response:
+    def invoke_raw(
+        self, name: str, body: bytes, content_type: str = "application/octet-stream"
+    ) -> httpx.Response:
         """POST the body to ``/function/{name}``; the raw response (``ClientError`` on 4xx/5xx)."""
-        return self._request("POST", f"/function/{name}", auth=False, content=body, headers={"content-type": content_type})
+        return self._request(
+            "POST",
+            f"/function/{name}",
+            auth=False,
+            content=body,
+            headers={"content-type": content_type},
+        )
 
     def invoke(self, name: str, data: Any = None) -> Any:
         """Invoke with JSON (any JSON-serialisable ``data``) or raw bytes; returns the decoded
@@ -162,12 +183,17 @@ class Client:
             return r.json()
         return r.content
 
-    def infer(self, name: str, inputs: builtins.list[Mapping[str, Any]], request_id: str | None = None) -> dict[str, Any]:
-        """Open Inference Protocol v2 ``infer``: ``inputs`` are ``{name, shape, datatype, data}``."""
+    def infer(
+        self, name: str, inputs: builtins.list[Mapping[str, Any]], request_id: str | None = None
+    ) -> dict[str, Any]:
+        """Open Inference Protocol v2 ``infer``: ``inputs`` are
+        ``{name, shape, datatype, data}``."""
         body: dict[str, Any] = {"inputs": builtins.list(inputs)}
         if request_id is not None:
             body["id"] = request_id
-        out: dict[str, Any] = self._request("POST", f"/v2/models/{name}/infer", auth=False, json=body).json()
+        out: dict[str, Any] = self._request(
+            "POST", f"/v2/models/{name}/infer", auth=False, json=body
+        ).json()
         return out
 
     # -- profiling --------------------------------------------------------------------------------
@@ -175,7 +201,9 @@ class Client:
     def start_profile(self, name: str, **grid: Any) -> dict[str, Any]:
         """Start the live profiler (``sm_pct``, ``quota_pct``, ``batch``: lists; ``trial_s``)."""
         body = {k: v for k, v in grid.items() if v is not None}
-        out: dict[str, Any] = self._request("POST", f"/system/profile/{name}", auth=True, json=body).json()
+        out: dict[str, Any] = self._request(
+            "POST", f"/system/profile/{name}", auth=True, json=body
+        ).json()
         return out
 
     def profile_status(self, name: str) -> dict[str, Any]:

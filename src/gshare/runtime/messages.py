@@ -140,7 +140,9 @@ class AgentHandle(Protocol):
 
     async def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]: ...
 
-    async def set_share(self, instance_id: str, quota_request: float, quota_limit: float) -> None: ...
+    async def set_share(
+        self, instance_id: str, quota_request: float, quota_limit: float
+    ) -> None: ...
 
 
 __all__ = [

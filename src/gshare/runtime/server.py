@@ -104,7 +104,9 @@ def run_server(opts: ServeOptions) -> None:
     if opts.placer not in PLACERS:
         raise ServeError(f"unknown placer {opts.placer!r} (known: {', '.join(sorted(PLACERS))})")
     if opts.autoscaler not in AUTOSCALERS:
-        raise ServeError(f"unknown autoscaler {opts.autoscaler!r} (known: {', '.join(sorted(AUTOSCALERS))})")
+        raise ServeError(
+            f"unknown autoscaler {opts.autoscaler!r} (known: {', '.join(sorted(AUTOSCALERS))})"
+        )
     if opts.launcher not in LAUNCHERS:
         raise ServeError(f"unknown launcher {opts.launcher!r} (known: {', '.join(LAUNCHERS)})")
     logging.basicConfig(
@@ -154,7 +156,11 @@ def run_server(opts: ServeOptions) -> None:
         server = _UvicornServer(config)
         server.should_exit = stop.is_set()
         (state_dir / SERVER_FILE).write_text(json.dumps({"url": url, "pid": os.getpid()}))
-        print(f"gshare: serving on {url} (state {state_dir}, {len(runtime.agents)} node(s))", file=sys.stderr, flush=True)
+        print(
+            f"gshare: serving on {url} (state {state_dir}, {len(runtime.agents)} node(s))",
+            file=sys.stderr,
+            flush=True,
+        )
         asyncio.run(server.serve(sockets=[sock]))
     finally:
         for s in previous:
@@ -215,7 +221,9 @@ class _Runtime:
         self.session = uuid.uuid4().hex[:8]
         uid = os.getuid()
         self.run_dir = os.path.join(tempfile.gettempdir(), f"gshare-{uid}", self.session)
-        self.store_root = f"/dev/shm/gshare-{uid}-{self.session}" if os.path.isdir("/dev/shm") else None
+        self.store_root = (
+            f"/dev/shm/gshare-{uid}-{self.session}" if os.path.isdir("/dev/shm") else None
+        )
         self.agents: dict[str, Any] = {}
         self.ray_started = False
         self.controller: Any = None
@@ -239,7 +247,10 @@ class _Runtime:
         try:
             ray.init(**kwargs)
         except Exception as e:
-            raise ServeError(f"cannot start Ray ({'join ' + self.opts.address if self.opts.address else 'local'}): {e}") from None
+            raise ServeError(
+                f"cannot start Ray "
+                f"({'join ' + self.opts.address if self.opts.address else 'local'}): {e}"
+            ) from None
         self.ray_started = True
 
     def start_agents(self) -> None:
@@ -315,7 +326,9 @@ class _Runtime:
                 try:
                     for nid, info in (await asyncio.to_thread(self.new_agents)).items():
                         controller.add_agent(RayAgentHandle(nid, self.agents[nid]), info)
-                        log.info("node %s joined: agent started (%s)", nid[:8], ", ".join(info.devices))
+                        log.info(
+                            "node %s joined: agent started (%s)", nid[:8], ", ".join(info.devices)
+                        )
                 except Exception as e:  # a node that fails to start an agent is retried later
                     log.warning("node scan: %s", e)
 
@@ -366,4 +379,11 @@ class _Runtime:
             shutil.rmtree(self.store_root, ignore_errors=True)
 
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "SERVER_FILE", "ServeError", "ServeOptions", "run_server"]
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "SERVER_FILE",
+    "ServeError",
+    "ServeOptions",
+    "run_server",
+]

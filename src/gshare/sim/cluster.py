@@ -243,7 +243,9 @@ class SimCluster:
         self._launch(fn, cfg, iid, binding.gpu)
         self._apply_moves()
 
-    def _launch(self, fn: SimFunction, cfg: autoscale.ScaleConfig, iid: str, gpu_index: int) -> None:
+    def _launch(
+        self, fn: SimFunction, cfg: autoscale.ScaleConfig, iid: str, gpu_index: int
+    ) -> None:
         share = cfg.share(quota_limit_pct=fn.quota_limit_pct)
         gpu = self._gpu(gpu_index)
         inst = SimInstance(

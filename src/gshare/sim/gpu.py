@@ -314,7 +314,9 @@ class SimGpu:
             finish_in = max(0.0, b.stall_until_ms - now) + max(0.0, b.work_left_ms) / b.rate
             if self.preemptible and b.token is not None:
                 finish_in = min(finish_in, max(0.0, b.token.quota_ms - b.token_used_ms))
-            self.loop.at(now + finish_in, functools.partial(self._on_burst_event, b, b.version), PRIO_GPU)
+            self.loop.at(
+                now + finish_in, functools.partial(self._on_burst_event, b, b.version), PRIO_GPU
+            )
 
     def _on_burst_event(self, b: _Burst, version: int) -> None:
         if b.version != version or self._running.get(b.client_id) is not b:

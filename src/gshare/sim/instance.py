@@ -2,9 +2,10 @@
 
 Who calls it: the gateway (``enqueue``) and the cluster controller (``start`` / ``drain``). The
 instance forms a batch of up to ``max_batch`` requests, waiting at most ``max_wait_ms`` for the
-batch to fill (``policy.batching``, the rule the live instances use), runs it as one burst on its GPU (which asks the token scheduler first) and
-completes every request of the batch when the burst finishes. A cold start delays readiness by
-``cold_start_ms``; requests routed to a starting instance wait in its queue.
+batch to fill (``policy.batching``, the rule the live instances use), runs it as one burst on its
+GPU (which asks the token scheduler first) and completes every request of the batch when the burst
+finishes. A cold start delays readiness by ``cold_start_ms``; requests routed to a starting instance
+wait in its queue.
 
 Burst work is the profile table's latency of the batch at the instance's SM share and quota
 100 % (the time limit is the token scheduler's job), times Gaussian noise ``1 + sigma * N(0,1)``.

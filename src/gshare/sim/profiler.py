@@ -47,7 +47,6 @@ class ClosedLoopProtocol:
     max_requests: int = 180
 
 
-
 def simulate_closed_loop(
     launch_ms: float,
     device_ms: float,
@@ -86,8 +85,7 @@ def simulate_closed_loop(
                 state["m0"] = state["t0"]
             lat.append(loop.now_ms - state["t0"])
             enough = (
-                len(lat) >= proto.min_requests
-                and loop.now_ms - state["m0"] >= proto.min_measure_ms
+                len(lat) >= proto.min_requests and loop.now_ms - state["m0"] >= proto.min_measure_ms
             )
             if enough or len(lat) >= proto.max_requests:
                 loop.stop()
@@ -97,7 +95,6 @@ def simulate_closed_loop(
     start()
     loop.run()
     return sum(lat) / len(lat), loop.events_processed
-
 
 
 def simulated_profile(

@@ -40,7 +40,9 @@ class RequestLog:
     def record(self, req: SimRequest) -> None:
         self.completed.append(req)
 
-    def summary(self, function: str | None = None, until_ms: float | None = None) -> dict[str, float]:
+    def summary(
+        self, function: str | None = None, until_ms: float | None = None
+    ) -> dict[str, float]:
         """Throughput (req/s over the measured span), latency percentiles, SLO violations."""
         reqs = [
             r
@@ -48,8 +50,14 @@ class RequestLog:
             if r.arrival_ms >= self.warmup_ms and (function is None or r.function == function)
         ]
         if not reqs:
-            return {"requests": 0, "throughput_rps": 0.0, "p50_ms": float("nan"),
-                    "p99_ms": float("nan"), "mean_ms": float("nan"), "slo_violation_pct": 0.0}
+            return {
+                "requests": 0,
+                "throughput_rps": 0.0,
+                "p50_ms": float("nan"),
+                "p99_ms": float("nan"),
+                "mean_ms": float("nan"),
+                "slo_violation_pct": 0.0,
+            }
         lat = np.array([r.latency_ms for r in reqs])
         end = until_ms if until_ms is not None else max(r.finish_ms for r in reqs)
         span_s = max(1e-9, (end - self.warmup_ms) / 1000.0)

@@ -37,7 +37,9 @@ from gshare.sim.priorities import PRIO_ARRIVAL
 from gshare.sim.request import SimRequest
 
 
-def poisson(rate_rps: float, duration_ms: float, rng: np.random.Generator, start_ms: float = 0.0) -> np.ndarray:
+def poisson(
+    rate_rps: float, duration_ms: float, rng: np.random.Generator, start_ms: float = 0.0
+) -> np.ndarray:
     if rate_rps <= 0:
         return np.empty(0)
     n = int(rate_rps * duration_ms / 1000.0 * 1.2 + 20)
@@ -176,7 +178,9 @@ def scale_to_rate(times_ms: np.ndarray, rate_rps: float) -> np.ndarray:
     return out
 
 
-def drive_open_loop(loop: EventLoop, gateway: Gateway, function: str, times_ms: Iterable[float]) -> None:
+def drive_open_loop(
+    loop: EventLoop, gateway: Gateway, function: str, times_ms: Iterable[float]
+) -> None:
     """Submit a request of ``function`` at each time (sorted); events are scheduled lazily."""
     it = iter(times_ms)
 
@@ -193,7 +197,12 @@ def drive_open_loop(loop: EventLoop, gateway: Gateway, function: str, times_ms: 
 
 
 def drive_closed_loop(
-    loop: EventLoop, gateway: Gateway, function: str, users: int, until_ms: float, think_ms: float = 0.0
+    loop: EventLoop,
+    gateway: Gateway,
+    function: str,
+    users: int,
+    until_ms: float,
+    think_ms: float = 0.0,
 ) -> None:
     """Keep ``users`` requests of ``function`` outstanding until ``until_ms``."""
 

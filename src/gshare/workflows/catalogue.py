@@ -71,8 +71,11 @@ ARRIVAL_INTERVAL_MS: Final = MappingProxyType(
 """Uniform inter-arrival interval range per load level (§4.1), ms."""
 
 SETTINGS: Final = MappingProxyType(
-    {"strict-light": ("strict", "light"), "moderate-normal": ("moderate", "normal"),
-     "relaxed-heavy": ("relaxed", "heavy")}
+    {
+        "strict-light": ("strict", "light"),
+        "moderate-normal": ("moderate", "normal"),
+        "relaxed-heavy": ("relaxed", "heavy"),
+    }
 )
 """The three evaluated (SLO level, load) pairs (§4.1)."""
 

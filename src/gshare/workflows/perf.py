@@ -43,17 +43,17 @@ the batch and non-increasing in vCPUs and in vGPUs.
 Proxy models (torchvision models of the shipped table; the shape of the GPU scaling is taken
 from them):
 
-====================  ===================  ==================  =======================================
-function              paper model          proxy               why
-====================  ===================  ==================  =======================================
-super_resolution      SRGAN                resnet18            small residual CNN (16 res-blocks)
-deblur                DeblurGAN            resnet34            ResNet-style generator, deeper than SR
-segmentation          deeplabv3_resnet50   wide_resnet50_2     ResNet-50 body with heavier layers, as
-                                                               DeepLabV3's dilated ResNet-50
-classification        ResNet50             resnet50            the same model
-background_removal    U2Net (44 M params)  resnet101 (44.5 M)  deep CNN of the same parameter count
-depth_recognition     MiDaS                resnext101_32x8d    MiDaS v2's encoder is ResNeXt-101 32x8d
-====================  ===================  ==================  =======================================
+==================  ===================  ==================  =======================================
+function            paper model          proxy               why
+==================  ===================  ==================  =======================================
+super_resolution    SRGAN                resnet18            small residual CNN (16 res-blocks)
+deblur              DeblurGAN            resnet34            ResNet-style generator, deeper than SR
+segmentation        deeplabv3_resnet50   wide_resnet50_2     ResNet-50 body with heavier layers, as
+                                                             DeepLabV3's dilated ResNet-50
+classification      ResNet50             resnet50            the same model
+background_removal  U2Net (44 M params)  resnet101 (44.5 M)  deep CNN of the same parameter count
+depth_recognition   MiDaS                resnext101_32x8d    MiDaS v2's encoder is ResNeXt-101 32x8d
+==================  ===================  ==================  =======================================
 
 Cost per request: ``gshare.workflows.config.cost_per_request_usd`` (price of the task's
 resources for its execution time, divided by the batch).
@@ -281,9 +281,12 @@ class PerfModel:
     ) -> float:
         """One noisy execution time: ``mean * max(floor, 1 + sigma * N(0, 1))``. Draws exactly
         one standard normal from ``rng`` (so a seeded run is reproducible)."""
-        return noisy(self.exec_ms(function, config), rng,
-                     self.params.noise_sigma_frac if sigma_frac is None else sigma_frac,
-                     self.params.noise_floor_frac)
+        return noisy(
+            self.exec_ms(function, config),
+            rng,
+            self.params.noise_sigma_frac if sigma_frac is None else sigma_frac,
+            self.params.noise_floor_frac,
+        )
 
     # -- internals ----------------------------------------------------------------------------
 

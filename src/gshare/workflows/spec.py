@@ -179,8 +179,9 @@ class WorkflowSpec(BaseModel):
         for s in self.stages:
             if s.name == name:
                 return s
-        raise KeyError(f"workflow {self.name!r} has no stage {name!r} (stages: "
-                       f"{', '.join(self.stage_names)})")
+        raise KeyError(
+            f"workflow {self.name!r} has no stage {name!r} (stages: {', '.join(self.stage_names)})"
+        )
 
     def function_of(self, stage: str) -> str:
         return self.stage(stage).function
@@ -275,7 +276,7 @@ def find_cycle(predecessors: Mapping[str, Iterable[str]]) -> list[str]:
                 stack[-1] = (node, i + 1)
                 nxt = succ[node][i]
                 if colour[nxt] == 1:
-                    return path[path.index(nxt):]
+                    return path[path.index(nxt) :]
                 if colour[nxt] == 0:
                     colour[nxt] = 1
                     stack.append((nxt, 0))

@@ -136,7 +136,8 @@ class Placer(ABC):
         a request larger than a GPU and ``NoCapacity`` when no GPU of ``max_gpus`` fits."""
         if instance_id in self._bindings:
             raise ValueError(
-                f"instance {instance_id!r} is already placed on GPU {self._bindings[instance_id].gpu}"
+                f"instance {instance_id!r} is already placed on GPU "
+                f"{self._bindings[instance_id].gpu}"
             )
         w, h = _check_size(instance_id, width_pct, height_pct)
         return self._place(instance_id, w, h)

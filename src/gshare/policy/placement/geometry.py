@@ -236,4 +236,3 @@ def remove_contained(rects: Sequence[Rect]) -> list[Rect]:
 def maximal_free_rects(allocated: Iterable[Rect]) -> list[Rect]:
     """All maximal free rectangles of a GPU whose allocated rectangles are ``allocated``."""
     return [_to_rect(b) for b in _maximal_free(_to_box(r) for r in allocated)]
-

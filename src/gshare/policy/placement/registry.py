@@ -41,4 +41,3 @@ def make_placer(name: str, *, max_gpus: int, defrag: bool | None = None, **kw: A
             raise ValueError(f"placer {name!r} always defragments: drop defrag=False or use 'mra'")
         factory = DefragMaxRectsPlacer if defrag else MaxRectsPlacer
     return factory(max_gpus, **kw)
-

@@ -117,7 +117,9 @@ def home_invoker(application: str, function: str, n_invokers: int) -> int:
     return zlib.crc32(f"{application}/{function}".encode()) % n_invokers
 
 
-def esg_dispatch(request: DispatchRequest, invokers: Sequence[InvokerState]) -> Dispatch | NoInvoker:
+def esg_dispatch(
+    request: DispatchRequest, invokers: Sequence[InvokerState]
+) -> Dispatch | NoInvoker:
     """ESG_Dispatch for one task (module NOTE). Deterministic for a given snapshot."""
     by_id = {inv.invoker_id: inv for inv in invokers}
     preferred = [by_id[i] for i in dict.fromkeys(request.preferred) if i in by_id]
@@ -167,9 +169,7 @@ class RecheckList:
         """Record a failed dispatch of ``key``: add it, or count one more failed retry."""
         if self.rounds(key) is None:
             return replace(self, entries=(*self.entries, (key, 0)))
-        return replace(
-            self, entries=tuple((k, r + 1 if k == key else r) for k, r in self.entries)
-        )
+        return replace(self, entries=tuple((k, r + 1 if k == key else r) for k, r in self.entries))
 
     def clear(self, key: AfwKey) -> RecheckList:
         """``key`` was dispatched: drop it."""

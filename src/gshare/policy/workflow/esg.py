@@ -176,8 +176,10 @@ class EsgPolicy:
         if self.gpu_sharing and self.batching:
             return options
         if self._filtered_src is not options:
-            filtered = {fn: tuple(o for o in opts if self._allowed(o.config))
-                        for fn, opts in options.items()}
+            filtered = {
+                fn: tuple(o for o in opts if self._allowed(o.config))
+                for fn, opts in options.items()
+            }
             for fn, opts in filtered.items():
                 if not opts:
                     raise ValueError(f"{self.name}: no configuration of {fn!r} is allowed")
@@ -196,8 +198,11 @@ class EsgPolicy:
         key = (ctx.application, ctx.done_stages)
         hit = self._anl.get(key)
         if hit is None:
-            remaining = {s.name: options[s.function] for s in ctx.workflow.stages
-                         if s.name not in ctx.done_stages}
+            remaining = {
+                s.name: options[s.function]
+                for s in ctx.workflow.stages
+                if s.name not in ctx.done_stages
+            }
             hit = self._anl[key] = anl_from_options(remaining)
         return hit
 

@@ -155,8 +155,9 @@ def plan_remaining(
             raise ValueError(
                 f"stage {s!r} is done but its predecessor(s) {', '.join(missing)} are not"
             )
-    remaining = {n: tuple(p for p in st.after if p not in done)
-                 for n, st in stages.items() if n not in done}
+    remaining = {
+        n: tuple(p for p in st.after if p not in done) for n, st in stages.items() if n not in done
+    }
     budget = workflow.slo_ms - elapsed_ms - waiting_ms
     if not remaining:
         return RemainingPlan(budget, None, ())

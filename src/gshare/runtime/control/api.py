@@ -30,7 +30,9 @@ class ControlApi(ControlPlane):
     def ready(self) -> bool:
         return self.c.ready()
 
-    async def deploy(self, body: bytes, content_type: str, *, update: bool | None) -> dict[str, Any]:
+    async def deploy(
+        self, body: bytes, content_type: str, *, update: bool | None
+    ) -> dict[str, Any]:
         c = self.c
         is_json = "json" in content_type
         try:
@@ -73,9 +75,7 @@ class ControlApi(ControlPlane):
                     c.drain(inst, "the function was updated")
         fs = c.register(spec, stored.version, inputs)
         verb = "updated" if exists else "deployed"
-        c.state.add_event(
-            spec.name, f"{verb} (version {stored.version}): {_spec_summary(spec)}"
-        )
+        c.state.add_event(spec.name, f"{verb} (version {stored.version}): {_spec_summary(spec)}")
         c.nudge()
         return self.function_status(fs.spec.name)
 

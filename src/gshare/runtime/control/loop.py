@@ -498,7 +498,9 @@ class Controller:
             if drain_finished(in_flight, inst.drain_since, now, self.config.drain_timeout_s):
                 await self.stop_instance(inst.instance_id)
 
-    async def stop_instance(self, iid: str, *, log_event: bool = True, why: str = "stopped") -> None:
+    async def stop_instance(
+        self, iid: str, *, log_event: bool = True, why: str = "stopped"
+    ) -> None:
         """Stop ``iid`` now (its agent kills it) and release its rectangle."""
         inst = self.instances.pop(iid, None)
         if inst is None:
@@ -521,9 +523,7 @@ class Controller:
     async def observe(self) -> None:
         """Ask every live agent for its status and apply it."""
         refs = [a for a in self.agents.values() if a.alive]
-        results = await asyncio.gather(
-            *(a.handle.status() for a in refs), return_exceptions=True
-        )
+        results = await asyncio.gather(*(a.handle.status() for a in refs), return_exceptions=True)
         for agent, res in zip(refs, results, strict=True):
             if isinstance(res, AgentGone):
                 await self._agent_lost(agent, res)
@@ -609,7 +609,9 @@ class Controller:
                     inst.achieved_share = max(0.0, (used - inst.used_ms) / elapsed_ms)
                 inst.used_ms, inst.used_t = used, now_s
 
-    async def _connect(self, inst: LiveInstance, incarnation: int, node_ip: str, local: bool) -> None:
+    async def _connect(
+        self, inst: LiveInstance, incarnation: int, node_ip: str, local: bool
+    ) -> None:
         """Connect the gateway to a ready instance (again, after a restart in place)."""
         iid = inst.instance_id
         if inst.incarnation == incarnation and self.gateway.is_connected(inst.route, iid):

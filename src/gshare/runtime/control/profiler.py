@@ -85,14 +85,25 @@ class ProfileJob:
             "current": self.current,
             "rows": self.rows,
             "error": self.error,
-            "grid": {"sm_pct": self.sm_values, "quota_pct": self.quota_values, "batch": self.batches, "trial_s": self.trial_s},
+            "grid": {
+                "sm_pct": self.sm_values,
+                "quota_pct": self.quota_values,
+                "batch": self.batches,
+                "trial_s": self.trial_s,
+            },
             "elapsed_s": round((self.finished_s or time.time()) - self.started_s, 2),
         }
 
 
 def _floats(v: Any, what: str, lo: float, hi: float) -> list[float]:
-    if not isinstance(v, list) or not v or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
-        raise HttpError(400, f"{what}: must be a non-empty list of numbers in ({lo:g}, {hi:g}], got {v!r}")
+    if (
+        not isinstance(v, list)
+        or not v
+        or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+    ):
+        raise HttpError(
+            400, f"{what}: must be a non-empty list of numbers in ({lo:g}, {hi:g}], got {v!r}"
+        )
     out = sorted({float(x) for x in v})
     if not all(lo < x <= hi for x in out):
         raise HttpError(400, f"{what}: every value must be in ({lo:g}, {hi:g}], got {v!r}")
@@ -112,7 +123,11 @@ class LiveProfiler:
         fs = c.functions[name]
         job0 = self.jobs.get(name)
         if job0 is not None and job0.state == "running":
-            raise HttpError(409, f"function {name!r} is already being profiled ({job0.done}/{job0.total} trials done)")
+            raise HttpError(
+                409,
+                f"function {name!r} is already being profiled "
+                f"({job0.done}/{job0.total} trials done)",
+            )
         cores = max((a.info.cpu_count for a in c.agents.values() if a.alive), default=1)
         has_cuda = any(d.name.startswith("cuda") for d in c.devices)
         if "sm_pct" in params:
@@ -121,12 +136,24 @@ class LiveProfiler:
             sms = list(autoscale.FAST_SM_POINTS_PCT)
         else:  # one point per core count: 2 cores → 50, 100
             sms = sorted({round(100.0 * k / cores, 3) for k in range(1, cores + 1)})[-4:]
-        qs = _floats(params["quota_pct"], "quota_pct", 0, 100) if "quota_pct" in params else list(DEFAULT_QUOTAS_PCT)
+        qs = (
+            _floats(params["quota_pct"], "quota_pct", 0, 100)
+            if "quota_pct" in params
+            else list(DEFAULT_QUOTAS_PCT)
+        )
         max_batch = fs.spec.batching.max_batch
         if "batch" in params:
             b = params["batch"]
-            if not isinstance(b, list) or not b or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 256 for x in b):
-                raise HttpError(400, f"batch: must be a non-empty list of integers in [1, 256], got {b!r}")
+            if (
+                not isinstance(b, list)
+                or not b
+                or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 256 for x in b
+                )
+            ):
+                raise HttpError(
+                    400, f"batch: must be a non-empty list of integers in [1, 256], got {b!r}"
+                )
             batches = sorted(set(b))
         else:
             batches = [x for x in DEFAULT_BATCHES if x <= max_batch] or [1]
@@ -136,7 +163,11 @@ class LiveProfiler:
         job = ProfileJob(name, sms, qs, batches, float(trial))
         self.jobs[name] = job
         job.task = asyncio.create_task(self._run(job), name=f"gshare-profile-{name}")
-        c.state.add_event(name, f"profiling {job.total} points: sm {sms}, quota {qs}, batch {batches}, {trial:g} s each")
+        c.state.add_event(
+            name,
+            f"profiling {job.total} points: sm {sms}, quota {qs}, batch {batches}, "
+            f"{trial:g} s each",
+        )
         return job.view()
 
     def status(self, name: str) -> dict[str, Any]:
@@ -158,13 +189,24 @@ class LiveProfiler:
         try:
             fs = c.functions[job.function]
             c.gateway.add_function(route, None, max(job.batches))
-            device = next(d for d in c.devices if d.node_id == c.gateway_node_id and c.agents[d.node_id].alive) if any(
-                d.node_id == c.gateway_node_id for d in c.devices
-            ) else next(d for d in c.devices if c.agents[d.node_id].alive)
+            device = (
+                next(
+                    d
+                    for d in c.devices
+                    if d.node_id == c.gateway_node_id and c.agents[d.node_id].alive
+                )
+                if any(d.node_id == c.gateway_node_id for d in c.devices)
+                else next(d for d in c.devices if c.agents[d.node_id].alive)
+            )
             for sm in job.sm_values:
                 job.current = f"starting a profiling instance at sm {sm:g}%"
                 cfg = autoscale.ScaleConfig(sm, 100.0, max(job.batches), 1.0, 1.0)
-                share = GpuShare(sm, 1.0, 1.0, float(fs.spec.resources.mem_mb) if fs.spec.resources != "auto" else 0.0)
+                share = GpuShare(
+                    sm,
+                    1.0,
+                    1.0,
+                    float(fs.spec.resources.mem_mb) if fs.spec.resources != "auto" else 0.0,
+                )
                 inst = await c.start_instance(fs, cfg, profiling=True, share=share, device=device)
                 if inst is None:
                     raise RuntimeError("cannot start the profiling instance")
@@ -173,13 +215,28 @@ class LiveProfiler:
                 await self._wait_ready(inst_id)
                 agent = c.agents[device.node_id].handle
                 for b in job.batches:
-                    await self._call(route, P.OP_CONTROL, P.ENC_JSON, json.dumps({"cmd": "set_batching", "max_batch": b, "max_wait_ms": 1000}).encode())
+                    await self._call(
+                        route,
+                        P.OP_CONTROL,
+                        P.ENC_JSON,
+                        json.dumps(
+                            {"cmd": "set_batching", "max_batch": b, "max_wait_ms": 1000}
+                        ).encode(),
+                    )
                     for q in job.quota_values:
                         job.current = f"sm {sm:g}%, quota {q:g}%, batch {b}"
                         await agent.set_share(inst_id, q / 100.0, q / 100.0)
                         lat_ms = await self._trial(route, b, job.trial_s)
                         rows.append(ProfilePoint(job.function, sm, q, b, lat_ms))
-                        job.rows.append({"sm_pct": sm, "quota_pct": q, "batch": b, "latency_ms": round(lat_ms, 3), "throughput_rps": round(b * 1000.0 / lat_ms, 2)})
+                        job.rows.append(
+                            {
+                                "sm_pct": sm,
+                                "quota_pct": q,
+                                "batch": b,
+                                "latency_ms": round(lat_ms, 3),
+                                "throughput_rps": round(b * 1000.0 / lat_ms, 2),
+                            }
+                        )
                         job.done += 1
                 await c.stop_instance(inst_id, log_event=False)
                 inst_id = None
@@ -189,9 +246,15 @@ class LiveProfiler:
             job.current = f"wrote {n} rows"
             c.state.add_event(job.function, f"profiled: wrote {n} rows to the live profile table")
         except asyncio.CancelledError:
-            job.state, job.error = "cancelled", "cancelled (the function was deleted or the server stopped)"
+            job.state, job.error = (
+                "cancelled",
+                "cancelled (the function was deleted or the server stopped)",
+            )
         except Exception as e:
-            job.state, job.error = "failed", f"{type(e).__name__}: {e}" if not isinstance(e, HttpError) else e.message
+            job.state, job.error = (
+                "failed",
+                f"{type(e).__name__}: {e}" if not isinstance(e, HttpError) else e.message,
+            )
             c.state.add_event(job.function, f"profiling failed: {job.error}", level="error")
         finally:
             job.finished_s = time.time()
@@ -210,7 +273,9 @@ class LiveProfiler:
             if inst.state is LiveState.READY:
                 return
             if time.monotonic() - t0 > READY_TIMEOUT_S:
-                raise RuntimeError(f"the profiling instance was not ready after {READY_TIMEOUT_S:.0f} s")
+                raise RuntimeError(
+                    f"the profiling instance was not ready after {READY_TIMEOUT_S:.0f} s"
+                )
             c.nudge()
             await asyncio.sleep(0.2)
 
@@ -219,13 +284,18 @@ class LiveProfiler:
         p = gw.submit(route, op, enc, payload)
         status, _enc, data, _m = await gw.wait(p)
         if status != P.ST_OK:
-            raise RuntimeError(f"the profiling instance answered {P.STATUS_NAMES.get(status, status)}: {data.decode(errors='replace')}")
+            raise RuntimeError(
+                f"the profiling instance answered {P.STATUS_NAMES.get(status, status)}: "
+                f"{data.decode(errors='replace')}"
+            )
         return data
 
     async def _trial(self, route: str, batch: int, trial_s: float) -> float:
         async def one_batch() -> float:
             t0 = time.perf_counter()
-            await asyncio.gather(*(self._call(route, P.OP_EXAMPLE, P.ENC_RAW, b"") for _ in range(batch)))
+            await asyncio.gather(
+                *(self._call(route, P.OP_EXAMPLE, P.ENC_RAW, b"") for _ in range(batch))
+            )
             return time.perf_counter() - t0
 
         for _ in range(WARMUP_BATCHES):

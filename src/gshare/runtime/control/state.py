@@ -33,7 +33,8 @@ from typing import Any
 from gshare.profiles import ProfilePoint, ProfileTable
 
 DEFAULT_STATE_DIR = "~/.gshare"
-"""Where ``gshare serve`` keeps its state unless ``--state`` (or ``GSHARE_STATE``) says otherwise."""
+"""Where ``gshare serve`` keeps its state unless ``--state`` (or ``GSHARE_STATE``) says
+otherwise."""
 TOKEN_FILE = "token"
 DB_FILE = "gshare.db"
 MAX_EVENTS_PER_FUNCTION = 2000
@@ -188,7 +189,8 @@ class StateStore:
             ).fetchone()
             if row is None:
                 c.execute(
-                    "INSERT INTO functions (name, spec_json, io_json, version, created_s, updated_s)"
+                    "INSERT INTO functions "
+                    "(name, spec_json, io_json, version, created_s, updated_s)"
                     " VALUES (?, ?, NULL, 1, ?, ?)",
                     (name, text, now, now),
                 )
@@ -206,9 +208,7 @@ class StateStore:
 
     def set_function_io(self, name: str, io: dict[str, Any]) -> None:
         with self._tx() as c:
-            c.execute(
-                "UPDATE functions SET io_json = ? WHERE name = ?", (json.dumps(io), name)
-            )
+            c.execute("UPDATE functions SET io_json = ? WHERE name = ?", (json.dumps(io), name))
 
     def get_function(self, name: str) -> StoredFunction | None:
         with self._lock:
@@ -274,7 +274,8 @@ class StateStore:
     ) -> None:
         with self._tx() as c:
             cur = c.execute(
-                "INSERT INTO events (ts_s, function, instance, level, message) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO events (ts_s, function, instance, level, message) "
+                "VALUES (?, ?, ?, ?, ?)",
                 (time.time(), function, instance, level, message),
             )
             last = cur.lastrowid or 0

@@ -33,7 +33,9 @@ log = logging.getLogger("gshare.gateway")
 class ControlPlane:
     """What the HTTP layer needs from the controller (implemented by ``Controller``)."""
 
-    async def deploy(self, body: bytes, content_type: str, *, update: bool | None) -> dict[str, Any]:
+    async def deploy(
+        self, body: bytes, content_type: str, *, update: bool | None
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     async def delete(self, name: str) -> None:
@@ -93,9 +95,13 @@ def build_app(gw: Gateway, control: ControlPlane, token: str, *, lifespan: Any =
     return InvokeFastPath(build_fastapi(gw, control, token, lifespan=lifespan), gw)
 
 
-def build_fastapi(gw: Gateway, control: ControlPlane, token: str, *, lifespan: Any = None) -> FastAPI:
+def build_fastapi(
+    gw: Gateway, control: ControlPlane, token: str, *, lifespan: Any = None
+) -> FastAPI:
     """The FastAPI app behind ``InvokeFastPath``."""
-    app = FastAPI(title="gshare", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="gshare", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+    )
     expected = f"Bearer {token}".encode()
 
     @app.exception_handler(HttpError)
@@ -116,7 +122,9 @@ def build_fastapi(gw: Gateway, control: ControlPlane, token: str, *, lifespan: A
                 "server's state directory, file 'token')",
             )
 
-    async def run(function: str, op: int, enc: int, payload: bytes) -> tuple[Pending, int, int, bytes, Any]:
+    async def run(
+        function: str, op: int, enc: int, payload: bytes
+    ) -> tuple[Pending, int, int, bytes, Any]:
         p = gw.submit(function, op, enc, payload)
         try:
             status, renc, data, m = await gw.wait(p)
@@ -291,12 +299,20 @@ class InvokeFastPath:
                 name = scope["path"][len(self.PREFIX) :]
                 if not e.recorded and name in self.gw.routes:  # rejected before it was queued
                     self.gw.metrics.requests.labels(name, str(e.status)).inc()
-                await self._send(send, e.status, json.dumps({"error": e.message}).encode(), b"application/json")
+                await self._send(
+                    send, e.status, json.dumps({"error": e.message}).encode(), b"application/json"
+                )
             return
         await self.app(scope, receive, send)
 
     @staticmethod
-    async def _send(send: Any, status: int, body: bytes, ctype: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def _send(
+        send: Any,
+        status: int,
+        body: bytes,
+        ctype: bytes,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
         if extra:
             headers.extend(extra)
@@ -319,10 +335,14 @@ class InvokeFastPath:
                 try:
                     declared = int(v)
                 except ValueError:
-                    raise HttpError(400, f"bad Content-Length header {v.decode(errors='replace')!r}") from None
+                    raise HttpError(
+                        400, f"bad Content-Length header {v.decode(errors='replace')!r}"
+                    ) from None
         limit = gw.max_body_bytes
         if declared is not None and declared > limit:
-            raise HttpError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+            raise HttpError(
+                413, f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+            )
         body = b""
         chunks: list[bytes] = []
         size = 0
@@ -366,7 +386,11 @@ class InvokeFastPath:
 def _timing_headers(m: tuple[float, float, float, int] | None) -> dict[str, str]:
     if m is None:
         return {}
-    return {"x-gshare-batch": str(m[3]), "x-gshare-exec-ms": f"{m[2]:.3f}", "x-gshare-token-wait-ms": f"{m[1]:.3f}"}
+    return {
+        "x-gshare-batch": str(m[3]),
+        "x-gshare-exec-ms": f"{m[2]:.3f}",
+        "x-gshare-token-wait-ms": f"{m[1]:.3f}",
+    }
 
 
 __all__ = ["ControlPlane", "InvokeFastPath", "build_app", "build_fastapi", "read_body"]

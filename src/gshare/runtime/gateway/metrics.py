@@ -28,7 +28,10 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
-            "gshare_requests", "Requests answered, by function and HTTP code", ["function", "code"], registry=r
+            "gshare_requests",
+            "Requests answered, by function and HTTP code",
+            ["function", "code"],
+            registry=r,
         )
         self.latency = Histogram(
             "gshare_request_latency_seconds",
@@ -38,7 +41,10 @@ class Metrics:
             registry=r,
         )
         self.slo_violations = Counter(
-            "gshare_slo_violations", "Successful requests slower than the function's slo_ms", ["function"], registry=r
+            "gshare_slo_violations",
+            "Successful requests slower than the function's slo_ms",
+            ["function"],
+            registry=r,
         )
         self.token_wait = Histogram(
             "gshare_token_wait_seconds",
@@ -55,11 +61,24 @@ class Metrics:
             registry=r,
         )
         self.batch_size = Histogram(
-            "gshare_batch_size", "Requests per batch", ["function"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r
+            "gshare_batch_size",
+            "Requests per batch",
+            ["function"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
         )
-        self.retries = Counter("gshare_request_retries", "Requests re-sent after an instance crash", ["function"], registry=r)
-        self.queued = Gauge("gshare_queue_length", "Requests waiting for an instance", ["function"], registry=r)
-        self.instances = Gauge("gshare_instances", "Instances by state", ["function", "state"], registry=r)
+        self.retries = Counter(
+            "gshare_request_retries",
+            "Requests re-sent after an instance crash",
+            ["function"],
+            registry=r,
+        )
+        self.queued = Gauge(
+            "gshare_queue_length", "Requests waiting for an instance", ["function"], registry=r
+        )
+        self.instances = Gauge(
+            "gshare_instances", "Instances by state", ["function", "state"], registry=r
+        )
         self.achieved_share = Gauge(
             "gshare_achieved_share",
             "Fraction of device time an instance used over the last reconcile period",
@@ -67,11 +86,23 @@ class Metrics:
             registry=r,
         )
         self.requested_share = Gauge(
-            "gshare_requested_share", "Quota request of an instance (guaranteed share)", ["function", "instance"], registry=r
+            "gshare_requested_share",
+            "Quota request of an instance (guaranteed share)",
+            ["function", "instance"],
+            registry=r,
         )
-        self.predicted_rps = Gauge("gshare_predicted_rps", "Rate the autoscaler sized the function for", ["function"], registry=r)
-        self.restarts = Counter("gshare_instance_restarts", "Instance restarts after a crash", ["function"], registry=r)
-        self.cold_starts = Counter("gshare_cold_starts", "Instances started", ["function"], registry=r)
+        self.predicted_rps = Gauge(
+            "gshare_predicted_rps",
+            "Rate the autoscaler sized the function for",
+            ["function"],
+            registry=r,
+        )
+        self.restarts = Counter(
+            "gshare_instance_restarts", "Instance restarts after a crash", ["function"], registry=r
+        )
+        self.cold_starts = Counter(
+            "gshare_cold_starts", "Instances started", ["function"], registry=r
+        )
 
     def forget_instance(self, function: str, instance: str) -> None:
         for g in (self.achieved_share, self.requested_share):

@@ -86,7 +86,9 @@ def check_infer_request(body: Any) -> list[dict[str, Any]]:
         if not isinstance(shape, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
         ):
-            raise OipError(f"{where}: 'shape' must be a list of non-negative integers, got {shape!r}")
+            raise OipError(
+                f"{where}: 'shape' must be a list of non-negative integers, got {shape!r}"
+            )
         datatype = t.get("datatype")
         if datatype not in DATATYPES:
             raise OipError(
@@ -135,9 +137,7 @@ def decode_inputs(inputs: list[dict[str, Any]], specs: Sequence[Any] | None) -> 
         names = [t["name"] for t in inputs]
         unknown = [n for n in names if n not in declared]
         if unknown:
-            raise OipError(
-                f"unknown input {unknown[0]!r} (the model takes: {', '.join(declared)})"
-            )
+            raise OipError(f"unknown input {unknown[0]!r} (the model takes: {', '.join(declared)})")
         missing = [n for n in declared if n not in names]
         if missing:
             raise OipError(f"missing input {missing[0]!r} (the model takes: {', '.join(declared)})")
@@ -151,7 +151,9 @@ def decode_inputs(inputs: list[dict[str, Any]], specs: Sequence[Any] | None) -> 
                 d == -1 or d == g for d, g in zip(shape, t["shape"], strict=True)
             )
             if not ok:
-                raise OipError(f"input {t['name']!r}: shape must be {shape} (-1: any), got {t['shape']}")
+                raise OipError(
+                    f"input {t['name']!r}: shape must be {shape} (-1: any), got {t['shape']}"
+                )
     tensors: dict[str, Any] = {}
     for t in inputs:
         if t["datatype"] == "BYTES":
@@ -161,7 +163,9 @@ def decode_inputs(inputs: list[dict[str, Any]], specs: Sequence[Any] | None) -> 
         try:
             tensors[t["name"]] = torch.tensor(t["data"], dtype=dtype).reshape(t["shape"])
         except (RuntimeError, OverflowError, TypeError) as e:
-            raise OipError(f"input {t['name']!r}: cannot build a {t['datatype']} tensor: {e}") from None
+            raise OipError(
+                f"input {t['name']!r}: cannot build a {t['datatype']} tensor: {e}"
+            ) from None
     if len(tensors) == 1:
         return next(iter(tensors.values()))
     return tensors

@@ -130,7 +130,9 @@ class InstanceChannel(asyncio.Protocol):
             if p is None:
                 continue  # answered already (timed out)
             p.channel = None
-            self.gateway.on_response(self, p, status, enc, f[P.RESP_FIXED :], (q_ms, tw_ms, ex_ms, batch))
+            self.gateway.on_response(
+                self, p, status, enc, f[P.RESP_FIXED :], (q_ms, tw_ms, ex_ms, batch)
+            )
         self.close_if_retired_and_idle()
         self.gateway.dispatch(self.function)
 
@@ -155,8 +157,8 @@ class FunctionRoute:
     last_arrival_s: float | None = None
     """``Gateway.clock`` at the last arrival (None: none since the server started)."""
     last_done_s: float | None = None
-    """``Gateway.clock`` at the last answer an instance gave (the function is idle since the later of
-    this and ``last_arrival_s``, when nothing is queued or in flight)."""
+    """``Gateway.clock`` at the last answer an instance gave (the function is idle since the later
+    of this and ``last_arrival_s``, when nothing is queued or in flight)."""
     inputs: list[dict[str, Any]] = field(default_factory=list)
     start_error: str | None = None
     """Why the function's last instance start failed (queued requests fail with it)."""
@@ -195,7 +197,13 @@ class Gateway:
 
     # -- controller side -----------------------------------------------------------------------
 
-    def add_function(self, name: str, slo_ms: float | None, max_batch: int, inputs: list[dict[str, Any]] | None = None) -> None:
+    def add_function(
+        self,
+        name: str,
+        slo_ms: float | None,
+        max_batch: int,
+        inputs: list[dict[str, Any]] | None = None,
+    ) -> None:
         r = self.routes.get(name)
         if r is None:
             self.routes[name] = FunctionRoute(name, slo_ms, max_batch, inputs=list(inputs or []))
@@ -216,7 +224,13 @@ class Gateway:
             self._close_channel(ch)
 
     async def instance_ready(
-        self, function: str, instance_id: str, *, uds_path: str | None, tcp: tuple[str, int] | None, max_batch: int
+        self,
+        function: str,
+        instance_id: str,
+        *,
+        uds_path: str | None,
+        tcp: tuple[str, int] | None,
+        max_batch: int,
     ) -> None:
         """Connect to a ready instance (Unix socket when given, else TCP) and start sending."""
         r = self.routes.get(function)
@@ -349,7 +363,9 @@ class Gateway:
         if self.closing:
             raise HttpError(503, "the server is shutting down")
         if len(r.queue) >= MAX_QUEUE:
-            raise HttpError(429, f"function {function!r} has {len(r.queue)} requests queued; try again later")
+            raise HttpError(
+                429, f"function {function!r} has {len(r.queue)} requests queued; try again later"
+            )
         loop = asyncio.get_running_loop()
         p = Pending(function, op, enc, payload, time.perf_counter(), loop.create_future())
         r.arrivals += 1
@@ -411,11 +427,20 @@ class Gateway:
             with contextlib.suppress(ValueError):
                 r.queue.remove(p)
         p.future.set_exception(
-            HttpError(504, f"function {p.function!r}: no answer after {self.request_timeout_s:g} s ({where})")
+            HttpError(
+                504,
+                f"function {p.function!r}: no answer after {self.request_timeout_s:g} s ({where})",
+            )
         )
 
     def on_response(
-        self, ch: InstanceChannel, p: Pending, status: int, enc: int, payload: bytes, m: tuple[float, float, float, int]
+        self,
+        ch: InstanceChannel,
+        p: Pending,
+        status: int,
+        enc: int,
+        payload: bytes,
+        m: tuple[float, float, float, int],
     ) -> None:
         if status == P.ST_DRAINING:  # not accepted: send elsewhere (no attempt counted)
             r = self.routes.get(p.function)
@@ -430,7 +455,9 @@ class Gateway:
             q_ms, tw_ms, ex_ms, batch = m
             if r is not None and batch > 0:
                 per = ex_ms / batch
-                r.exec_ms_per_item = per if r.exec_ms_per_item is None else 0.9 * r.exec_ms_per_item + 0.1 * per
+                r.exec_ms_per_item = (
+                    per if r.exec_ms_per_item is None else 0.9 * r.exec_ms_per_item + 0.1 * per
+                )
         if not p.future.done():
             p.future.set_result((status, enc, payload, m))
 
@@ -448,8 +475,15 @@ class Gateway:
             p.crashed_on.append(ch.instance_id)
             p.attempts += 1
             if p.attempts >= 2 or r is None:
-                first = f"function {p.function!r}: instance {ch.instance_id} crashed while running the request (connection lost)"
-                again = f"; it was a retry after instance {p.crashed_on[0]} had crashed too" if len(p.crashed_on) > 1 else ""
+                first = (
+                    f"function {p.function!r}: instance {ch.instance_id} crashed while running "
+                    "the request (connection lost)"
+                )
+                again = (
+                    f"; it was a retry after instance {p.crashed_on[0]} had crashed too"
+                    if len(p.crashed_on) > 1
+                    else ""
+                )
                 self._finish_error(p, 502, first + again)
             else:
                 retry.append(p)
@@ -457,7 +491,11 @@ class Gateway:
             self.metrics.retries.labels(ch.function).inc(len(retry))
             r.queue.extendleft(reversed(retry))
             self.dispatch(ch.function)
-            if r.queue and not any(c.usable for c in r.channels.values()) and self.on_cold is not None:
+            if (
+                r.queue
+                and not any(c.usable for c in r.channels.values())
+                and self.on_cold is not None
+            ):
                 self.on_cold(ch.function)
 
     def _finish_error(self, p: Pending, status: int, message: str) -> None:
@@ -466,7 +504,9 @@ class Gateway:
 
     # -- results -> HTTP ---------------------------------------------------------------------------
 
-    def record(self, function: str, code: int, p: Pending, m: tuple[float, float, float, int] | None) -> None:
+    def record(
+        self, function: str, code: int, p: Pending, m: tuple[float, float, float, int] | None
+    ) -> None:
         """Per-request metrics (the labelled children are cached per function and code)."""
         key = (function, code)
         c = self._children.get(key)

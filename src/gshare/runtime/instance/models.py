@@ -196,8 +196,10 @@ def load_weights(module: nn.Module, weights: Mapping[str, torch.Tensor]) -> None
             owner._buffers[leaf] = weights[k]
     module.requires_grad_(False)
     if not shares_weights(module, weights):
-        raise RuntimeError("load_state_dict copied the weights: the model store's zero-copy "
-                           "guarantee is broken (dtype/device mismatch?)")
+        raise RuntimeError(
+            "load_state_dict copied the weights: the model store's zero-copy "
+            "guarantee is broken (dtype/device mismatch?)"
+        )
     left = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"tensors left on the meta device after loading: {left[:3]}")
@@ -206,8 +208,10 @@ def load_weights(module: nn.Module, weights: Mapping[str, torch.Tensor]) -> None
 def shares_weights(module: nn.Module, weights: Mapping[str, torch.Tensor]) -> bool:
     """True when every tensor of ``weights`` IS the module's tensor of that name (same data
     pointer), i.e. the module maps the weights rather than owning a copy."""
-    mine = {**dict(module.named_parameters(remove_duplicate=False)),
-            **dict(module.named_buffers(remove_duplicate=False))}
+    mine = {
+        **dict(module.named_parameters(remove_duplicate=False)),
+        **dict(module.named_buffers(remove_duplicate=False)),
+    }
     for k, w in weights.items():
         t = mine.get(k)
         if t is None or t.data_ptr() != w.data_ptr() or t.dtype != w.dtype:
@@ -270,7 +274,9 @@ def _as_tensor(x: Any, dtype: torch.dtype) -> torch.Tensor:
     return t.to("cpu", dtype)
 
 
-def _split_fixed(t: torch.Tensor, item_shape: tuple[int, ...], what: str) -> tuple[torch.Tensor, bool]:
+def _split_fixed(
+    t: torch.Tensor, item_shape: tuple[int, ...], what: str
+) -> tuple[torch.Tensor, bool]:
     """``t`` as a batch ``[k, *item_shape]`` and whether it was given as a batch."""
     if tuple(t.shape) == item_shape:
         return t.unsqueeze(0), False
@@ -282,7 +288,9 @@ def _split_fixed(t: torch.Tensor, item_shape: tuple[int, ...], what: str) -> tup
     )
 
 
-def _from_float_bytes(b: bytes | bytearray | memoryview, item_shape: tuple[int, ...]) -> tuple[torch.Tensor, bool]:
+def _from_float_bytes(
+    b: bytes | bytearray | memoryview, item_shape: tuple[int, ...]
+) -> tuple[torch.Tensor, bool]:
     item = int(np.prod(item_shape)) * 4
     n = len(b)
     if n == 0 or n % item:
@@ -395,7 +403,7 @@ class TorchClassifier:
         for ts, batched in decoded:
             n = len(ts)
             if batched:
-                out.append({"label": labels[pos:pos + n], "score": scores[pos:pos + n]})
+                out.append({"label": labels[pos : pos + n], "score": scores[pos : pos + n]})
             else:
                 out.append({"label": labels[pos], "score": scores[pos]})
             pos += n
@@ -420,7 +428,9 @@ class _FixedShapeClassifier(TorchClassifier):
         if isinstance(payload, bytes | bytearray | memoryview):
             t, batched = _from_float_bytes(payload, self.item_shape)
         else:
-            t, batched = _split_fixed(_as_tensor(payload, torch.float32), self.item_shape, self.what)
+            t, batched = _split_fixed(
+                _as_tensor(payload, torch.float32), self.item_shape, self.what
+            )
         if not torch.isfinite(t).all():
             raise InputError(f"{self.what} contains NaN or infinite values")
         return list(t.unbind(0)), batched
@@ -450,8 +460,13 @@ class ResNet50Handler(_FixedShapeClassifier):
         from transformers import ResNetConfig
 
         if self.tiny:
-            kw: dict[str, Any] = {"embedding_size": 8, "hidden_sizes": [16, 32],
-                                  "depths": [1, 1], "layer_type": "bottleneck", "num_labels": 10}
+            kw: dict[str, Any] = {
+                "embedding_size": 8,
+                "hidden_sizes": [16, 32],
+                "depths": [1, 1],
+                "layer_type": "bottleneck",
+                "num_labels": 10,
+            }
         else:  # defaults: ResNet-50 (bottleneck 3-4-6-3)
             kw = {"num_labels": 1000}
         return ResNetConfig(**kw)
@@ -478,9 +493,15 @@ class ViTBaseHandler(_FixedShapeClassifier):
         from transformers import ViTConfig
 
         if self.tiny:
-            kw: dict[str, Any] = {"hidden_size": 32, "num_hidden_layers": 2,
-                                  "num_attention_heads": 2, "intermediate_size": 64,
-                                  "image_size": 32, "patch_size": 8, "num_labels": 10}
+            kw: dict[str, Any] = {
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "intermediate_size": 64,
+                "image_size": 32,
+                "patch_size": 8,
+                "num_labels": 10,
+            }
         else:  # defaults: ViT-B/16, 224x224
             kw = {"num_labels": 1000}
         return ViTConfig(**kw)
@@ -537,11 +558,21 @@ class BertHandler(TorchClassifier):
 
         kw: dict[str, Any] = {"num_labels": 2}  # defaults: BERT-base 12x768, vocab 30522, 512 pos
         if self.tiny:
-            kw.update(vocab_size=BYTE_ID0 + 256 + 24, hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+            kw.update(
+                vocab_size=BYTE_ID0 + 256 + 24,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            )
         elif self.large:  # BERT-large: 24x1024, 16 heads, 335 M parameters
-            kw.update(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                      intermediate_size=4096)
+            kw.update(
+                hidden_size=1024,
+                num_hidden_layers=24,
+                num_attention_heads=16,
+                intermediate_size=4096,
+            )
         return BertConfig(**kw)
 
     def build(self) -> nn.Module:
@@ -583,10 +614,16 @@ class BertHandler(TorchClassifier):
             return self.decode_one(payload["text"])
         if isinstance(payload, Mapping) and "input_ids" in payload:
             payload = payload["input_ids"]
-        if isinstance(payload, list | tuple) and payload and all(isinstance(s, str) for s in payload):
+        if (
+            isinstance(payload, list | tuple)
+            and payload
+            and all(isinstance(s, str) for s in payload)
+        ):
             return [self.tokenize(s) for s in payload], True
-        if isinstance(payload, list | tuple) and payload and all(
-            isinstance(s, list | tuple) for s in payload
+        if (
+            isinstance(payload, list | tuple)
+            and payload
+            and all(isinstance(s, list | tuple) for s in payload)
         ):  # a batch of sequences, possibly ragged
             seqs = [self._check_ids(_as_tensor(s, torch.int64)) for s in payload]
             if any(s.dim() != 1 for s in seqs):
@@ -598,7 +635,9 @@ class BertHandler(TorchClassifier):
         if t.dim() == 2 and t.shape[0] > 0:
             self._check_ids(t)
             return list(t.unbind(0)), True
-        raise InputError(f"expected token ids of shape [seq] or [n, seq], got {_fmt_shape(t.shape)}")
+        raise InputError(
+            f"expected token ids of shape [seq] or [n, seq], got {_fmt_shape(t.shape)}"
+        )
 
     def forward(self, items: list[torch.Tensor]) -> torch.Tensor:
         assert self.module is not None

@@ -142,7 +142,9 @@ class FrameReader:
         return out
 
 
-def call_once(uds_path: str, op: int, encoding: int, payload: bytes, timeout_s: float = 60.0) -> tuple[int, bytes]:
+def call_once(
+    uds_path: str, op: int, encoding: int, payload: bytes, timeout_s: float = 60.0
+) -> tuple[int, bytes]:
     """One blocking request on a fresh connection to an instance's Unix socket; returns
     ``(status, payload)``. For tools, benches and tests (the gateway multiplexes instead).
     Raises ``ProtocolError`` when the instance closes the connection without an answer."""

@@ -14,16 +14,17 @@ Who creates it: the node agent of the node the placement policy chose
 4. the data-path server: a Unix-domain socket (and a TCP port when the gateway runs on another
    node) speaking ``instance.protocol``; plus the batching thread and the memory watchdog.
 
-Data path: frames arrive on an asyncio loop (IO thread) and are queued; the batching thread
-takes up to ``max_batch`` requests, waiting at most ``max_wait_ms`` after the first for more
-(a full batch goes at once: ``policy.batching.next_batch``, the simulator's rule), asks the token server for a token (``acquire``), runs
-``handler.predict`` on the batch, and sends the responses with per-request metrics (queue
-wait, token wait, busy time, batch size). A batch whose ``predict`` raises is re-run one request at a time so that one bad input fails alone.
-Token reuse (Gemini: a token is a time slice): while the next batch can start at once
-(``policy.batching.keep_token_for_next_batch``) the instance keeps its token and runs that
-batch on it if the token's rest fits the predicted batch (``policy.tokens.reuse_token``), else releases it and acquires another; when the queue has no
-batch ready it releases the token (``idle``) with the busy time of all the batches it ran, so
-the protocol is paid once per token under load, not once per batch.
+Data path: frames arrive on an asyncio loop (IO thread) and are queued; the batching thread takes up
+to ``max_batch`` requests, waiting at most ``max_wait_ms`` after the first for more (a full batch
+goes at once: ``policy.batching.next_batch``, the simulator's rule), asks the token server for a
+token (``acquire``), runs ``handler.predict`` on the batch, and sends the responses with per-request
+metrics (queue wait, token wait, busy time, batch size). A batch whose ``predict`` raises is re-run
+one request at a time so that one bad input fails alone. Token reuse (Gemini: a token is a time
+slice): while the next batch can start at once (``policy.batching.keep_token_for_next_batch``) the
+instance keeps its token and runs that batch on it if the token's rest fits the predicted batch
+(``policy.tokens.reuse_token``), else releases it and acquires another; when the queue has no batch
+ready it releases the token (``idle``) with the busy time of all the batches it ran, so the protocol
+is paid once per token under load, not once per batch.
 
 Preemption points (FaST-GShare §3.3.2's hook library, at the framework level): FaST's
 frontend intercepts every kernel launch and asks for a new token once the one it holds is
@@ -338,12 +339,20 @@ class InstanceServer:
                 reply = {"ok": True}
             elif name == "stats":
                 with self._cond:
-                    reply = {**self.stats, "queued": len(self._queue), "running": len(self._running)}
+                    reply = {
+                        **self.stats,
+                        "queued": len(self._queue),
+                        "running": len(self._running),
+                    }
             else:
-                return P.encode_response(req_id, P.ST_BAD_INPUT, P.ENC_RAW, f"unknown command {name!r}".encode())
+                return P.encode_response(
+                    req_id, P.ST_BAD_INPUT, P.ENC_RAW, f"unknown command {name!r}".encode()
+                )
             return P.encode_response(req_id, P.ST_OK, P.ENC_JSON, json.dumps(reply).encode())
         except (ValueError, TypeError, AttributeError) as e:
-            return P.encode_response(req_id, P.ST_BAD_INPUT, P.ENC_RAW, f"bad control frame: {e}".encode())
+            return P.encode_response(
+                req_id, P.ST_BAD_INPUT, P.ENC_RAW, f"bad control frame: {e}".encode()
+            )
 
     # -- batching ------------------------------------------------------------------------------
 
@@ -418,7 +427,12 @@ class InstanceServer:
                 self._run_batch(batch)
             except BaseException as e:  # never let the batching thread die silently
                 msg = f"internal error in instance {self.launch.instance_id}: {e!r}".encode()
-                self._send([(it.writer, P.encode_response(it.req_id, P.ST_INTERNAL, P.ENC_RAW, msg)) for it in batch])
+                self._send(
+                    [
+                        (it.writer, P.encode_response(it.req_id, P.ST_INTERNAL, P.ENC_RAW, msg))
+                        for it in batch
+                    ]
+                )
             finally:
                 with self._cond:
                     self._running = []
@@ -445,7 +459,12 @@ class InstanceServer:
                 good.append(it)
             except Exception as e:
                 msg = _input_error(e)
-                out.append((it.writer, P.encode_response(it.req_id, P.ST_BAD_INPUT, P.ENC_RAW, msg.encode())))
+                out.append(
+                    (
+                        it.writer,
+                        P.encode_response(it.req_id, P.ST_BAD_INPUT, P.ENC_RAW, msg.encode()),
+                    )
+                )
         if not good:
             self._send(out)
             return
@@ -497,11 +516,20 @@ class InstanceServer:
                     enc, data = self._encode(it, value)
                     status = P.ST_OK
                 except Exception as e:
-                    status, enc, data = P.ST_FUNCTION_ERROR, P.ENC_RAW, f"cannot encode the output: {e}".encode()
+                    status, enc, data = (
+                        P.ST_FUNCTION_ERROR,
+                        P.ENC_RAW,
+                        f"cannot encode the output: {e}".encode(),
+                    )
             else:
                 status, enc, data = value
             out.append(
-                (it.writer, P.encode_response(it.req_id, status, enc, data, queue_ms, token_wait_ms, busy_ms, n))
+                (
+                    it.writer,
+                    P.encode_response(
+                        it.req_id, status, enc, data, queue_ms, token_wait_ms, busy_ms, n
+                    ),
+                )
             )
         self._send(out)
 

@@ -153,8 +153,12 @@ class NodeAgent:
         self._launcher_lock = threading.Lock()
         if launcher == "fork":  # import the runtime now, not at the first deployment
             self._launcher = Launcher()
-            threading.Thread(target=self._launcher_started, name="gshare-template", daemon=True).start()
-        self._monitor = threading.Thread(target=self._monitor_loop, name="gshare-monitor", daemon=True)
+            threading.Thread(
+                target=self._launcher_started, name="gshare-template", daemon=True
+            ).start()
+        self._monitor = threading.Thread(
+            target=self._monitor_loop, name="gshare-monitor", daemon=True
+        )
         self._monitor.start()
 
     def _log_path(self, launch: InstanceLaunch) -> Path:
@@ -192,7 +196,9 @@ class NodeAgent:
 
     def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
         try:
-            result: dict[str, Any] = self._node_task("describe_handler", [spec, extra_sys_path], 300.0)
+            result: dict[str, Any] = self._node_task(
+                "describe_handler", [spec, extra_sys_path], 300.0
+            )
             return result
         except Exception as e:
             return {"ok": False, "error": _last_line(e)}
@@ -203,14 +209,19 @@ class NodeAgent:
         with self._launcher_lock:
             if not self._launcher.alive():
                 if self._launcher.pid is not None:
-                    log.warning("the instance template of node %s died; starting a new one", self.node_id[:8])
+                    log.warning(
+                        "the instance template of node %s died; starting a new one",
+                        self.node_id[:8],
+                    )
                 self._launcher.start()
         return self._launcher
 
     def _node_task(self, name: str, args: list[Any], timeout_s: float) -> Any:
         """Run ``node.tasks.NAME(*args)`` in a throw-away process on this node."""
         if self._launcher is not None:
-            return self._launcher_started().call(f"gshare.runtime.node.tasks:{name}", args, timeout_s)
+            return self._launcher_started().call(
+                f"gshare.runtime.node.tasks:{name}", args, timeout_s
+            )
         task = ray.remote(getattr(node_tasks, name)).options(
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
@@ -268,7 +279,12 @@ class NodeAgent:
             # region by default): passive waits, and pools sized to the partition from the
             # first import of torch. Set at process start, through the actor's runtime env.
             env.update(
-                {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
+                {
+                    "OMP_WAIT_POLICY": "PASSIVE",
+                    "KMP_BLOCKTIME": "0",
+                    "OMP_NUM_THREADS": n,
+                    "MKL_NUM_THREADS": n,
+                }
             )
         filled = replace(
             base,
@@ -292,7 +308,9 @@ class NodeAgent:
             if first:
                 lock = self._key_locks.setdefault(launch.function, threading.Lock())
                 with lock:
-                    key = self._node_task("put_weights", [self.store_root, launch.spec], START_TIMEOUT_S)
+                    key = self._node_task(
+                        "put_weights", [self.store_root, launch.spec], START_TIMEOUT_S
+                    )
                 if key:
                     self._model_keys.add(key)
                     if launch.device.startswith("cuda"):  # one device copy per GPU (CUDA IPC)
@@ -356,7 +374,9 @@ class NodeAgent:
         if m.actor is not None:
             with contextlib.suppress(Exception):
                 ray.kill(m.actor, no_restart=True)
-        elif m.pid is not None and (self._launcher is None or self._launcher.exit_code(m.pid) is None):
+        elif m.pid is not None and (
+            self._launcher is None or self._launcher.exit_code(m.pid) is None
+        ):
             import signal
 
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -430,7 +450,9 @@ class NodeAgent:
                     log.warning("monitor: %s", e)
 
     def _check(self, m: _Managed, psutil: Any) -> None:
-        if m.state is InstanceState.STARTING and m.pid is not None:  # forked: its .ready file says when
+        if (
+            m.state is InstanceState.STARTING and m.pid is not None
+        ):  # forked: its .ready file says when
             try:
                 info = json.loads(Path(m.launch.uds_path + ".ready").read_text())
             except (OSError, ValueError):
@@ -476,7 +498,11 @@ class NodeAgent:
             self._on_death(m, reason, start_failure=False)
 
     def _alive(self, m: _Managed, psutil: Any) -> bool:
-        if m.pid is not None and self._launcher is not None and self._launcher.exit_code(m.pid) is not None:
+        if (
+            m.pid is not None
+            and self._launcher is not None
+            and self._launcher.exit_code(m.pid) is not None
+        ):
             return False
         if m.proc is None:
             return False
@@ -499,7 +525,10 @@ class NodeAgent:
                 return
             if len(m.restarts) >= MAX_RESTARTS:
                 m.state = InstanceState.FAILED
-                m.error = f"{reason}; restarted {len(m.restarts)} times in {RESTART_WINDOW_S:.0f} s, giving up"
+                m.error = (
+                    f"{reason}; restarted {len(m.restarts)} times in "
+                    f"{RESTART_WINDOW_S:.0f} s, giving up"
+                )
                 return
             m.restarts.append(now)
             m.total_restarts += 1

@@ -162,13 +162,19 @@ class Launcher:
         except Exception:
             proc.kill()
             proc.wait()
-            raise LauncherError(f"the instance template did not start within {timeout_s:.0f} s") from None
+            raise LauncherError(
+                f"the instance template did not start within {timeout_s:.0f} s"
+            ) from None
         if hello.get("event") != "ready":
             code = proc.wait()
-            raise LauncherError(f"the instance template exited ({code}) before it was ready; see stderr")
+            raise LauncherError(
+                f"the instance template exited ({code}) before it was ready; see stderr"
+            )
         with self._lock:
             self._proc = proc
-            self._reader = threading.Thread(target=self._read, args=(proc,), name="gshare-launcher", daemon=True)
+            self._reader = threading.Thread(
+                target=self._read, args=(proc,), name="gshare-launcher", daemon=True
+            )
             self._reader.start()
 
     def ensure_started(self) -> None:
@@ -221,7 +227,9 @@ class Launcher:
     def launch(self, launch: dict[str, Any], log_path: str, timeout_s: float = 30.0) -> int:
         """Fork an instance from the template; return its pid (it is not ready yet: its
         ``.ready`` file says when it is)."""
-        pid: int = self._request({"op": "launch", "launch": launch, "log": log_path}).result(timeout_s)
+        pid: int = self._request({"op": "launch", "launch": launch, "log": log_path}).result(
+            timeout_s
+        )
         return pid
 
     def call(self, target: str, args: list[Any], timeout_s: float = 600.0) -> Any:
@@ -475,12 +483,16 @@ def main() -> None:
     gc.freeze()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
-        print("gshare launcher: CUDA was initialised by an import; forked instances cannot use it",
-              file=sys.stderr)
+        print(
+            "gshare launcher: CUDA was initialised by an import; forked instances cannot use it",
+            file=sys.stderr,
+        )
     threads = _thread_count()
     if threads != 1:
-        print(f"gshare launcher: {threads} threads after the imports; forking them is unsafe",
-              file=sys.stderr)
+        print(
+            f"gshare launcher: {threads} threads after the imports; forking them is unsafe",
+            file=sys.stderr,
+        )
     t = _Template(out)
 
     def on_term(_sig: int, _frame: Any) -> None:

@@ -17,8 +17,8 @@ gshare does the same in two tiers:
   mapped read-only: a handler that writes to a weight in place gets SIGSEGV instead of
   corrupting the weights of every instance on the node.
   Instances then build the model skeleton on the meta device and adopt the mapped tensors
-  with ``load_state_dict(assign=True)`` (``gshare.runtime.instance.models.load_weights``), which keeps
-  the given storage and dtype and is checked afterwards not to have copied anything.
+  with ``load_state_dict(assign=True)`` (``gshare.runtime.instance.models.load_weights``), which
+  keeps the given storage and dtype and is checked afterwards not to have copied anything.
 
   Why not Ray's object store? It also gives zero-copy numpy views of shared memory (plasma),
   but only to Ray workers, only while an ``ObjectRef`` is held somewhere, and its objects may
@@ -140,7 +140,9 @@ class _Mapped:
             for name, info in header.items():
                 dtype = _DTYPES.get(info["dtype"])
                 if dtype is None:
-                    raise StoreError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+                    raise StoreError(
+                        f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}"
+                    )
                 shape = [int(d) for d in info["shape"]]
                 lo, hi = (int(x) for x in info["data_offsets"])
                 numel = 1
@@ -182,7 +184,9 @@ class ModelStore:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._mapped: dict[str, _Mapped] = {}
         self._cuda_owned: dict[tuple[str, str], tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
-        self._cuda_opened: dict[tuple[str, str], tuple[tuple[int, int], dict[str, torch.Tensor]]] = {}
+        self._cuda_opened: dict[
+            tuple[str, str], tuple[tuple[int, int], dict[str, torch.Tensor]]
+        ] = {}
 
     # -- naming -------------------------------------------------------------------------------
 
@@ -229,8 +233,18 @@ class ModelStore:
                 raise TypeError(f"state[{name!r}] is a {type(t).__name__}, not a tensor")
             if t.dtype not in _NAMES:
                 raise TypeError(f"state[{name!r}] has dtype {t.dtype}, which the store lacks")
-            ident = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(),
-                     tuple(t.shape), tuple(t.stride()), t.dtype) if t.numel() else None
+            ident = (
+                (
+                    t.device,
+                    t.untyped_storage().data_ptr(),
+                    t.storage_offset(),
+                    tuple(t.shape),
+                    tuple(t.stride()),
+                    t.dtype,
+                )
+                if t.numel()
+                else None
+            )
             if ident is not None and ident in seen:
                 aliases[name] = seen[ident]
                 continue
@@ -245,8 +259,11 @@ class ModelStore:
         off = 0
         for name, t in entries:
             nb = t.numel() * t.element_size()
-            header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape),
-                            "data_offsets": [off, off + nb]}
+            header[name] = {
+                "dtype": _NAMES[t.dtype],
+                "shape": list(t.shape),
+                "data_offsets": [off, off + nb],
+            }
             off += nb
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * ((-(8 + len(text))) % _DATA_ALIGN)
@@ -371,8 +388,12 @@ class ModelStore:
         aliases: dict[str, str] = {}
         for name, t in host.items():
             ptr = t.data_ptr() if t.numel() else -1
-            if ptr != -1 and ptr in firsts and host[firsts[ptr]].shape == t.shape and \
-                    host[firsts[ptr]].dtype == t.dtype:
+            if (
+                ptr != -1
+                and ptr in firsts
+                and host[firsts[ptr]].shape == t.shape
+                and host[firsts[ptr]].dtype == t.dtype
+            ):
                 aliases[name] = firsts[ptr]
                 continue
             firsts.setdefault(ptr, name)
@@ -386,8 +407,14 @@ class ModelStore:
         torch.cuda.synchronize(dev)
         views = _views(flat, layout, aliases)
         _, args = reduce_tensor(flat)  # type: ignore[no-untyped-call]
-        payload = {"version": 1, "device": str(dev), "pid": os.getpid(), "args": args,
-                   "layout": layout, "aliases": aliases}
+        payload = {
+            "version": 1,
+            "device": str(dev),
+            "pid": os.getpid(),
+            "args": args,
+            "layout": layout,
+            "aliases": aliases,
+        }
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
             pickle.dump(payload, f)

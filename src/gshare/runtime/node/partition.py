@@ -228,8 +228,10 @@ def start_mps_daemon(timeout_s: float = 5.0) -> bool:
 
 
 def _warn_mps(why: str) -> None:
-    msg = (f"MPS is unavailable ({why}): sm_pct is not enforced on the GPU; instances share "
-           "its SMs by time slicing (tokens) only")
+    msg = (
+        f"MPS is unavailable ({why}): sm_pct is not enforced on the GPU; instances share "
+        "its SMs by time slicing (tokens) only"
+    )
     log.warning(msg)
     warnings.warn(msg, MpsUnavailableWarning, stacklevel=3)
 

@@ -131,7 +131,8 @@ class Invoker:
         if vcpus < 0 or vgpus < 0 or not self.fits(vcpus, vgpus):
             raise SimulationError(
                 f"invoker {self.invoker_id}: cannot hold {vcpus} vCPUs / {vgpus} vGPUs with "
-                f"{self.free_vcpus}/{self.vcpus} vCPUs and {self.free_vgpus}/{self.vgpus} vGPUs free"
+                f"{self.free_vcpus}/{self.vcpus} vCPUs and "
+                f"{self.free_vgpus}/{self.vgpus} vGPUs free"
             )
         self.free_vcpus -= vcpus
         self.free_vgpus -= vgpus

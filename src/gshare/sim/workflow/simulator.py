@@ -211,8 +211,11 @@ class WorkflowRunResult:
     end_ms: float
 
     def measured(self, application: str | None = None) -> list[RequestOutcome]:
-        return [r for r in self.requests
-                if r.measured and (application is None or r.application == application)]
+        return [
+            r
+            for r in self.requests
+            if r.measured and (application is None or r.application == application)
+        ]
 
     def applications(self) -> list[str]:
         return list(dict.fromkeys(r.application for r in self.requests))
@@ -223,12 +226,21 @@ class WorkflowRunResult:
         rs = self.measured(application)
         n = len(rs)
         if n == 0:
-            return {"requests": 0.0, "slo_hit_rate": float("nan"), "cost_per_request_usd":
-                    float("nan"), "cost_usd": 0.0, "p50_ms": float("nan"), "p95_ms":
-                    float("nan"), "p99_ms": float("nan"), "mean_ms": float("nan"),
-                    "unfinished": 0.0, "slo_ms": float("nan")}
-        lat = np.array([r.latency_ms if r.latency_ms is not None else self.end_ms - r.arrival_ms
-                        for r in rs])
+            return {
+                "requests": 0.0,
+                "slo_hit_rate": float("nan"),
+                "cost_per_request_usd": float("nan"),
+                "cost_usd": 0.0,
+                "p50_ms": float("nan"),
+                "p95_ms": float("nan"),
+                "p99_ms": float("nan"),
+                "mean_ms": float("nan"),
+                "unfinished": 0.0,
+                "slo_ms": float("nan"),
+            }
+        lat = np.array(
+            [r.latency_ms if r.latency_ms is not None else self.end_ms - r.arrival_ms for r in rs]
+        )
         cost = sum(r.cost_usd for r in rs)
         return {
             "requests": float(n),
@@ -302,9 +314,25 @@ class WorkflowSim:
         self._plan_ms: list[float] = []
         self._select_ms: list[float] = []
         self._c: dict[str, float] = dict.fromkeys(
-            ("tasks", "jobs", "warm_starts", "cold_starts", "adopted_prewarm", "prewarm_started",
-             "evictions", "local_inputs", "remote_inputs", "config_misses", "no_invoker",
-             "rounds", "cost_usd", "vcpu_ms", "vgpu_ms"), 0.0)
+            (
+                "tasks",
+                "jobs",
+                "warm_starts",
+                "cold_starts",
+                "adopted_prewarm",
+                "prewarm_started",
+                "evictions",
+                "local_inputs",
+                "remote_inputs",
+                "config_misses",
+                "no_invoker",
+                "rounds",
+                "cost_usd",
+                "vcpu_ms",
+                "vgpu_ms",
+            ),
+            0.0,
+        )
         self._alloc_vcpus = 0
         self._alloc_vgpus = 0
         self._alloc_since = 0.0
@@ -350,9 +378,15 @@ class WorkflowSim:
             scheduler=getattr(self.policy, "name", type(self.policy).__name__),
             requests=[
                 RequestOutcome(
-                    r.request_id, r.application, r.arrival_ms, r.slo_ms,
+                    r.request_id,
+                    r.application,
+                    r.arrival_ms,
+                    r.slo_ms,
                     None if r.finish_ms is None else r.finish_ms - r.arrival_ms,
-                    r.cost_usd, r.measured, r.cold_starts, r.remote_inputs,
+                    r.cost_usd,
+                    r.measured,
+                    r.cold_starts,
+                    r.remote_inputs,
                 )
                 for r in self._requests.values()
             ],
@@ -377,7 +411,11 @@ class WorkflowSim:
         wf = self.workflows[app]
         rid = len(self._requests)
         req = _Request(
-            rid, app, now, wf.slo_ms, measured=now >= self.config.warmup_ms,
+            rid,
+            app,
+            now,
+            wf.slo_ms,
+            measured=now >= self.config.warmup_ms,
             pending={s: len(p) for s, p in self._pred[app].items()},
         )
         self._requests[rid] = req
@@ -449,15 +487,18 @@ class WorkflowSim:
         preds = self._pred[app][stage]
         if preds:
             horizon = max((c.batch for c in plan.candidates), default=1)
-            preferred = tuple(dict.fromkeys(
-                self._requests[j.request_id].node_of[p] for j in jobs[:horizon] for p in preds
-            ))
+            preferred = tuple(
+                dict.fromkeys(
+                    self._requests[j.request_id].node_of[p] for j in jobs[:horizon] for p in preds
+                )
+            )
         else:
             preferred = (home_invoker(app, fn, len(self.nodes)),)
         request = DispatchRequest(fn, tuple(plan.candidates), preferred, first_stage=not preds)
         snapshot = [
-            InvokerState(n.invoker_id, n.free_vcpus, n.free_vgpus, n.warm_counts(), n.vcpus,
-                         n.vgpus)
+            InvokerState(
+                n.invoker_id, n.free_vcpus, n.free_vgpus, n.warm_counts(), n.vcpus, n.vgpus
+            )
             for n in self.nodes
         ]
         t0 = time.perf_counter()
@@ -490,8 +531,9 @@ class WorkflowSim:
                 r = self._requests[j.request_id]
                 if r.plan is None:
                     r.plan = dict(plan.request_plan)
-        self._start_task(key, fn, node, FunctionConfig(len(taken), cfg.vcpus, cfg.vgpus), taken,
-                         delay_ms)
+        self._start_task(
+            key, fn, node, FunctionConfig(len(taken), cfg.vcpus, cfg.vgpus), taken, delay_ms
+        )
         return True
 
     def _node(self, invoker_id: int) -> Invoker:
@@ -595,8 +637,9 @@ class WorkflowSim:
             for s in succ:
                 r.pending[s] -= 1
                 if r.pending[s] == 0:
-                    self.queues = self.queues.push(AfwKey(app, s), AfwJob(r.request_id,
-                                                                         r.arrival_ms, now))
+                    self.queues = self.queues.push(
+                        AfwKey(app, s), AfwJob(r.request_id, r.arrival_ms, now)
+                    )
             if len(r.done) == n_stages:
                 r.finish_ms = now
                 self._unfinished -= 1
@@ -613,8 +656,11 @@ class WorkflowSim:
 
     def _schedule_eviction(self, c: Container) -> None:
         since = c.idle_since_ms
-        self.loop.at(keep_alive_deadline_ms(since, self._keep_alive_ms),
-                     lambda: self._evict(c, since), PRIO_EVICT)
+        self.loop.at(
+            keep_alive_deadline_ms(since, self._keep_alive_ms),
+            lambda: self._evict(c, since),
+            PRIO_EVICT,
+        )
 
     def _evict(self, c: Container, since: float) -> None:
         if c.state == "idle" and c.idle_since_ms == since:
@@ -632,10 +678,18 @@ class WorkflowSim:
         for node in self.nodes:
             for fn, pool in node.pools.items():
                 pools[(fn, node.invoker_id)] = pool
-                views.append(PoolView(
-                    fn, node.invoker_id, len(pool.idle), pool.busy, len(pool.starting),
-                    self.perf.functions[fn].cold_start_ms, pool.calls, pool.hold_ms,
-                ))
+                views.append(
+                    PoolView(
+                        fn,
+                        node.invoker_id,
+                        len(pool.idle),
+                        pool.busy,
+                        len(pool.starting),
+                        self.perf.functions[fn].cold_start_ms,
+                        pool.calls,
+                        pool.hold_ms,
+                    )
+                )
         for action in plan_prewarm(views, now, params):
             pool = pools[(action.function, action.invoker_id)]
             ready = now + self.perf.functions[action.function].cold_start_ms
@@ -677,6 +731,9 @@ class WorkflowSim:
         c["local_input_share"] = c["local_inputs"] / inputs if inputs else float("nan")
         c["events"] = float(self.loop.events_processed)
         c["unfinished"] = float(self._unfinished)
-        c["containers"] = float(sum(len(p.idle) + p.busy + len(p.starting)
-                                    for n in self.nodes for p in n.pools.values()))
+        c["containers"] = float(
+            sum(
+                len(p.idle) + p.busy + len(p.starting) for n in self.nodes for p in n.pools.values()
+            )
+        )
         return c

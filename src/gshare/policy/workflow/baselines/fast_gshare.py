@@ -62,8 +62,9 @@ def rpr(
     return throughput_rps(option) / resource_share(option.config, node_vcpus, node_vgpus)
 
 
-def resource_share(config: FunctionConfig, node_vcpus: int = NODE_VCPUS,
-                   node_vgpus: int = NODE_VGPUS) -> float:
+def resource_share(
+    config: FunctionConfig, node_vcpus: int = NODE_VCPUS, node_vgpus: int = NODE_VGPUS
+) -> float:
     """The fraction of a node's CPU plus the fraction of its GPU a configuration holds."""
     return config.vcpus / node_vcpus + config.vgpus / node_vgpus
 
@@ -108,8 +109,9 @@ def fast_select(request: DispatchRequest, invokers: Sequence[InvokerState]) -> D
                 fitting,
                 key=lambda i: (leftover_share(i, cfg), i.free_vgpus - cfg.vgpus, i.invoker_id),
             )
-            return Dispatch(inv.invoker_id, cfg, landed_via(inv, request),
-                            inv.is_warm(request.function), rank)
+            return Dispatch(
+                inv.invoker_id, cfg, landed_via(inv, request), inv.is_warm(request.function), rank
+            )
     if not request.candidates:
         return NoInvoker("no candidate configuration")
     return NoInvoker(
@@ -144,9 +146,7 @@ class FastGSharePolicy:
         """``ctx.stage``'s fixed share of the SLO."""
         split = self._split.get(ctx.application)
         if split is None:
-            split = self._split[ctx.application] = service_time_slo_split(
-                ctx.workflow, ctx.options
-            )
+            split = self._split[ctx.application] = service_time_slo_split(ctx.workflow, ctx.options)
         return split[ctx.stage]
 
     def plan_stage(self, ctx: StageContext) -> StagePlan:
@@ -154,8 +154,9 @@ class FastGSharePolicy:
         configuration when none does."""
         target = self.stage_slo_ms(ctx) - ctx.waiting_ms
         opts = stage_options(ctx.workflow, ctx.stage, ctx.options)
-        cands = fast_candidates(opts, target, ctx.queue_len, node_vcpus=self.node_vcpus,
-                                node_vgpus=self.node_vgpus)
+        cands = fast_candidates(
+            opts, target, ctx.queue_len, node_vcpus=self.node_vcpus, node_vgpus=self.node_vgpus
+        )
         return candidates_plan("fast-gshare", [o.config for o in cands], target)
 
     def select_invoker(

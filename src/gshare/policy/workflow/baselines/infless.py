@@ -153,8 +153,9 @@ def infless_select(
     rank, col = np.unravel_index(int(np.argmax(cre)), cre.shape)  # first max: rank, then id
     inv = invs[int(col)]
     cfg = cands[int(rank)]
-    return Dispatch(inv.invoker_id, cfg, landed_via(inv, request), inv.is_warm(request.function),
-                    int(rank))
+    return Dispatch(
+        inv.invoker_id, cfg, landed_via(inv, request), inv.is_warm(request.function), int(rank)
+    )
 
 
 class InflessPolicy:
@@ -193,9 +194,7 @@ class InflessPolicy:
         not see the application)."""
         split = self._split.get(ctx.application)
         if split is None:
-            split = self._split[ctx.application] = service_time_slo_split(
-                ctx.workflow, ctx.options
-            )
+            split = self._split[ctx.application] = service_time_slo_split(ctx.workflow, ctx.options)
         return split[ctx.stage]
 
     def plan_stage(self, ctx: StageContext) -> StagePlan:

@@ -10,8 +10,9 @@ tests compare it with brute force).
 What holds: ``plan_stage`` returns exactly one candidate; the search is deterministic and
 bounded by a count of evaluated states, never by a clock; without a cut-off it returns the
 cheapest plan whose P95 latency meets the goal (the brute-force optimum, property-tested), and
-when no plan can meet the goal it returns the fastest plan. ``select_invoker`` is ESG_Dispatch (locality as ESG gives
-every scheduler but INFless and FaST-GShare), so it only picks invokers with room.
+when no plan can meet the goal it returns the fastest plan. ``select_invoker`` is ESG_Dispatch
+(locality as ESG gives every scheduler but INFless and FaST-GShare), so it only picks invokers with
+room.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ expanding once this many have been). ESG §4.2: the search returns "when [it] ex
 time (e.g., 100ms)". Calibrated, not timed: on the development machine (a shared 2-core VM,
 CPython 3.11, ESG's applications over the default 448-configuration grid, every SLO level)
 30,000 evaluations took 97-120 ms for the 3-stage applications and 123-130 ms for the 5-stage
-one (~3.3-4.3 us each), so 25,000 is ~80-110 ms. The budget is a fixed amount of search work: the same result on
-every machine and in virtual time; no clock is read."""
+one (~3.3-4.3 us each), so 25,000 is ~80-110 ms. The budget is a fixed amount of search work: the
+same result on every machine and in virtual time; no clock is read."""
 MS_PER_EVALUATION: Final[float] = 0.004
 """Calibrated wall-clock cost of one evaluated state on the development machine (see
 ``DEFAULT_MAX_EVALUATIONS``; 25,000 x 0.004 ms = 100 ms): converts the deterministic work of a
@@ -263,10 +264,24 @@ def orion_search(
     n = len(stages)
     names = tuple(stages)
 
-    def result(state: tuple[int, ...], status: Status, expanded: int, generated: int,
-               p95: float, cost: float) -> OrionResult:
-        return OrionResult(names, tuple(lattices[k].configs[state[k]] for k in range(n)),
-                           p95, cost, goal_ms, status, expanded, generated)
+    def result(
+        state: tuple[int, ...],
+        status: Status,
+        expanded: int,
+        generated: int,
+        p95: float,
+        cost: float,
+    ) -> OrionResult:
+        return OrionResult(
+            names,
+            tuple(lattices[k].configs[state[k]] for k in range(n)),
+            p95,
+            cost,
+            goal_ms,
+            status,
+            expanded,
+            generated,
+        )
 
     if prune:
         # every configuration is in the start's cone only on a full grid: use all times
@@ -275,8 +290,7 @@ def orion_search(
             state = tuple(_fastest_index(lat) for lat in lattices)
             times = [lattices[k].time_ms[state[k]] for k in range(n)]
             cost = sum(lattices[k].cost_usd[state[k]] for k in range(n))
-            return result(state, "unreachable", 0, 0, p95_ms_of(times, pidx, sigma_frac, z),
-                          cost)
+            return result(state, "unreachable", 0, 0, p95_ms_of(times, pidx, sigma_frac, z), cost)
 
     seq = itertools.count()
     # entries: (priority, kind, p95, seq, state); kind 0 = goal entry (priority = its cost),
@@ -413,8 +427,9 @@ class OrionPolicy:
         SLO minus the time the request has spent (``ctx.elapsed_ms``); ``ctx.stage`` only
         batches the ``ctx.queue_len`` jobs that are there."""
         wf = ctx.workflow
-        stages = tuple(topological(wf, [s.name for s in wf.stages
-                                         if s.name not in ctx.done_stages]))
+        stages = tuple(
+            topological(wf, [s.name for s in wf.stages if s.name not in ctx.done_stages])
+        )
         goal = wf.slo_ms - ctx.elapsed_ms
         if self.goal_resolution_ms > 0:
             goal = math.floor(goal / self.goal_resolution_ms) * self.goal_resolution_ms
@@ -425,8 +440,11 @@ class OrionPolicy:
             return hit
         smap = stage_map(wf)
         lattices = [
-            self._lattice(smap[s].function, stage_options(wf, s, ctx.options),
-                          cap if s == ctx.stage else 1 << 30)
+            self._lattice(
+                smap[s].function,
+                stage_options(wf, s, ctx.options),
+                cap if s == ctx.stage else 1 << 30,
+            )
             for s in stages
         ]
         res = orion_search(
