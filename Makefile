@@ -32,7 +32,7 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 demo: $(STAMP)
-	$(BIN)/python -m gshare.runtime.demo --duration-s 30
+	$(BIN)/python -m gshare.demo --duration-s 30
 	$(BIN)/gshare experiment run fast-spatial --quick --out demo-results
 	$(BIN)/gshare experiment run fast-packing --quick --out demo-results
 	$(BIN)/gshare experiment run fast-autoscale --quick --out demo-results

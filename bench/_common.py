@@ -13,8 +13,15 @@ root; Python puts ``bench/`` on ``sys.path``, so a bench imports this module as 
     write_json(args.json, {"rtt_us_p50": 21.3}, rows=[...])   # {"summary": {...}, "rows": [...]}
     summary.update(machine_load())          # how busy the machine was (timings depend on it)
 
-Benches of the live runtime start a real ``gshare serve`` with ``GshareServer`` (a context
-manager: ``with GshareServer(tmp, "--launcher", "ray") as srv: srv.client().deploy(...)``).
+Benches of the live runtime start a real ``gshare serve`` with ``gshare.testing`` — the harness
+the tests and ``make demo`` use (one readiness check: ``GET /v2/health/ready`` answers 200)::
+
+    from gshare.testing import ServeProcess, stop_process, wait_until
+
+    with ServeProcess("--launcher", "ray") as srv:     # temporary state directory, free port
+        srv.client().deploy(...)
+
+and stop a baseline's server (started with ``start_new_session=True``) with ``stop_process``.
 
 Benches of the live token mechanism add ``--token-config JSON`` with
 ``add_token_config_option(parser)`` and read it with ``live_token_config(args)``.
@@ -36,14 +43,12 @@ from rich.console import Console
 from rich.table import Table
 
 __all__ = [
-    "GshareServer",
     "add_token_config_option",
     "bench_parser",
     "live_token_config",
     "machine_load",
     "percentile",
     "print_table",
-    "stop_session",
     "write_json",
 ]
 
@@ -157,80 +162,3 @@ def live_token_config(args: argparse.Namespace) -> Any:
         return replace(LIVE_TOKEN_CONFIG, **json.loads(args.token_config))
     except (ValueError, TypeError, TokenError) as e:
         raise SystemExit(f"--token-config: {e}") from None
-
-
-def stop_session(proc: Any, grace_s: float = 60.0) -> None:
-    """Stop a server started with ``start_new_session=True``: SIGTERM (a clean shutdown), and
-    after ``grace_s`` SIGKILL to its whole process group."""
-    import signal
-    import subprocess
-
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-class GshareServer:
-    """A real ``gshare serve`` on a free port with a fresh state directory under ``tmp``, in
-    its own session (so nothing it starts outlives ``stop``); its output goes to a log file in
-    ``tmp`` that error messages name. Use as a context manager."""
-
-    def __init__(self, tmp: Path, *args: str, start_timeout_s: float = 120.0) -> None:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.state = Path(tmp) / f"state-{self.port}"
-        self.log_path = Path(tmp) / f"gshare-{self.port}.log"
-        self.args = list(args)
-        self.start_timeout_s = start_timeout_s
-        self.proc: Any = None
-
-    def _listening(self) -> bool:
-        import socket
-
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", self.port)) == 0
-
-    def start(self) -> GshareServer:
-        import subprocess
-        import sys
-        import time
-
-        root = Path(__file__).resolve().parent.parent
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gshare.cli", "serve", "--port", str(self.port),
-                 "--state", str(self.state), *self.args],
-                stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
-            )
-        t0 = time.monotonic()
-        while not (self.state / "token").exists() or not self._listening():
-            if self.proc.poll() is not None or time.monotonic() - t0 > self.start_timeout_s:
-                self.stop()
-                raise SystemExit(f"gshare serve did not start (see {self.log_path})")
-            time.sleep(0.3)
-        return self
-
-    def client(self) -> Any:
-        from gshare.runtime.client import Client
-
-        return Client(self.url, state_dir=self.state)
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            stop_session(proc)
-
-    def __enter__(self) -> GshareServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -30,7 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import GshareServer, bench_parser, machine_load, print_table, write_json
+from _common import bench_parser, machine_load, print_table, write_json
+from gshare.testing import ServeProcess, WaitTimeout, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MODELS = {
     "mlp": {"bytes": 64 * 4},
@@ -40,17 +43,15 @@ MODELS = {
 
 def wait_zero(client: Any, name: str, timeout_s: float = 60.0) -> None:
     """Until the controller has stopped every instance of ``name``."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if not client.get(name).get("instances"):
-            return
-        time.sleep(0.2)
-    raise SystemExit(f"{name} was not scaled to zero within {timeout_s:.0f} s")
+    try:
+        wait_until(lambda: not client.get(name).get("instances"), timeout_s, f"{name} to be scaled to zero")
+    except WaitTimeout as e:
+        raise SystemExit(str(e)) from None
 
 
 def run_server(launcher: str, models: list[str], trials: int, tmp: Path) -> list[dict[str, Any]]:
     rows = []
-    with GshareServer(tmp, "--launcher", launcher) as srv:
+    with ServeProcess("--launcher", launcher, state_dir=tmp / f"state-{launcher}", cwd=ROOT) as srv:
         c = srv.client()
         for model in models:
             name = f"cold-{model}"

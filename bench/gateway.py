@@ -39,15 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import (
-    GshareServer,
-    bench_parser,
-    machine_load,
-    percentile,
-    print_table,
-    stop_session,
-    write_json,
-)
+from _common import bench_parser, machine_load, percentile, print_table, write_json
+from gshare.testing import ServeProcess, WaitTimeout, stop_process, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -176,18 +169,21 @@ async def load(port: int, path: str, concurrency: int, warmup_s: float, duration
 
 
 def wait_http(port: int, path: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    """Until ``POST path`` with the payload answers 200 (the function is served), or exit if the
+    server process died first."""
     import httpx
 
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
+    def answered() -> bool:
         if proc.poll() is not None:
             raise SystemExit(f"server exited with code {proc.returncode} before it was ready")
-        with contextlib.suppress(httpx.HTTPError):
-            r = httpx.post(f"http://127.0.0.1:{port}{path}", content=PAYLOAD, headers={"content-type": "application/json"}, timeout=5)
-            if r.status_code == 200:
-                return
-        time.sleep(0.3)
-    raise SystemExit(f"server on port {port} not ready after {timeout_s:.0f} s")
+        r = httpx.post(f"http://127.0.0.1:{port}{path}", content=PAYLOAD,
+                       headers={"content-type": "application/json"}, timeout=5)
+        return r.status_code == 200
+
+    try:
+        wait_until(answered, timeout_s, f"the server on port {port} to answer {path}", interval_s=0.3)
+    except WaitTimeout as e:
+        raise SystemExit(str(e)) from None
 
 
 # -- the two systems -----------------------------------------------------------------------------
@@ -196,11 +192,12 @@ def wait_http(port: int, path: str, timeout_s: float, proc: subprocess.Popen[byt
 def run_gshare(args: Any, tmp: Path) -> dict[str, Any]:
     spec = tmp / "echo.yaml"
     spec.write_text(ECHO_SPEC)
-    with GshareServer(tmp) as srv:
+    with ServeProcess(cwd=ROOT) as srv:  # a temporary state directory, any free port
         try:
             srv.client().deploy(spec.read_text())
         except Exception as e:
             raise SystemExit(f"gshare deploy failed: {e}") from None
+        assert srv.proc is not None
         wait_http(srv.port, "/function/echo", 120, srv.proc)
         return asyncio.run(load(srv.port, "/function/echo", args.concurrency, args.warmup_s, args.duration_s))
 
@@ -217,7 +214,7 @@ def run_rayserve(args: Any, tmp: Path) -> dict[str, Any]:
         wait_http(port, "/function/echo", 180, proc)
         return asyncio.run(load(port, "/function/echo", args.concurrency, args.warmup_s, args.duration_s))
     finally:
-        stop_session(proc)
+        stop_process(proc)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

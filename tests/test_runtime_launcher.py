@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,22 +19,20 @@ from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.server import InstanceLaunch, launch_to_dict
 from gshare.runtime.node.launcher import Launcher, LauncherError
 from gshare.runtime.tokens import TokenServer
-from test_runtime_support import wait_until
+from gshare.testing import TINY_MODELS_ENV, wait_until
 
 
 @pytest.fixture(scope="module")
 def launcher() -> Iterator[Launcher]:
-    lau = Launcher({"GSHARE_TINY_MODELS": "1"})  # for the template and its children only
+    lau = Launcher(dict(TINY_MODELS_ENV))  # for the template and its children only
     lau.start()
     yield lau
     lau.stop()
 
 
 @pytest.fixture()
-def run_dir() -> Iterator[Path]:
-    # A short path: Unix socket paths are limited to 107 bytes.
-    with tempfile.TemporaryDirectory(prefix="gsl-", dir="/tmp") as d:
-        yield Path(d)
+def run_dir(short_tmp: Path) -> Path:
+    return short_tmp  # conftest: a short path, for the instances' Unix sockets
 
 
 @pytest.fixture()
@@ -43,7 +40,7 @@ def node(run_dir: Path) -> Iterator[tuple[TokenServer, Launcher]]:
     """A node's mechanisms: a token server and a template of its own (tiny models)."""
     ts = TokenServer(str(run_dir / "tokens.sock"), TokenConfig())
     ts.start()
-    lau = Launcher({"GSHARE_TINY_MODELS": "1"})
+    lau = Launcher(dict(TINY_MODELS_ENV))
     lau.start()
     try:
         yield ts, lau
@@ -106,12 +103,12 @@ def test_forked_instance_serves_shares_the_imports_and_dies_with_the_template(
         assert mem.uss < 0.25 * mem.rss, mem
     # SIGTERM stops one instance; the template reports its exit.
     os.kill(pids[1], signal.SIGTERM)
-    wait_until(lambda: lau.exit_code(pids[1]) is not None, 10, "the exit to be reported")
+    wait_until(lambda: lau.exit_code(pids[1]) is not None, 30, "the exit to be reported")
     assert lau.exit_code(pids[1]) == 0
     template = psutil.Process(lau.pid)
     lau.stop()  # the agent goes away: the template and every instance with it
     wait_until(lambda: not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE,
-               10, "the instance to die with the template")
+               30, "the instance to die with the template")
     assert not template.is_running()
 
 

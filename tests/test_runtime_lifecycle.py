@@ -6,14 +6,16 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from test_runtime_support import REPO, ServerProcess, alive, wait_until
+from gshare.testing import ServeProcess, run_cli, wait_until
+
+StartGshare = Callable[..., ServeProcess]
 
 ECHO = """\
 name: echo
@@ -23,72 +25,60 @@ batching: {max_batch: 2, max_wait_ms: 1}
 """
 
 
-def gshare(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gshare.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout
-    )
+def gshare(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, timeout_s=60)
 
 
 @pytest.mark.slow
-def test_restart_serves_deployed_functions_and_shutdown_leaves_no_process(tmp_path: Path) -> None:
+def test_restart_serves_deployed_functions_and_shutdown_leaves_no_process(
+    tmp_path: Path, start_gshare: StartGshare
+) -> None:
     state = tmp_path / "state"
     spec = tmp_path / "echo.yaml"
     spec.write_text(ECHO)
 
-    first = ServerProcess(state).start()
-    try:
-        assert first.cli("deploy", str(spec)).returncode == 0
-        r = httpx.post(first.url + "/function/echo", content=b"one", timeout=120)
-        assert r.status_code == 200 and r.content == b"one"
-        wait_until(lambda: first.client().get("echo")["availableReplicas"] == 1, 30, "a ready instance")
-        procs = first.tree()
-        assert len(procs) >= 4  # server, Ray (GCS, raylet), agent, instance, ...
-        assert first.stop(signal.SIGTERM) == 0
-        wait_until(lambda: not alive(procs), 30, "every process of the first server to exit")
-    finally:
-        first.kill()
+    first = start_gshare(state_dir=state)
+    assert first.cli("deploy", str(spec)).returncode == 0
+    r = httpx.post(first.url + "/function/echo", content=b"one", timeout=120)
+    assert r.status_code == 200 and r.content == b"one"
+    wait_until(lambda: first.client().get("echo")["availableReplicas"] == 1, 30, "a ready instance")
+    assert len(first.tree()) >= 4  # server, Ray (GCS, raylet), agent, instance, ...
+    stopped = first.stop(signal.SIGTERM)
+    assert stopped.clean, f"{stopped}\n{first.log()}"  # exit code 0, every process gone
 
-    second = ServerProcess(state).start()
-    try:
-        fns = second.client().list()
-        assert [f["name"] for f in fns] == ["echo"]
-        r = httpx.post(second.url + "/function/echo", content=b"two", timeout=120)
-        assert r.status_code == 200 and r.content == b"two"
-        assert any("restored" in ln for ln in second.client().logs("echo"))
-        procs = second.tree()
-        assert second.stop(signal.SIGINT) == 0  # Ctrl-C
-        wait_until(lambda: not alive(procs), 30, "every process of the second server to exit")
-    finally:
-        second.kill()
+    second = start_gshare(state_dir=state)
+    fns = second.client().list()
+    assert [f["name"] for f in fns] == ["echo"]
+    r = httpx.post(second.url + "/function/echo", content=b"two", timeout=120)
+    assert r.status_code == 200 and r.content == b"two"
+    assert any("restored" in ln for ln in second.client().logs("echo"))
+    stopped = second.stop(signal.SIGINT)  # Ctrl-C
+    assert stopped.clean, f"{stopped}\n{second.log()}"
 
 
 @pytest.mark.slow
-def test_ray_launcher_runs_each_instance_as_a_ray_actor(tmp_path: Path) -> None:
+def test_ray_launcher_runs_each_instance_as_a_ray_actor(tmp_path: Path, start_gshare: StartGshare) -> None:
     """``--launcher ray``: the same instance, in a Ray worker process of its own; the default
     forks it from the node's template instead (its parent is the template, not a raylet)."""
     spec = tmp_path / "echo.yaml"
     spec.write_text(ECHO)
     for launcher in ("ray", "fork"):
-        server = ServerProcess(tmp_path / f"state-{launcher}", "--launcher", launcher).start()
-        try:
-            assert server.cli("deploy", str(spec)).returncode == 0
-            r = httpx.post(server.url + "/function/echo", content=launcher.encode(), timeout=120)
-            assert r.status_code == 200 and r.content == launcher.encode()
-            st = wait_until(lambda s=server: (g := s.client().get("echo"))["instances"] and g, 30, "status")
-            pid = st["instances"][0]["pid"]
-            parent = psutil.Process(pid).parent()
-            assert parent is not None
-            node = next(n for n in server.client().info()["nodes"])
-            assert node["launcher"] == launcher
-            if launcher == "ray":
-                assert "raylet" in parent.name()
-            else:
-                assert parent.cmdline()[-1] == "gshare.runtime.node.launcher"
-            procs = server.tree()
-            assert server.stop(signal.SIGTERM) == 0
-            wait_until(lambda procs=procs: not alive(procs), 30, "every process to exit")
-        finally:
-            server.kill()
+        server = start_gshare("--launcher", launcher, state_dir=tmp_path / f"state-{launcher}")
+        assert server.cli("deploy", str(spec)).returncode == 0
+        r = httpx.post(server.url + "/function/echo", content=launcher.encode(), timeout=120)
+        assert r.status_code == 200 and r.content == launcher.encode()
+        st = wait_until(lambda s=server: (g := s.client().get("echo"))["instances"] and g, 30, "status")
+        pid = st["instances"][0]["pid"]
+        parent = psutil.Process(pid).parent()
+        assert parent is not None
+        node = next(n for n in server.client().info()["nodes"])
+        assert node["launcher"] == launcher
+        if launcher == "ray":
+            assert "raylet" in parent.name()
+        else:
+            assert parent.cmdline()[-1] == "gshare.runtime.node.launcher"
+        stopped = server.stop(signal.SIGTERM)
+        assert stopped.clean, f"{stopped}\n{server.log()}"
 
 
 def test_busy_port_is_a_one_line_error(tmp_path: Path) -> None:

@@ -10,6 +10,10 @@ import nothing heavy, so an instance of them starts fast.
   whose busy time is known, for share measurements.
 * ``MemoryHog`` — ``{"hold_mb": N}`` allocates and keeps N MiB more (default 64), to trip the
   instance's memory limit.
+* ``Gate`` — ``{"dir": PATH, "id": ID}`` creates ``PATH/started-ID-PID`` when the request
+  starts running, then holds it until the file ``PATH/open`` exists (at most ``timeout_s``,
+  default 120) and answers ``{"id": ID, "pid": PID}``: a test sees which request runs where,
+  and decides when it ends (no sleeps to guess with).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -92,4 +97,35 @@ class MemoryHog:
         return out
 
 
-__all__ = ["Echo", "MemoryHog", "Sleep", "Spin"]
+class Gate:
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        pass
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        held: list[tuple[Path, str]] = []
+        timeout_s = 120.0
+        for x in inputs:
+            if (
+                not isinstance(x, Mapping)
+                or not isinstance(x.get("dir"), str)
+                or not isinstance(x.get("id"), str)
+            ):
+                raise ValueError(f'expected {{"dir": PATH, "id": ID}} (strings), got {x!r}')
+            gate = Path(x["dir"])
+            if not gate.is_dir():
+                raise ValueError(f"dir {x['dir']!r} is not a directory")
+            timeout_s = min(timeout_s, _field(x, "timeout_s", 120.0))
+            held.append((gate, x["id"]))
+        pid = os.getpid()
+        for gate, rid in held:
+            (gate / f"started-{rid}-{pid}").touch()
+        deadline = time.monotonic() + timeout_s
+        for gate, _ in held:
+            while not (gate / "open").exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{gate / 'open'} did not appear within {timeout_s:g} s")
+                time.sleep(0.01)
+        return [{"id": rid, "pid": pid} for _, rid in held]
+
+
+__all__ = ["Echo", "Gate", "MemoryHog", "Sleep", "Spin"]

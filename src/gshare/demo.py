@@ -1,6 +1,6 @@
 """``make demo`` (live part): two functions share this machine with different quotas.
 
-    .venv/bin/python -m gshare.runtime.demo [--duration-s 30] [--concurrency 3]
+    .venv/bin/python -m gshare.demo [--duration-s 30] [--concurrency 3]
 
 1. starts ``gshare serve`` in the background (a temporary state directory, any free port);
 2. deploys ``examples/demo-vision.yaml`` (ResNet-50, 60 % of every window) and
@@ -15,6 +15,10 @@
 
 Every number comes from the running system: latencies from this client, shares from the
 token servers' accounting (``/system/function/{name}``), instances from the controller.
+
+The server is started, checked for readiness and stopped by ``gshare.testing.ServeProcess``,
+the harness the tests and benches use too. This module is a client program (layer 3,
+docs/DESIGN.md §1): it talks to the runtime over HTTP only.
 """
 
 from __future__ import annotations
@@ -23,8 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,14 +35,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from gshare.runtime.client import Client
+from gshare.testing import ServeProcess, ServeStartError
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if not EXAMPLES.is_dir():  # not an editable install: run from the repository root
     EXAMPLES = Path.cwd() / "examples"
 SPECS = ("demo-vision.yaml", "demo-text.yaml")
@@ -79,30 +81,21 @@ def _payload(model: str) -> tuple[bytes, str]:
 
         img = np.random.default_rng(0).random((3, 224, 224), dtype=np.float32)
         return img.astype("<f4").tobytes(), "application/octet-stream"
-    return json.dumps("gshare shares one machine between two functions, in space and in time").encode(), "application/json"
+    return json.dumps(
+        "gshare shares one machine between two functions, in space and in time"
+    ).encode(), "application/json"
 
 
-def start_server(state: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gshare.cli", "serve", "--port", "0", "--state", str(state)],
-            stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+def start_server(state: Path, log: Path) -> ServeProcess:
+    srv = ServeProcess(state_dir=state, log_path=log, start_timeout_s=180)
     t0 = time.monotonic()
     with console.status("starting gshare serve (Ray, node agent, gateway) ..."):
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"gshare serve exited ({proc.returncode}); log: {log}")
-            with contextlib.suppress(OSError, ValueError):
-                doc = json.loads((state / "server.json").read_text())
-                if doc.get("pid") == proc.pid:
-                    with contextlib.suppress(httpx.HTTPError):
-                        if httpx.get(doc["url"] + "/v2/health/ready", timeout=5).status_code == 200:
-                            console.print(f"gshare serve is up at {doc['url']} ({time.monotonic() - t0:.1f} s)")
-                            return proc, str(doc["url"])
-            if time.monotonic() - t0 > 180:
-                raise SystemExit(f"gshare serve not ready after 180 s; log: {log}")
-            time.sleep(0.3)
+        try:
+            srv.start()
+        except ServeStartError as e:
+            raise SystemExit(str(e)) from None
+    console.print(f"gshare serve is up at {srv.url} ({time.monotonic() - t0:.1f} s)")
+    return srv
 
 
 def _share_point(st: dict[str, Any]) -> tuple[float, float] | None:
@@ -112,7 +105,9 @@ def _share_point(st: dict[str, Any]) -> tuple[float, float] | None:
     return None
 
 
-async def _drive(url: str, loads: list[Load], client: Client, duration_s: float, concurrency: int) -> None:
+async def _drive(
+    url: str, loads: list[Load], client: Client, duration_s: float, concurrency: int
+) -> None:
     end = time.monotonic() + duration_s
     t_start = time.monotonic()
 
@@ -120,7 +115,11 @@ async def _drive(url: str, loads: list[Load], client: Client, duration_s: float,
         while time.monotonic() < end:
             t0 = time.perf_counter()
             try:
-                r = await http.post(f"/function/{ld.name}", content=ld.payload, headers={"content-type": ld.content_type})
+                r = await http.post(
+                    f"/function/{ld.name}",
+                    content=ld.payload,
+                    headers={"content-type": ld.content_type},
+                )
                 if r.status_code == 200:
                     ld.latencies_s.append(time.perf_counter() - t0)
                 else:
@@ -130,14 +129,30 @@ async def _drive(url: str, loads: list[Load], client: Client, duration_s: float,
 
     def render() -> Table:
         el = time.monotonic() - t_start
-        t = Table(title=f"load: {min(el, duration_s):.0f} / {duration_s:.0f} s, {concurrency} requests in flight per function", box=None)
-        for c in ("function", "requests", "errors", "rps", "p50 ms", "p99 ms", "share now / requested"):
+        t = Table(
+            title=f"load: {min(el, duration_s):.0f} / {duration_s:.0f} s, "
+            f"{concurrency} requests in flight per function",
+            box=None,
+        )
+        for c in (
+            "function",
+            "requests",
+            "errors",
+            "rps",
+            "p50 ms",
+            "p99 ms",
+            "share now / requested",
+        ):
             t.add_column(c, justify="left" if c == "function" else "right")
         for ld in loads:
             now = ld.instances[0].get("achieved_share") if ld.instances else None
             t.add_row(
-                ld.name, str(len(ld.latencies_s)), str(len(ld.errors)), f"{len(ld.latencies_s) / max(el, 1e-9):.1f}",
-                f"{ld.pct(50):.0f}", f"{ld.pct(99):.0f}",
+                ld.name,
+                str(len(ld.latencies_s)),
+                str(len(ld.errors)),
+                f"{len(ld.latencies_s) / max(el, 1e-9):.1f}",
+                f"{ld.pct(50):.0f}",
+                f"{ld.pct(99):.0f}",
                 f"{'-' if now is None else f'{now:.2f}'} / {ld.requested:.2f}",
             )
         return t
@@ -165,32 +180,10 @@ async def _drive(url: str, loads: list[Load], client: Client, duration_s: float,
             live.update(render())
 
 
-def stop_server(proc: subprocess.Popen[bytes]) -> tuple[int, int]:
+def stop_server(srv: ServeProcess) -> tuple[int, int]:
     """SIGTERM the server; return (exit code, processes of its tree still alive after it)."""
-    try:
-        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.Error:
-        procs = []
-    proc.send_signal(signal.SIGTERM)
-    try:
-        code = proc.wait(120)
-    except subprocess.TimeoutExpired:
-        for p in reversed(procs):
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        code = proc.wait()
-    deadline = time.monotonic() + 20
-    left: list[psutil.Process] = procs
-    while time.monotonic() < deadline:
-        left = []
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    left.append(p)
-        if not left:
-            break
-        time.sleep(0.3)
-    return code, len(left)
+    stopped = srv.stop(timeout_s=120, gone_timeout_s=20)
+    return stopped.code, len(stopped.left)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,21 +194,30 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="gshare-demo-") as d:
         state, log = Path(d) / "state", Path(d) / "serve.log"
-        proc, url = start_server(state, log)
+        srv = start_server(state, log)
+        url = srv.url
         try:
             with Client(url, state_dir=state) as client:
                 loads: list[Load] = []
                 for spec in SPECS:
                     out = client.deploy(str(EXAMPLES / spec))
                     payload, ctype = _payload(out["spec"]["model"])
-                    ld = Load(out["name"], payload, ctype, requested=out["spec"]["resources"]["quota_request"])
+                    ld = Load(
+                        out["name"],
+                        payload,
+                        ctype,
+                        requested=out["spec"]["resources"]["quota_request"],
+                    )
                     loads.append(ld)
                     res = out["spec"]["resources"]
                     console.print(
                         f"deployed {ld.name}: {out['spec']['model']}, sm {res['sm_pct']:g}%, quota "
-                        f"{res['quota_request']:g} (limit {res['quota_limit']:g}), batch {out['spec']['batching']['max_batch']}"
+                        f"{res['quota_request']:g} (limit {res['quota_limit']:g}), "
+                        f"batch {out['spec']['batching']['max_batch']}"
                     )
-                with console.status("waiting for both instances (model build, weights into the node's store) ..."):
+                with console.status(
+                    "waiting for both instances (model build, weights into the node's store) ..."
+                ):
                     t0 = time.monotonic()
                     for ld in loads:
                         while client.get(ld.name)["availableReplicas"] < 1:
@@ -234,26 +236,50 @@ def main(argv: list[str] | None = None) -> int:
                     if pt is not None:
                         ld.last_share = pt
 
-                table = Table(title=f"gshare demo: {args.duration_s:g} s of closed-loop load ({args.concurrency} in flight per function)")
-                for c in ("function", "requests", "errors", "p50 ms", "p99 ms", "achieved share", "requested share", "instances"):
-                    table.add_column(c, justify="left" if c in ("function", "instances") else "right")
+                table = Table(
+                    title=f"gshare demo: {args.duration_s:g} s of closed-loop load "
+                    f"({args.concurrency} in flight per function)"
+                )
+                for c in (
+                    "function",
+                    "requests",
+                    "errors",
+                    "p50 ms",
+                    "p99 ms",
+                    "achieved share",
+                    "requested share",
+                    "instances",
+                ):
+                    table.add_column(
+                        c, justify="left" if c in ("function", "instances") else "right"
+                    )
                 for ld in loads:
-                    insts = ", ".join(f"{i['id']} ({i['state']}, cores {i['cores']}, restarts {i['restarts']})" for i in ld.instances)
+                    insts = ", ".join(
+                        f"{i['id']} ({i['state']}, cores {i['cores']}, restarts {i['restarts']})"
+                        for i in ld.instances
+                    )
                     ach = ld.achieved
                     table.add_row(
-                        ld.name, str(len(ld.latencies_s)), str(len(ld.errors)), f"{ld.pct(50):.0f}", f"{ld.pct(99):.0f}",
-                        "-" if ach is None else f"{ach:.2f}", f"{ld.requested:.2f}", insts or "-",
+                        ld.name,
+                        str(len(ld.latencies_s)),
+                        str(len(ld.errors)),
+                        f"{ld.pct(50):.0f}",
+                        f"{ld.pct(99):.0f}",
+                        "-" if ach is None else f"{ach:.2f}",
+                        f"{ld.requested:.2f}",
+                        insts or "-",
                     )
                 console.print(table)
                 for ld in loads:
                     if ld.errors:
                         console.print(f"{ld.name}: first error: {ld.errors[0]}")
                 console.print(
-                    "achieved share = device time the token server charged to the instance during the load "
-                    "phase ÷ wall time; both functions are saturated, so each should get about its quota."
+                    "achieved share = device time the token server charged to the instance during "
+                    "the load phase ÷ wall time; both functions are saturated, so each should get "
+                    "about its quota."
                 )
         finally:
-            code, left = stop_server(proc)
+            code, left = stop_server(srv)
             console.print(f"gshare serve stopped (exit code {code}); processes left behind: {left}")
     return 0 if code == 0 and left == 0 else 1
 
