@@ -146,7 +146,7 @@ def add_token_config_option(parser: argparse.ArgumentParser) -> None:
         default="{}",
         metavar="JSON",
         help="TokenConfig fields to override in the live agent's LIVE_TOKEN_CONFIG, "
-        'e.g. \'{"idle_token_ms": 0}\'',
+        "e.g. '{\"idle_token_ms\": 0}'",
     )
 
 

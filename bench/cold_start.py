@@ -17,7 +17,8 @@ model, per model in ``rows``) and ``speedup_fork_vs_ray`` (ray ÷ fork, per mode
 overall), plus the machine load. A warm request (the instance already running) is timed too
 (``warm_ms``), so that the cold start's own cost is visible.
 
-    .venv/bin/python bench/cold_start.py [--quick] [--json PATH] [--trials N] [--models mlp,resnet50]
+    .venv/bin/python bench/cold_start.py [--quick] [--json PATH] [--trials N] \
+        [--models mlp,resnet50]
 
 ``--quick``: 2 trials and ``mlp`` only.
 """
@@ -44,7 +45,9 @@ MODELS = {
 def wait_zero(client: Any, name: str, timeout_s: float = 60.0) -> None:
     """Until the controller has stopped every instance of ``name``."""
     try:
-        wait_until(lambda: not client.get(name).get("instances"), timeout_s, f"{name} to be scaled to zero")
+        wait_until(
+            lambda: not client.get(name).get("instances"), timeout_s, f"{name} to be scaled to zero"
+        )
     except WaitTimeout as e:
         raise SystemExit(str(e)) from None
 
@@ -55,9 +58,17 @@ def run_server(launcher: str, models: list[str], trials: int, tmp: Path) -> list
         c = srv.client()
         for model in models:
             name = f"cold-{model}"
-            c.deploy({"name": name, "model": model, "device": "cpu", "min_instances": 0,
-                      "max_instances": 1, "keep_alive_s": 1,
-                      "batching": {"max_batch": 1, "max_wait_ms": 0}})
+            c.deploy(
+                {
+                    "name": name,
+                    "model": model,
+                    "device": "cpu",
+                    "min_instances": 0,
+                    "max_instances": 1,
+                    "keep_alive_s": 1,
+                    "batching": {"max_batch": 1, "max_wait_ms": 0},
+                }
+            )
             body = bytes(MODELS[model]["bytes"])  # zeros: a valid float32 input
             times = []
             warm_ms = []
@@ -71,25 +82,31 @@ def run_server(launcher: str, models: list[str], trials: int, tmp: Path) -> list
                 t1 = time.perf_counter()
                 c.invoke_raw(name, body)
                 warm_ms.append((time.perf_counter() - t1) * 1000.0)
-                print(f"  {launcher} {model}: cold {times[-1]:.2f} s, warm {warm_ms[-1]:.1f} ms",
-                      flush=True)
+                print(
+                    f"  {launcher} {model}: cold {times[-1]:.2f} s, warm {warm_ms[-1]:.1f} ms",
+                    flush=True,
+                )
             c.delete(name)
-            rows.append({
-                "launcher": launcher,
-                "model": model,
-                "first_s": times[0],
-                "cold_start_s": statistics.median(times[1:]),
-                "cold_start_s_min": min(times[1:]),
-                "cold_start_s_max": max(times[1:]),
-                "warm_ms": statistics.median(warm_ms),
-                "trials": trials,
-            })
+            rows.append(
+                {
+                    "launcher": launcher,
+                    "model": model,
+                    "first_s": times[0],
+                    "cold_start_s": statistics.median(times[1:]),
+                    "cold_start_s_min": min(times[1:]),
+                    "cold_start_s_max": max(times[1:]),
+                    "warm_ms": statistics.median(warm_ms),
+                    "trials": trials,
+                }
+            )
     return rows
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser(__doc__)
-    parser.add_argument("--trials", type=int, default=None, help="cold starts per model (5; quick 2)")
+    parser.add_argument(
+        "--trials", type=int, default=None, help="cold starts per model (5; quick 2)"
+    )
     parser.add_argument("--models", default=None, help="comma-separated (mlp,resnet50; quick mlp)")
     args = parser.parse_args(argv)
     trials = args.trials or (2 if args.quick else 5)
@@ -99,29 +116,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"unknown model {unknown[0]!r} (known: {', '.join(MODELS)})")
     load = machine_load()
     with tempfile.TemporaryDirectory(prefix="gscold-") as d:
-        rows = run_server("fork", models, trials, Path(d)) + run_server("ray", models, trials, Path(d))
+        rows = run_server("fork", models, trials, Path(d)) + run_server(
+            "ray", models, trials, Path(d)
+        )
 
     def cell(launcher: str, model: str) -> dict[str, Any]:
         return next(r for r in rows if r["launcher"] == launcher and r["model"] == model)
 
     summary: dict[str, Any] = {
-        "cold_start_s_fork": statistics.median(r["cold_start_s"] for r in rows if r["launcher"] == "fork"),
-        "cold_start_s_ray": statistics.median(r["cold_start_s"] for r in rows if r["launcher"] == "ray"),
+        "cold_start_s_fork": statistics.median(
+            r["cold_start_s"] for r in rows if r["launcher"] == "fork"
+        ),
+        "cold_start_s_ray": statistics.median(
+            r["cold_start_s"] for r in rows if r["launcher"] == "ray"
+        ),
         "trials": trials,
         "models": models,
     }
     summary["speedup_fork_vs_ray"] = summary["cold_start_s_ray"] / summary["cold_start_s_fork"]
     for m in models:
-        summary[f"speedup_fork_vs_ray_{m}"] = cell("ray", m)["cold_start_s"] / cell("fork", m)["cold_start_s"]
+        summary[f"speedup_fork_vs_ray_{m}"] = (
+            cell("ray", m)["cold_start_s"] / cell("fork", m)["cold_start_s"]
+        )
     summary.update(load)
     print_table(
         "cold start: first request to a function scaled to zero",
         ["launcher", "model", "first s (store)", "cold s (median)", "min", "max", "warm ms"],
-        [[r["launcher"], r["model"], r["first_s"], r["cold_start_s"], r["cold_start_s_min"],
-          r["cold_start_s_max"], r["warm_ms"]] for r in rows],
+        [
+            [
+                r["launcher"],
+                r["model"],
+                r["first_s"],
+                r["cold_start_s"],
+                r["cold_start_s_min"],
+                r["cold_start_s_max"],
+                r["warm_ms"],
+            ]
+            for r in rows
+        ],
     )
-    print(f"cold start, median: fork {summary['cold_start_s_fork']:.2f} s, ray "
-          f"{summary['cold_start_s_ray']:.2f} s: {summary['speedup_fork_vs_ray']:.1f}x faster forked")
+    print(
+        f"cold start, median: fork {summary['cold_start_s_fork']:.2f} s, ray "
+        f"{summary['cold_start_s_ray']:.2f} s: {summary['speedup_fork_vs_ray']:.1f}x faster forked"
+    )
     write_json(args.json, summary, rows=rows, params={"trials": trials, "models": models})
     return summary
 

@@ -189,16 +189,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gpu_events, gpu_wall = run_sim_gpu(gpu_ms)
 
     rows = [
-        {"engine": "gshare EventLoop", "requests": n, "events": g[2], "wall_s": best["gshare"],
-         "events_per_s": g[2] / best["gshare"], "requests_per_s": n / best["gshare"]},
-        {"engine": "simpy (raw Timeout callbacks)", "requests": n, "events": s[2],
-         "wall_s": best["simpy"], "events_per_s": s[2] / best["simpy"],
-         "requests_per_s": n / best["simpy"]},
-        {"engine": "simpy (process + Resource)", "requests": n, "events": None,
-         "wall_s": best["simpy-process"], "events_per_s": None,
-         "requests_per_s": n / best["simpy-process"]},
-        {"engine": "gshare SimGpu (8 x 12 % ResNet-50)", "requests": None, "events": gpu_events,
-         "wall_s": gpu_wall, "events_per_s": gpu_events / gpu_wall, "requests_per_s": None},
+        {
+            "engine": "gshare EventLoop",
+            "requests": n,
+            "events": g[2],
+            "wall_s": best["gshare"],
+            "events_per_s": g[2] / best["gshare"],
+            "requests_per_s": n / best["gshare"],
+        },
+        {
+            "engine": "simpy (raw Timeout callbacks)",
+            "requests": n,
+            "events": s[2],
+            "wall_s": best["simpy"],
+            "events_per_s": s[2] / best["simpy"],
+            "requests_per_s": n / best["simpy"],
+        },
+        {
+            "engine": "simpy (process + Resource)",
+            "requests": n,
+            "events": None,
+            "wall_s": best["simpy-process"],
+            "events_per_s": None,
+            "requests_per_s": n / best["simpy-process"],
+        },
+        {
+            "engine": "gshare SimGpu (8 x 12 % ResNet-50)",
+            "requests": None,
+            "events": gpu_events,
+            "wall_s": gpu_wall,
+            "events_per_s": gpu_events / gpu_wall,
+            "requests_per_s": None,
+        },
     ]
     summary = {
         "events_per_s": rows[0]["events_per_s"],
@@ -212,8 +234,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     console = Console()
     table = Table(
-        "engine", "requests", "events", "wall s", "events/s", "requests/s",
-        title=f"M/M/1, {n:,} requests (rho 0.9), best of {repeat}", box=None,
+        "engine",
+        "requests",
+        "events",
+        "wall s",
+        "events/s",
+        "requests/s",
+        title=f"M/M/1, {n:,} requests (rho 0.9), best of {repeat}",
+        box=None,
     )
     for r in rows:
         table.add_row(

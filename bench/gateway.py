@@ -151,12 +151,16 @@ async def _worker(
     return n
 
 
-async def load(port: int, path: str, concurrency: int, warmup_s: float, duration_s: float) -> dict[str, Any]:
+async def load(
+    port: int, path: str, concurrency: int, warmup_s: float, duration_s: float
+) -> dict[str, Any]:
     t_start = time.perf_counter() + warmup_s
     t_end = t_start + duration_s
     lat: list[float] = []
     errors: list[str] = []
-    counts = await asyncio.gather(*(_worker(port, path, t_start, t_end, lat, errors) for _ in range(concurrency)))
+    counts = await asyncio.gather(
+        *(_worker(port, path, t_start, t_end, lat, errors) for _ in range(concurrency))
+    )
     n = sum(counts)
     return {
         "requests": n,
@@ -176,12 +180,18 @@ def wait_http(port: int, path: str, timeout_s: float, proc: subprocess.Popen[byt
     def answered() -> bool:
         if proc.poll() is not None:
             raise SystemExit(f"server exited with code {proc.returncode} before it was ready")
-        r = httpx.post(f"http://127.0.0.1:{port}{path}", content=PAYLOAD,
-                       headers={"content-type": "application/json"}, timeout=5)
+        r = httpx.post(
+            f"http://127.0.0.1:{port}{path}",
+            content=PAYLOAD,
+            headers={"content-type": "application/json"},
+            timeout=5,
+        )
         return r.status_code == 200
 
     try:
-        wait_until(answered, timeout_s, f"the server on port {port} to answer {path}", interval_s=0.3)
+        wait_until(
+            answered, timeout_s, f"the server on port {port} to answer {path}", interval_s=0.3
+        )
     except WaitTimeout as e:
         raise SystemExit(str(e)) from None
 
@@ -199,7 +209,9 @@ def run_gshare(args: Any, tmp: Path) -> dict[str, Any]:
             raise SystemExit(f"gshare deploy failed: {e}") from None
         assert srv.proc is not None
         wait_http(srv.port, "/function/echo", 120, srv.proc)
-        return asyncio.run(load(srv.port, "/function/echo", args.concurrency, args.warmup_s, args.duration_s))
+        return asyncio.run(
+            load(srv.port, "/function/echo", args.concurrency, args.warmup_s, args.duration_s)
+        )
 
 
 def run_rayserve(args: Any, tmp: Path) -> dict[str, Any]:
@@ -208,21 +220,30 @@ def run_rayserve(args: Any, tmp: Path) -> dict[str, Any]:
     app.write_text(RAY_SERVE_APP)
     with open(tmp / f"rayserve-{port}.log", "wb") as log:
         proc = subprocess.Popen(
-            [PY, str(app), str(port), str(args.concurrency)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            [PY, str(app), str(port), str(args.concurrency)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         wait_http(port, "/function/echo", 180, proc)
-        return asyncio.run(load(port, "/function/echo", args.concurrency, args.warmup_s, args.duration_s))
+        return asyncio.run(
+            load(port, "/function/echo", args.concurrency, args.warmup_s, args.duration_s)
+        )
     finally:
         stop_process(proc)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser(__doc__)
-    parser.add_argument("--concurrency", type=int, default=16, help="client connections (closed loop)")
+    parser.add_argument(
+        "--concurrency", type=int, default=16, help="client connections (closed loop)"
+    )
     parser.add_argument("--duration-s", type=float, default=None, help="measured seconds per round")
     parser.add_argument("--warmup-s", type=float, default=None)
-    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds per system (best kept)")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="alternating rounds per system (best kept)"
+    )
     args = parser.parse_args(argv)
     args.duration_s = args.duration_s or (4.0 if args.quick else 10.0)
     args.warmup_s = args.warmup_s if args.warmup_s is not None else (1.0 if args.quick else 2.0)
@@ -237,7 +258,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 res = fn(args, tmp)
                 res.update(system=name, round=r)
                 rounds.append(res)
-                print(f"round {r} {name}: {res['rps']:.0f} rps, p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, errors {res['errors']}", file=sys.stderr)
+                print(
+                    f"round {r} {name}: {res['rps']:.0f} rps, p50 {res['p50_ms']:.2f} ms, "
+                    f"p99 {res['p99_ms']:.2f} ms, errors {res['errors']}",
+                    file=sys.stderr,
+                )
                 if name not in best or res["rps"] > best[name]["rps"]:
                     best[name] = res
     g, s = best["gshare"], best["ray-serve"]
@@ -255,7 +280,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         **machine_load(),
     }
     print_table(
-        f"trivial function, {args.concurrency} connections, {args.duration_s:g} s per round, best of {args.rounds}",
+        f"trivial function, {args.concurrency} connections, {args.duration_s:g} s per round, "
+        f"best of {args.rounds}",
         ["system", "requests/s", "p50 ms", "p99 ms", "errors"],
         [[n, b["rps"], b["p50_ms"], b["p99_ms"], b["errors"]] for n, b in best.items()],
     )
@@ -264,11 +290,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.json,
         summary,
         benchmark="gateway",
-        params={"concurrency": args.concurrency, "duration_s": args.duration_s, "warmup_s": args.warmup_s, "rounds": args.rounds, "payload_bytes": len(PAYLOAD)},
+        params={
+            "concurrency": args.concurrency,
+            "duration_s": args.duration_s,
+            "warmup_s": args.warmup_s,
+            "rounds": args.rounds,
+            "payload_bytes": len(PAYLOAD),
+        },
         rows=rounds,
     )
     if g["errors"] or s["errors"]:
-        print(f"errors: gshare {g['first_error']!r}, ray serve {s['first_error']!r}", file=sys.stderr)
+        print(
+            f"errors: gshare {g['first_error']!r}, ray serve {s['first_error']!r}", file=sys.stderr
+        )
     return summary
 
 

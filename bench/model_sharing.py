@@ -142,13 +142,24 @@ def run_fork_group(shared: bool, model: str, root: str, n: int, work: str) -> di
         for k in range(n):
             iid = f"{mode}-{n}-{k}"
             ts.add_client(ClientSpec(iid, 100.0, 1.0, 1.0))
-            launches.append(InstanceLaunch(
-                instance_id=iid, function="bench", spec=spec,
-                sm_pct=100.0 / (os.cpu_count() or 1),  # one core: one intra-op thread
-                quota_request=1.0, quota_limit=1.0, mem_mb=0.0, priority=0, max_batch=1,
-                max_wait_ms=0.0, token_socket=ts.socket_path, uds_path=f"{work}/{iid}.sock",
-                model_key=key, store_root=root,
-            ))
+            launches.append(
+                InstanceLaunch(
+                    instance_id=iid,
+                    function="bench",
+                    spec=spec,
+                    sm_pct=100.0 / (os.cpu_count() or 1),  # one core: one intra-op thread
+                    quota_request=1.0,
+                    quota_limit=1.0,
+                    mem_mb=0.0,
+                    priority=0,
+                    max_batch=1,
+                    max_wait_ms=0.0,
+                    token_socket=ts.socket_path,
+                    uds_path=f"{work}/{iid}.sock",
+                    model_key=key,
+                    store_root=root,
+                )
+            )
         t0 = time.perf_counter()
         pids = [lau.launch(launch_to_dict(la), f"{work}/{la.instance_id}.log") for la in launches]
         infos: list[dict[str, Any]] = []
@@ -176,8 +187,16 @@ def run_spawn_group(mode: str, model: str, root: str, n: int) -> dict[str, Any]:
     ready, measure, stop."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     env.pop("GSHARE_TINY_MODELS", None)
-    cmd = [sys.executable, str(HERE), "--model", model, "--root", root,
-           "--child", mode.removeprefix("spawn-")]
+    cmd = [
+        sys.executable,
+        str(HERE),
+        "--model",
+        model,
+        "--root",
+        root,
+        "--child",
+        mode.removeprefix("spawn-"),
+    ]
     procs = [
         subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         for _ in range(n)
@@ -202,13 +221,17 @@ def run_spawn_group(mode: str, model: str, root: str, n: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser(__doc__)
-    parser.add_argument("--model", default=None, help="built-in model (default: bert-large, "
-                        "bert-base with --quick)")
+    parser.add_argument(
+        "--model", default=None, help="built-in model (default: bert-large, bert-base with --quick)"
+    )
     parser.add_argument("--instances", type=int, default=4, help="N of the large group")
     parser.add_argument("--child", default=None, help=argparse_hidden())
     parser.add_argument("--root", default=None, help=argparse_hidden())
-    parser.add_argument("--no-spawn", action="store_true",
-                        help="skip the comparison rows of separately started processes")
+    parser.add_argument(
+        "--no-spawn",
+        action="store_true",
+        help="skip the comparison rows of separately started processes",
+    )
     args = parser.parse_args(argv)
     if args.child:
         child(args.child, args.model, args.root)
@@ -224,7 +247,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         build = subprocess.run(
             [sys.executable, str(HERE), "--child", "build", "--model", model, "--root", root],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         store_mb = json.loads(build.stdout.strip().splitlines()[-1])["store_bytes"] / MB
@@ -247,14 +272,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     ratio_shared = pss("fork-shared", n) / pss("fork-shared", 1)
     ratio_unshared = pss("fork-unshared", n) / pss("fork-unshared", 1)
-    note = (f"--quick: {model} instead of bert-large (smaller weights, so the per-process "
-            "runtime weighs more in the ratios)" if args.quick and args.model is None else "")
+    note = (
+        f"--quick: {model} instead of bert-large (smaller weights, so the per-process "
+        "runtime weighs more in the ratios)"
+        if args.quick and args.model is None
+        else ""
+    )
     summary: dict[str, Any] = {
         "model": model,
         "quick": args.quick,
         "note": note,
         "instances": n,
-        "params_m": next(r["params_m"] for r in rows if r["params_m"]) if not args.no_spawn else None,
+        "params_m": next(r["params_m"] for r in rows if r["params_m"])
+        if not args.no_spawn
+        else None,
         "weights_mb": store_mb,
         "store_build_s": build_s,
         "pss_mb": {f"{r['mode']}_{r['instances']}": r["pss_mb"] for r in rows},
@@ -262,7 +293,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"ratio_{n}_vs_1_unshared": ratio_unshared,
         f"saving_{n}_mb": pss("fork-unshared", n) - pss("fork-shared", n),
         # Per added instance, beyond the first (the template and one copy of the weights).
-        "fork_shared_mb_per_extra_instance": (pss("fork-shared", n) - pss("fork-shared", 1)) / (n - 1),
+        "fork_shared_mb_per_extra_instance": (pss("fork-shared", n) - pss("fork-shared", 1))
+        / (n - 1),
         "outputs_agree": all(r["outputs_agree"] for r in rows),
         "target_shared_max": 1.5,
         "target_unshared_min": 3.0,
@@ -271,16 +303,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if not args.no_spawn:
         runtime_per_proc = pss("spawn-runtime", n) / n
-        summary.update({
-            f"ratio_{n}_vs_1_shared_spawn": pss("spawn-shared", n) / pss("spawn-shared", 1),
-            f"ratio_{n}_vs_1_unshared_spawn": pss("spawn-unshared", n) / pss("spawn-unshared", 1),
-            "spawn_runtime_pss_per_process_mb": runtime_per_proc,
-            # The weights' part alone (PSS minus the runtime-only processes): ~1 when N
-            # instances cost one copy of the weights, ~N when each has its own.
-            f"weights_ratio_{n}_vs_1_shared": (pss("spawn-shared", n) - pss("spawn-runtime", n))
-            / (pss("spawn-shared", 1) - pss("spawn-runtime", 1)),
-            "zero_copy": all(r["zero_copy"] for r in rows),
-        })
+        summary.update(
+            {
+                f"ratio_{n}_vs_1_shared_spawn": pss("spawn-shared", n) / pss("spawn-shared", 1),
+                f"ratio_{n}_vs_1_unshared_spawn": pss("spawn-unshared", n)
+                / pss("spawn-unshared", 1),
+                "spawn_runtime_pss_per_process_mb": runtime_per_proc,
+                # The weights' part alone (PSS minus the runtime-only processes): ~1 when N
+                # instances cost one copy of the weights, ~N when each has its own.
+                f"weights_ratio_{n}_vs_1_shared": (pss("spawn-shared", n) - pss("spawn-runtime", n))
+                / (pss("spawn-shared", 1) - pss("spawn-runtime", 1)),
+                "zero_copy": all(r["zero_copy"] for r in rows),
+            }
+        )
     if n == 4:  # the names the brief asks for
         summary["ratio_4_vs_1_shared"] = ratio_shared
         summary["ratio_4_vs_1_unshared"] = ratio_unshared
@@ -288,26 +323,50 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     title = f"model sharing: {model} ({store_mb:,.0f} MB of weights)"
     print_table(
         title,
-        ["mode", "N", "processes", "PSS sum MB", "USS sum MB", "RSS sum MB", "PSS vs N=1",
-         "ready s (max)"],
-        [[r["mode"], r["instances"], r["processes"], r["pss_mb"], r["uss_mb"], r["rss_mb"],
-          r["pss_mb"] / pss(r["mode"], 1), r["load_s_max"]] for r in rows],
+        [
+            "mode",
+            "N",
+            "processes",
+            "PSS sum MB",
+            "USS sum MB",
+            "RSS sum MB",
+            "PSS vs N=1",
+            "ready s (max)",
+        ],
+        [
+            [
+                r["mode"],
+                r["instances"],
+                r["processes"],
+                r["pss_mb"],
+                r["uss_mb"],
+                r["rss_mb"],
+                r["pss_mb"] / pss(r["mode"], 1),
+                r["load_s_max"],
+            ]
+            for r in rows
+        ],
     )
-    print(f"runtime path (forked from the node's template): ratio {n} vs 1 shared "
-          f"{ratio_shared:.2f} (target <= 1.5), unshared {ratio_unshared:.2f} (target >= 3); "
-          f"saving at N={n}: {summary[f'saving_{n}_mb']:,.0f} MB; each extra instance costs "
-          f"{summary['fork_shared_mb_per_extra_instance']:,.0f} MB")
+    print(
+        f"runtime path (forked from the node's template): ratio {n} vs 1 shared "
+        f"{ratio_shared:.2f} (target <= 1.5), unshared {ratio_unshared:.2f} (target >= 3); "
+        f"saving at N={n}: {summary[f'saving_{n}_mb']:,.0f} MB; each extra instance costs "
+        f"{summary['fork_shared_mb_per_extra_instance']:,.0f} MB"
+    )
     if not args.no_spawn:
-        print(f"separately started processes (--launcher ray): shared "
-              f"{summary[f'ratio_{n}_vs_1_shared_spawn']:.2f}x, unshared "
-              f"{summary[f'ratio_{n}_vs_1_unshared_spawn']:.2f}x; weights alone "
-              f"{summary[f'weights_ratio_{n}_vs_1_shared']:.2f}x; the runtime (python, torch, "
-              f"transformers) costs {summary['spawn_runtime_pss_per_process_mb']:,.0f} MB PSS "
-              "per process there")
+        print(
+            f"separately started processes (--launcher ray): shared "
+            f"{summary[f'ratio_{n}_vs_1_shared_spawn']:.2f}x, unshared "
+            f"{summary[f'ratio_{n}_vs_1_unshared_spawn']:.2f}x; weights alone "
+            f"{summary[f'weights_ratio_{n}_vs_1_shared']:.2f}x; the runtime (python, torch, "
+            f"transformers) costs {summary['spawn_runtime_pss_per_process_mb']:,.0f} MB PSS "
+            "per process there"
+        )
     if note:
         print(note)
-    write_json(args.json, summary, rows=rows, params={"model": model, "instances": n,
-                                                      "quick": args.quick})
+    write_json(
+        args.json, summary, rows=rows, params={"model": model, "instances": n, "quick": args.quick}
+    )
     return summary
 
 

@@ -11,8 +11,9 @@ node agent's role) and one process per instance (multiprocessing *spawn*), each 
 ``should_yield`` and gives the token back when the kernel does not fit (Gemini revocation,
 ``completed=False``), then asks again for the rest of the burst. So a compliant instance never
 starts a kernel that cannot finish within its token (with ``--device sleep`` it can still run
-past it when it wakes late: it wakes 0.5 ms early and polls the rest). The per-window table says which: ``over windows`` counts (client, window) pairs over
-the limit and ``with overrun`` those in which that client had a token that ran past its length.
+past it when it wakes late: it wakes 0.5 ms early and polls the rest). The per-window table says
+which: ``over windows`` counts (client, window) pairs over the limit and ``with overrun`` those in
+which that client had a token that ran past its length.
 
 Device time. On the spin device a kernel is a fixed amount of CPU work (0.25 ms of the
 spinning thread's CPU time), and the time a client reports on its tokens is the CPU time it got
@@ -43,9 +44,9 @@ built with ``split_bursts=True``, since it checks every kernel; ``end_burst`` ke
 that does not fit releases it with ``completed=False`` and asks again for the rest of the
 burst), and the token is given back (``idle``) when the phase ends; each token's record then
 holds the busy time of all its bursts. The runtime instance, whose preemption points are
-coarser (torch modules), reuses a token only while its rest fits the predicted burst. ``--protocol per-burst`` releases after every burst (the
-old frontend: a hand-over of the device, two wake-ups, per burst, which cost the clients 2-6 pp
-of their shares on this VM).
+coarser (torch modules), reuses a token only while its rest fits the predicted burst. ``--protocol
+per-burst`` releases after every burst (the old frontend: a hand-over of the device, two wake-ups,
+per burst, which cost the clients 2-6 pp of their shares on this VM).
 
 The token server runs with the live node agent's configuration,
 ``gshare.runtime.tokens.LIVE_TOKEN_CONFIG`` (``--token-config JSON`` overrides fields of it).
@@ -168,7 +169,12 @@ def scenarios(quick: bool) -> list[tuple[str, tuple[Plan, ...]]]:
 
 
 def _worker(
-    path: str, cid: str, kernels: int, device: str, reuse: bool, conn: Connection,
+    path: str,
+    cid: str,
+    kernels: int,
+    device: str,
+    reuse: bool,
+    conn: Connection,
     device_core: int | None = None,
 ) -> None:  # pragma: no cover - runs in the child
     """Instance process: wait for the active intervals, run bursts in them, send the log back.
@@ -246,7 +252,9 @@ def _worker(
     conn.close()
 
 
-def _stall_probe(seconds: float, device_core: int | None, conn: Connection) -> None:  # pragma: no cover - child
+def _stall_probe(
+    seconds: float, device_core: int | None, conn: Connection
+) -> None:  # pragma: no cover - child
     """The machine's own stalls: spin ``KERNEL_MS`` kernels back to back (no tokens) on the
     device core for ``seconds`` and send back the lengths (ms) of those stretched past 1 ms (the
     process was descheduled or its CPU stalled mid-kernel), and the kernel count."""
@@ -416,8 +424,7 @@ def run_scenario(
             if r.client_id == p.name and r.busy_ms > r.quota_ms + 1e-9
         ]
         max_overrun = max(
-            [max_overrun]
-            + [r.busy_ms - r.quota_ms for r in records if r.client_id == p.name]
+            [max_overrun] + [r.busy_ms - r.quota_ms for r in records if r.client_id == p.name]
         )
         for k in range(k0, k1):
             lo = server.epoch_s + k * w_s
@@ -460,7 +467,9 @@ def main() -> None:
     )
     add_token_config_option(parser)
     parser.add_argument(
-        "--probe-s", type=float, default=None,
+        "--probe-s",
+        type=float,
+        default=None,
         help="length of the stall probe before the scenarios (10 s; quick 3 s; 0 skips it)",
     )
     parser.add_argument(
@@ -485,12 +494,20 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="gs-share-", dir="/tmp")
     rows: list[dict[str, object]] = []
     per_scenario: dict[str, dict[str, float]] = {}
-    probe = stall_probe(args.probe_s if args.probe_s is not None else (3.0 if args.quick else 10.0),
-                        device_core)
+    probe = stall_probe(
+        args.probe_s if args.probe_s is not None else (3.0 if args.quick else 10.0), device_core
+    )
     try:
         for name, plans in scenarios(args.quick):
             r, extra = run_scenario(
-                name, plans, phase_s, settle_s, tmp, args.device, args.protocol == "reuse", config,
+                name,
+                plans,
+                phase_s,
+                settle_s,
+                tmp,
+                args.device,
+                args.protocol == "reuse",
+                config,
                 device_core,
             )
             rows += r
@@ -590,7 +607,8 @@ def main() -> None:
         print(
             f"machine stalls (a bare {KERNEL_MS} ms spin on the device core, no tokens, "
             f"{probe['probe_s']:g} s): {probe['probe_stalls']} kernels stretched past 1 ms "
-            f"({probe['probe_stalls_per_min']:.1f} per min), longest {probe['probe_max_stall_ms']:.2f} ms"
+            f"({probe['probe_stalls_per_min']:.1f} per min), "
+            f"longest {probe['probe_max_stall_ms']:.2f} ms"
         )
     load_end = machine_load()  # other work that started during the run shows here
     summary.update(load)

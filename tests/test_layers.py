@@ -6,7 +6,8 @@ layer or below.
 * layer 1, policy: ``gshare.policy.*``;
 * layer 2, the two worlds: ``gshare.sim.*`` and ``gshare.runtime.*``, which never import each
   other;
-* layer 3, front ends: ``gshare.experiments.*``, ``gshare.cli``, ``gshare.testing.*``.
+* layer 3, front ends: ``gshare.experiments.*``, ``gshare.cli``, ``gshare.testing``,
+  ``gshare.demo``.
 
 Classification is by name prefix (``gshare.runtime`` covers ``gshare.runtime.control``,
 ``.gateway``, ``.node``, ... whatever its sub-packages become). Any other module name under
@@ -208,7 +209,9 @@ def test_the_walk_sees_every_layer_and_its_imports() -> None:
     layers = {_classify(m) for m in modules}
     assert {(0, ""), (1, ""), (2, "sim"), (2, "runtime"), (3, "")} <= layers
     cli = modules["gshare.cli"]
-    targets = {i.target for i in imports_of("gshare.cli", cli.read_text(), known=frozenset(modules))}
+    targets = {
+        i.target for i in imports_of("gshare.cli", cli.read_text(), known=frozenset(modules))
+    }
     assert any(t.startswith("gshare.experiments") for t in targets), targets
 
 
@@ -231,23 +234,47 @@ KNOWN = frozenset(source_modules()) | {"gshare.sim.cluster", "gshare.policy.plac
         ("gshare.policy.fake", "import gshare.sim.cluster\n", False, "layer 1 (policy) imports up"),
         ("gshare.policy.fake", "from gshare.sim import cluster\n", False, "-> gshare.sim.cluster"),
         ("gshare.policy.fake", "from gshare.sim.cluster import Cluster\n", False, "imports up"),
-        ("gshare.policy.fake", "def f():\n    from gshare.runtime import server\n", False,
-         "-> gshare.runtime.server (line 2)"),
+        (
+            "gshare.policy.fake",
+            "def f():\n    from gshare.runtime import server\n",
+            False,
+            "-> gshare.runtime.server (line 2)",
+        ),
         ("gshare.policy.fake", "from ..sim import cluster\n", False, "-> gshare.sim.cluster"),
         ("gshare.policy", "from ..sim import cluster\n", True, "-> gshare.sim.cluster"),
-        ("gshare.policy.fake",
-         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gshare.sim import engine\n",
-         False, "TYPE_CHECKING"),
-        ("gshare.policy.fake", "import importlib\nimportlib.import_module('gshare.experiments')\n",
-         False, "-> gshare.experiments (line 2)"),
-        ("gshare.workflows.fake", "from gshare.policy import placement\n", False,
-         "layer 0 (data) imports up into layer 1"),
-        ("gshare.resources", "from gshare.experiments.registry import get\n", False,
-         "imports up into layer 3"),
+        (
+            "gshare.policy.fake",
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from gshare.sim import engine\n",
+            False,
+            "TYPE_CHECKING",
+        ),
+        (
+            "gshare.policy.fake",
+            "import importlib\nimportlib.import_module('gshare.experiments')\n",
+            False,
+            "-> gshare.experiments (line 2)",
+        ),
+        (
+            "gshare.workflows.fake",
+            "from gshare.policy import placement\n",
+            False,
+            "layer 0 (data) imports up into layer 1",
+        ),
+        (
+            "gshare.resources",
+            "from gshare.experiments.registry import get\n",
+            False,
+            "imports up into layer 3",
+        ),
         ("gshare.sim.workflow.fake", "import gshare.experiments.common\n", False, "imports up"),
         # sim and runtime never import each other, at any depth
-        ("gshare.sim.fake", "from gshare.runtime.control import loop\n", False,
-         "sim and runtime must never"),
+        (
+            "gshare.sim.fake",
+            "from gshare.runtime.control import loop\n",
+            False,
+            "sim and runtime must never",
+        ),
         ("gshare.runtime.node.fake", "import gshare.sim\n", False, "runtime and sim must never"),
         # unclassified modules, on either side
         ("gshare.newthing", "import gshare.resources\n", False, "not classified"),
@@ -264,24 +291,35 @@ def test_checker_reports_an_upward_import(
 @pytest.mark.parametrize(
     ("module", "source", "is_pkg"),
     [
-        ("gshare.policy.fake", "from gshare.resources import Rect\nimport gshare.workflows.config\n",
-         False),
+        (
+            "gshare.policy.fake",
+            "from gshare.resources import Rect\nimport gshare.workflows.config\n",
+            False,
+        ),
         ("gshare.policy.fake", "from gshare.policy.placement import make_placer\n", False),
         ("gshare.policy.fake", "from . import placement\nfrom .placement import base\n", False),
-        ("gshare.sim.fake", "from gshare.policy import placement\nimport gshare.sim.engine\n",
-         False),
+        (
+            "gshare.sim.fake",
+            "from gshare.policy import placement\nimport gshare.sim.engine\n",
+            False,
+        ),
         ("gshare.runtime.gateway.fake", "from gshare.runtime.control import loop\n", False),
-        ("gshare.experiments.fake", "import gshare.sim.cluster\nimport gshare.runtime.server\n",
-         False),
+        (
+            "gshare.experiments.fake",
+            "import gshare.sim.cluster\nimport gshare.runtime.server\n",
+            False,
+        ),
         ("gshare.cli", "from gshare.experiments import registry\n", False),
         ("gshare.testing", "import gshare.sim\nimport gshare.runtime\n", True),
         ("gshare.workflows.fake", "import gshare\nfrom gshare import profiles\n", False),
         # the package facade: TYPE_CHECKING names and a string table only (module doc)
-        ("gshare",
-         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-         "    from gshare.runtime.client import Client\n"
-         "_LAZY = {'Client': 'gshare.runtime.client'}\n",
-         True),
+        (
+            "gshare",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from gshare.runtime.client import Client\n"
+            "_LAZY = {'Client': 'gshare.runtime.client'}\n",
+            True,
+        ),
         ("gshare.policy.fake", "import numpy\nimport importlib\n", False),
     ],
 )
@@ -292,6 +330,7 @@ def test_checker_accepts_downward_and_sideways_imports(
 
 
 def test_the_facade_may_not_import_up_at_run_time() -> None:
-    bad = violations("gshare", "from gshare.runtime.client import Client\n", is_pkg=True,
-                     known=KNOWN)
+    bad = violations(
+        "gshare", "from gshare.runtime.client import Client\n", is_pkg=True, known=KNOWN
+    )
     assert bad and "layer 0 (data) imports up into layer 2" in bad[0]

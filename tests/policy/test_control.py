@@ -24,7 +24,9 @@ from gshare.policy.control import (
 )
 from gshare.policy.rate import RatePredictor
 
-CFG = autoscale.ScaleConfig(sm_pct=50.0, quota_pct=50.0, batch=1, throughput_rps=10.0, latency_ms=100.0)
+CFG = autoscale.ScaleConfig(
+    sm_pct=50.0, quota_pct=50.0, batch=1, throughput_rps=10.0, latency_ms=100.0
+)
 SCALE = autoscale.get_autoscaler("fast-heuristic")
 
 
@@ -59,21 +61,85 @@ def fresh() -> ControlState:
         # never invoked: no floor, nothing to do
         ("idle-never-invoked", obs(), 100.0, Warmth.NEVER_INVOKED, 0, 0, 0),
         # idle 30 s < keep-alive 60 s: one instance kept
-        ("kept-alive", obs(idle_since_s=70.0, running=running(1)), 100.0, Warmth.KEPT_ALIVE, 1, 0, 0),
+        (
+            "kept-alive",
+            obs(idle_since_s=70.0, running=running(1)),
+            100.0,
+            Warmth.KEPT_ALIVE,
+            1,
+            0,
+            0,
+        ),
         # idle 60 s = keep-alive: deadline reached, scaled to zero
-        ("expired-at-deadline", obs(idle_since_s=40.0, running=running(1)), 100.0, Warmth.EXPIRED, 0, 0, 1),
+        (
+            "expired-at-deadline",
+            obs(idle_since_s=40.0, running=running(1)),
+            100.0,
+            Warmth.EXPIRED,
+            0,
+            0,
+            1,
+        ),
         # idle for ever, but min_instances 2 keeps two
-        ("expired-min-2", obs(idle_since_s=0.0, running=running(2), min_instances=2), 100.0, Warmth.EXPIRED, 2, 0, 0),
+        (
+            "expired-min-2",
+            obs(idle_since_s=0.0, running=running(2), min_instances=2),
+            100.0,
+            Warmth.EXPIRED,
+            2,
+            0,
+            0,
+        ),
         # requests in flight keep it warm however long ago the last arrival was
-        ("busy", obs(idle_since_s=0.0, outstanding=3, running=running(1)), 100.0, Warmth.BUSY, 1, 0, 0),
+        (
+            "busy",
+            obs(idle_since_s=0.0, outstanding=3, running=running(1)),
+            100.0,
+            Warmth.BUSY,
+            1,
+            0,
+            0,
+        ),
         # queued with no instance: one starts (the floor and the cold-demand rate)
-        ("cold-queued", obs(idle_since_s=99.0, outstanding=2, queued=2), 100.0, Warmth.BUSY, 1, 1, 0),
+        (
+            "cold-queued",
+            obs(idle_since_s=99.0, outstanding=2, queued=2),
+            100.0,
+            Warmth.BUSY,
+            1,
+            1,
+            0,
+        ),
         # queued, no keep-alive rule: the floor still applies
-        ("cold-no-keepalive", obs(keep_alive_s=None, idle_since_s=99.0, queued=1, outstanding=1), 100.0, Warmth.NEVER_INVOKED, 1, 1, 0),
+        (
+            "cold-no-keepalive",
+            obs(keep_alive_s=None, idle_since_s=99.0, queued=1, outstanding=1),
+            100.0,
+            Warmth.NEVER_INVOKED,
+            1,
+            1,
+            0,
+        ),
         # max_instances 0 caps the floor
-        ("capped", obs(idle_since_s=99.0, queued=1, outstanding=1, max_instances=0), 100.0, Warmth.BUSY, 0, 0, 0),
+        (
+            "capped",
+            obs(idle_since_s=99.0, queued=1, outstanding=1, max_instances=0),
+            100.0,
+            Warmth.BUSY,
+            0,
+            0,
+            0,
+        ),
         # 25 arrivals in 1 s: ceil(25 / 10) = 3 instances
-        ("tick-25rps", obs(arrivals=25, idle_since_s=100.0, outstanding=1), 100.0, Warmth.BUSY, 1, 3, 0),
+        (
+            "tick-25rps",
+            obs(arrivals=25, idle_since_s=100.0, outstanding=1),
+            100.0,
+            Warmth.BUSY,
+            1,
+            3,
+            0,
+        ),
     ],
 )
 def test_control_step_table(
@@ -121,7 +187,9 @@ def test_queued_demand_gets_a_positive_rate() -> None:
 
 def test_a_nudge_takes_no_rate_sample() -> None:
     s = fresh()
-    _, s2 = control_step(obs(arrivals=None, queued=1, outstanding=1, idle_since_s=5.0), s, 5.0, SCALE)
+    _, s2 = control_step(
+        obs(arrivals=None, queued=1, outstanding=1, idle_since_s=5.0), s, 5.0, SCALE
+    )
     assert s2.predictor == s.predictor
 
 

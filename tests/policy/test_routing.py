@@ -18,7 +18,12 @@ C = Candidate
         ([C(3), C(1), C(2)], 0, False, 1),  # the shortest queue
         ([C(1), C(1), C(1)], 0, False, 0),  # ties: the first from start ...
         ([C(1), C(1), C(1)], 2, False, 2),  # ... a rotated start spreads them
-        ([C(0, ready=False), C(5)], 0, False, 1),  # starting instances take nothing while one is ready
+        (
+            [C(0, ready=False), C(5)],
+            0,
+            False,
+            1,
+        ),  # starting instances take nothing while one is ready
         ([C(8, cap=8), C(9, cap=8)], 0, False, None),  # every instance at its cap: wait
         ([C(8, cap=8), C(3, cap=4)], 0, False, 1),  # room under the cap
         ([C(2, ready=False), C(1, ready=False)], 0, False, None),  # runtime: wait at the gateway
@@ -32,7 +37,9 @@ def test_choose_instance(cands, start, wait_at_starting, want) -> None:
 
 @given(
     st.lists(
-        st.builds(Candidate, st.integers(0, 20), st.booleans(), st.one_of(st.none(), st.integers(1, 20))),
+        st.builds(
+            Candidate, st.integers(0, 20), st.booleans(), st.one_of(st.none(), st.integers(1, 20))
+        ),
         max_size=8,
     ),
     st.integers(0, 7),

@@ -20,9 +20,7 @@ def _cluster(keep_alive_s: float | None) -> tuple[EventLoop, SimCluster]:
     loop = EventLoop()
     cfg = ClusterConfig(max_gpus=2, period_ms=1000.0, cold_start_ms=500.0, launch=None)
     cluster = SimCluster(loop, ProfileTable.shipped_v100(), cfg, np.random.default_rng(0))
-    cluster.add_function(
-        SimFunction("r", "resnet50", 1000.0, (CFG,), keep_alive_s=keep_alive_s)
-    )
+    cluster.add_function(SimFunction("r", "resnet50", 1000.0, (CFG,), keep_alive_s=keep_alive_s))
     return loop, cluster
 
 

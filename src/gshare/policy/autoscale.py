@@ -18,7 +18,7 @@ Policies (registry ``AUTOSCALERS``, shared by the CLI, the simulator and the run
   keep each at ``target_util`` of its throughput: ``target_utilisation_scale``.
 
 What must hold after a controller applies a ``heuristic_scale`` decision (tested by properties
-in ``tests/test_autoscale.py``), with ``R`` the predicted rate and ``T`` throughputs:
+in ``tests/policy/test_autoscale.py``), with ``R`` the predicted rate and ``T`` throughputs:
 
 * coverage — Σ T of the function's instances ≥ R (unless ``max_instances`` capped the
   additions, which the decision's ``reason`` says);

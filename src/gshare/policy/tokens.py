@@ -12,7 +12,7 @@ socket. Both call exactly these methods, always passing the current time:
 Each returns the list of ``Grant``s to deliver now. The scheduler keeps its state in plain data
 (``ClientState`` records) that ``snapshot()`` exposes; it never reads a clock and does no I/O.
 
-What must hold (tested by properties in ``tests/test_tokens.py``):
+What must hold (tested by properties in ``tests/policy/test_tokens.py``):
 
 * the SM % of clients holding a token never exceeds ``sm_global_limit_pct`` (the SM adapter);
 * a client holding a token is never granted a second one;

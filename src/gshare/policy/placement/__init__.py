@@ -30,7 +30,7 @@ Placers (registry ``PLACERS``, built by ``make_placer``):
 * ``"time-share"`` — KubeShare-style time sharing (Yeh et al., 2020, the paper's baseline):
   every instance takes 100 % of the SMs, GPUs are filled first-fit along the quota axis.
 
-What holds after every call (tested by properties in ``tests/test_placement.py``):
+What holds after every call (tested by properties in ``tests/policy/test_placement.py``):
 
 * the rectangles of one GPU never overlap and lie inside its 100 x 100 square;
 * free rectangles lie inside the GPU, never intersect an allocated rectangle, and together

@@ -55,8 +55,10 @@ def test_the_template_is_single_threaded_and_answers_calls(launcher: Launcher) -
     assert proc.num_threads() == 1  # a fork copies one thread: the template must have one
     assert "torch" in " ".join(m.path for m in proc.memory_maps())  # it imported the runtime
     assert launcher.call("os.path:join", ["a", "b"]) == "a/b"
-    key = launcher.call("gshare.runtime.node.tasks:describe_handler",
-                        [{"name": "m", "model": "mlp", "device": "cpu"}, []])
+    key = launcher.call(
+        "gshare.runtime.node.tasks:describe_handler",
+        [{"name": "m", "model": "mlp", "device": "cpu"}, []],
+    )
     assert key["ok"] and key["inputs"][0]["shape"] == [-1, 64]
 
 
@@ -73,9 +75,17 @@ def test_call_errors_name_the_problem(launcher: Launcher) -> None:
 def _launch(run_dir: Path, ts: TokenServer, iid: str, model: str = "mlp") -> InstanceLaunch:
     ts.add_client(ClientSpec(iid, 100.0, 1.0, 1.0))
     return InstanceLaunch(
-        instance_id=iid, function="f", spec={"name": "f", "model": model, "device": "cpu"},
-        sm_pct=100.0, quota_request=1.0, quota_limit=1.0, mem_mb=0.0, priority=0,
-        max_batch=4, max_wait_ms=1.0, token_socket=ts.socket_path,
+        instance_id=iid,
+        function="f",
+        spec={"name": "f", "model": model, "device": "cpu"},
+        sm_pct=100.0,
+        quota_request=1.0,
+        quota_limit=1.0,
+        mem_mb=0.0,
+        priority=0,
+        max_batch=4,
+        max_wait_ms=1.0,
+        token_socket=ts.socket_path,
         uds_path=str(run_dir / f"{iid}.sock"),
     )
 
@@ -85,14 +95,20 @@ def test_forked_instance_serves_shares_the_imports_and_dies_with_the_template(
 ) -> None:
     ts, lau = node
     launches = [_launch(run_dir, ts, f"i{k}") for k in range(2)]
-    pids = [lau.launch(launch_to_dict(la), str(run_dir / f"{la.instance_id}.log")) for la in launches]
+    pids = [
+        lau.launch(launch_to_dict(la), str(run_dir / f"{la.instance_id}.log")) for la in launches
+    ]
     for la in launches:
-        wait_until(lambda la=la: Path(la.uds_path + ".ready").exists(), 60, f"{la.instance_id} ready")
+        wait_until(
+            lambda la=la: Path(la.uds_path + ".ready").exists(), 60, f"{la.instance_id} ready"
+        )
     infos = [json.loads(Path(la.uds_path + ".ready").read_text()) for la in launches]
     assert [i["pid"] for i in infos] == pids
     for pid in pids:
         assert psutil.Process(pid).ppid() == lau.pid  # forked by the template
-    status, body = P.call_once(launches[0].uds_path, P.OP_INVOKE, P.ENC_JSON, json.dumps([0.5] * 64).encode())
+    status, body = P.call_once(
+        launches[0].uds_path, P.OP_INVOKE, P.ENC_JSON, json.dumps([0.5] * 64).encode()
+    )
     assert status == P.ST_OK, body
     assert 0 <= json.loads(body)["label"] < 10  # the MLP's top class of 10
     # The import heap (Python, torch, transformers) is the template's, shared copy-on-write:
@@ -107,8 +123,14 @@ def test_forked_instance_serves_shares_the_imports_and_dies_with_the_template(
     assert lau.exit_code(pids[1]) == 0
     template = psutil.Process(lau.pid)
     lau.stop()  # the agent goes away: the template and every instance with it
-    wait_until(lambda: not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE,
-               30, "the instance to die with the template")
+    wait_until(
+        lambda: (
+            not psutil.pid_exists(pids[0])
+            or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
+        ),
+        30,
+        "the instance to die with the template",
+    )
     assert not template.is_running()
 
 
@@ -138,19 +160,29 @@ def _cuda_available() -> bool:
 
 
 @pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device")
-def test_forked_instance_uses_cuda_with_its_mps_share(run_dir: Path, node: tuple[TokenServer, Launcher]) -> None:
+def test_forked_instance_uses_cuda_with_its_mps_share(
+    run_dir: Path, node: tuple[TokenServer, Launcher]
+) -> None:
     """Where CUDA exists: the template never initialises CUDA, so an instance forked from it
     creates its own context, after its launch env (the MPS thread percentage) is in place."""
     ts, lau = node
     base = _launch(run_dir, ts, "g0")
     la = launch_to_dict(base)
-    la.update(device="cuda:0", spec={"name": "f", "model": "mlp", "device": "cuda"},
-              env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"})
+    la.update(
+        device="cuda:0",
+        spec={"name": "f", "model": "mlp", "device": "cuda"},
+        env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"},
+    )
     pid = lau.launch(la, str(run_dir / "g0.log"))
-    wait_until(lambda: Path(base.uds_path + ".ready").exists() or lau.exit_code(pid) is not None,
-               120, "the CUDA instance to start")
+    wait_until(
+        lambda: Path(base.uds_path + ".ready").exists() or lau.exit_code(pid) is not None,
+        120,
+        "the CUDA instance to start",
+    )
     assert Path(base.uds_path + ".ready").exists(), (run_dir / "g0.log").read_text()
-    status, body = P.call_once(base.uds_path, P.OP_INVOKE, P.ENC_JSON, json.dumps([0.5] * 64).encode())
+    status, body = P.call_once(
+        base.uds_path, P.OP_INVOKE, P.ENC_JSON, json.dumps([0.5] * 64).encode()
+    )
     assert status == P.ST_OK, body
 
 

@@ -35,7 +35,7 @@ from gshare.runtime.instance.models import (
 from gshare.runtime.node.model_store import ModelStore
 from gshare.spec import FunctionSpec, load_function_spec
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def fspec(model: str, **kw: Any) -> FunctionSpec:
@@ -58,8 +58,13 @@ def store(tmp_path: Path) -> ModelStore:
 
 @pytest.mark.parametrize(
     ("model", "params_m"),
-    [("resnet50", 25.56), ("bert-base", 109.48), ("bert-large", 335.14), ("vit-base", 86.57),
-     ("mlp", 0.0847)],
+    [
+        ("resnet50", 25.56),
+        ("bert-base", 109.48),
+        ("bert-large", 335.14),
+        ("vit-base", 86.57),
+        ("mlp", 0.0847),
+    ],
 )
 def test_full_architectures_have_the_published_sizes(model: str, params_m: float) -> None:
     h = BUILTIN_HANDLERS[model](tiny=False)
@@ -71,13 +76,17 @@ def test_full_architectures_have_the_published_sizes(model: str, params_m: float
 
 def test_full_input_specs() -> None:
     assert make_handler(fspec("resnet50"), tiny=False).input_spec() == [
-        TensorSpec("input", (-1, 3, 224, 224), "FP32")]
+        TensorSpec("input", (-1, 3, 224, 224), "FP32")
+    ]
     assert make_handler(fspec("vit-base"), tiny=False).input_spec() == [
-        TensorSpec("input", (-1, 3, 224, 224), "FP32")]
+        TensorSpec("input", (-1, 3, 224, 224), "FP32")
+    ]
     assert make_handler(fspec("bert-large"), tiny=False).input_spec() == [
-        TensorSpec("input_ids", (-1, -1), "INT64")]
+        TensorSpec("input_ids", (-1, -1), "INT64")
+    ]
     assert make_handler(fspec("mlp"), tiny=False).input_spec() == [
-        TensorSpec("input", (-1, 64), "FP32")]
+        TensorSpec("input", (-1, 64), "FP32")
+    ]
 
 
 # -- every built-in builds and predicts -----------------------------------------------------------
@@ -132,7 +141,9 @@ def test_image_payload_forms_agree() -> None:
         {"data": img.reshape(-1).tolist(), "shape": [3, 32, 32]},  # OIP tensor form
     ]
     for out in h.predict(forms):
-        assert out["label"] == ref["label"] and out["score"] == pytest.approx(ref["score"], rel=1e-5)
+        assert out["label"] == ref["label"] and out["score"] == pytest.approx(
+            ref["score"], rel=1e-5
+        )
 
 
 def test_batch_payloads_give_lists() -> None:
@@ -229,9 +240,12 @@ def test_weights_from_a_safetensors_file(tmp_path: Path, store: ModelStore) -> N
 
 def test_weights_keys() -> None:
     assert weights_key(fspec("resnet50"), tiny=False) == weights_key(
-        load_function_spec({"name": "other-fn", "model": "resnet50"}), tiny=False)
+        load_function_spec({"name": "other-fn", "model": "resnet50"}), tiny=False
+    )
     assert weights_key(fspec("resnet50"), tiny=True) != weights_key(fspec("resnet50"), tiny=False)
-    assert weights_key(fspec("bert-base"), tiny=False) != weights_key(fspec("bert-large"), tiny=False)
+    assert weights_key(fspec("bert-base"), tiny=False) != weights_key(
+        fspec("bert-large"), tiny=False
+    )
 
 
 def test_tiny_override_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

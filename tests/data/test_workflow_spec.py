@@ -172,7 +172,8 @@ def test_spec_does_not_import_the_catalogue() -> None:
     nested = [
         node.lineno
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gshare")
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("gshare")
         and id(node) not in top_level
     ]
     assert nested == [], f"function-level gshare imports in spec.py at lines {nested}"

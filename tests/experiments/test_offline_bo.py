@@ -41,21 +41,28 @@ PERF = PerfModel.default()
 GRID = ConfigGrid(batches=(1, 2, 4), vcpus=(1, 2, 4, 8), vgpus=(1, 2))  # 24 configurations
 OPTS = {f: PERF.options(f, GRID) for f in PERF.functions}
 # 20 bootstrap samples + 8 rounds of 5 = 60 sample executions of 32 noisy runs each
-SMALL = BoParams(n_bootstrap=20, n_rounds=8, batch_size=5, n_samples=32, pool_size=600,
-                 n_local=0)
+SMALL = BoParams(n_bootstrap=20, n_rounds=8, batch_size=5, n_samples=32, pool_size=600, n_local=0)
 
 
 def sr_seg(slo_ms: float) -> WorkflowSpec:
     """super_resolution -> segmentation (Table 3: 86 + 293 = 379 ms in the min config)."""
-    return parse_workflow({"name": "sr-seg", "slo_ms": slo_ms, "stages": [
-        {"name": "sr", "function": "super_resolution"},
-        {"name": "seg", "function": "segmentation", "after": ["sr"]},
-    ]})
+    return parse_workflow(
+        {
+            "name": "sr-seg",
+            "slo_ms": slo_ms,
+            "stages": [
+                {"name": "sr", "function": "super_resolution"},
+                {"name": "seg", "function": "segmentation", "after": ["sr"]},
+            ],
+        }
+    )
 
 
 def analytic_p95(wf: WorkflowSpec, configs: tuple[object, ...]) -> float:
-    times = {s.name: PERF.exec_ms(s.function, c)  # type: ignore[arg-type]
-             for s, c in zip(wf.stages, configs, strict=True)}
+    times = {
+        s.name: PERF.exec_ms(s.function, c)  # type: ignore[arg-type]
+        for s, c in zip(wf.stages, configs, strict=True)
+    }
     return p95_of_paths_ms(times, [tuple(s.name for s in wf.stages)], 0.05)
 
 
@@ -81,8 +88,9 @@ def test_a_sample_execution_without_noise_is_the_model_itself() -> None:
     t_seg = quiet.exec_ms("segmentation", e.configs[1])
     # no noise: every run takes exactly the means; cost = sum of price x time / batch
     assert e.p95_ms == pytest.approx(t_sr + t_seg)
-    assert e.cost_usd == pytest.approx(cost_per_request_usd(e.configs[0], t_sr)
-                                       + cost_per_request_usd(e.configs[1], t_seg))
+    assert e.cost_usd == pytest.approx(
+        cost_per_request_usd(e.configs[0], t_sr) + cost_per_request_usd(e.configs[1], t_seg)
+    )
     assert e.cost_usd == pytest.approx(e.mean_cost_usd)
     assert e.feasible == (t_sr + t_seg <= 400.0) and e.p_slo == (1.0 if e.feasible else 0.0)
 
@@ -125,24 +133,27 @@ def test_bo_is_at_least_as_cheap_as_random_search_and_meets_the_slo(
     assert bo.best.feasible and bo.best.p95_ms <= wf.slo_ms
     assert analytic_p95(wf, bo.best.configs) <= 1.02 * wf.slo_ms
     # and it is close to the true optimum (Orion's search, complete on 576 plans)
-    opt = orion_search(["sr", "seg"], [StageLattice.build(OPTS[f]) for f in
-                                       ("super_resolution", "segmentation")], wf.slo_ms)
+    opt = orion_search(
+        ["sr", "seg"],
+        [StageLattice.build(OPTS[f]) for f in ("super_resolution", "segmentation")],
+        wf.slo_ms,
+    )
     assert opt.status == "goal"
     assert bo.best.mean_cost_usd <= 1.07 * opt.cost_usd
 
 
 def test_infeasible_slo_returns_the_plan_closest_to_it() -> None:
     wf = sr_seg(50.0)  # far below the fastest plan (~200 ms)
-    p = BoParams(n_bootstrap=10, n_rounds=2, batch_size=5, n_samples=8, pool_size=600,
-                 n_local=0)
+    p = BoParams(n_bootstrap=10, n_rounds=2, batch_size=5, n_samples=8, pool_size=600, n_local=0)
     res = bayesian_optimise("app", wf, OPTS, PERF, 0, p)
     assert not res.best.feasible
     assert res.best.p95_ms == min(e.p95_ms for e in res.evaluations)
 
 
 def test_a_small_space_is_sampled_exhaustively() -> None:
-    one = parse_workflow({"name": "one", "slo_ms": 200.0,
-                          "stages": [{"name": "c", "function": "classification"}]})
+    one = parse_workflow(
+        {"name": "one", "slo_ms": 200.0, "stages": [{"name": "c", "function": "classification"}]}
+    )
     grid = ConfigGrid(batches=(1, 2), vcpus=(1, 4), vgpus=(1,))  # 4 plans
     o = {"classification": PERF.options("classification", grid)}
     p = BoParams(n_bootstrap=2, n_rounds=5, batch_size=5, n_samples=8, pool_size=10)
@@ -153,8 +164,7 @@ def test_a_small_space_is_sampled_exhaustively() -> None:
 
 
 def test_plans_are_deterministic_and_per_application() -> None:
-    p = BoParams(n_bootstrap=8, n_rounds=2, batch_size=3, n_samples=8, pool_size=200,
-                 n_local=50)
+    p = BoParams(n_bootstrap=8, n_rounds=2, batch_size=3, n_samples=8, pool_size=200, n_local=50)
     a = application("image-classification", "moderate")
     b = application("depth-recognition", "moderate")
     one = optimise_static_plans([(a.name, a)], OPTS, PERF, 5, p)
@@ -166,8 +176,7 @@ def test_plans_are_deterministic_and_per_application() -> None:
 
 
 def test_make_aquatope_and_the_registry_serve_the_optimised_plans() -> None:
-    p = BoParams(n_bootstrap=8, n_rounds=2, batch_size=3, n_samples=8, pool_size=200,
-                 n_local=50)
+    p = BoParams(n_bootstrap=8, n_rounds=2, batch_size=3, n_samples=8, pool_size=200, n_local=50)
     wf = application("background-elimination", "relaxed")
     apps = [(wf.name, wf)]
     plans = optimise_static_plans(apps, OPTS, PERF, 11, p)

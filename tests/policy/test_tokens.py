@@ -34,7 +34,9 @@ def sched(*specs: ClientSpec, **cfg: object) -> TokenScheduler:
     return s
 
 
-def spec(cid: str, sm: float = 100.0, req: float = 0.5, lim: float | None = None, prio: int = 0) -> ClientSpec:
+def spec(
+    cid: str, sm: float = 100.0, req: float = 0.5, lim: float | None = None, prio: int = 0
+) -> ClientSpec:
     return ClientSpec(cid, sm, req, req if lim is None else lim, prio)
 
 
@@ -205,7 +207,9 @@ def test_elastic_tokens_leave_the_time_owed_to_an_active_neighbour() -> None:
         (True, ["c"]),
     ],
 )
-def test_sm_adapter_stops_at_the_first_head_unless_backfill(backfill: bool, granted: list[str]) -> None:
+def test_sm_adapter_stops_at_the_first_head_unless_backfill(
+    backfill: bool, granted: list[str]
+) -> None:
     s = sched(spec("a", 60, 0.2), spec("b", 60, 0.9), spec("c", 40, 0.1), backfill=backfill)
     only(s.request("a", 0.0))
     s.request("b", 1.0)
@@ -375,7 +379,9 @@ def test_limit_margin_reserves_only_what_a_neighbour_can_still_be_given() -> Non
     # margin left (filtered), so nothing is owed to it any more, and a (owed 10 itself) may take
     # the rest of the window, 40 - 19.9 = 20.1 ms. Counting b's unusable 0.1 ms as owed would
     # clip a to 40 - 19.9 - 0.1 = 20.0.
-    s = sched(spec("a", 100, 0.25, 1.0), spec("b", 100, 0.5), idle_token_ms=40.0, limit_margin_ms=0.1)
+    s = sched(
+        spec("a", 100, 0.25, 1.0), spec("b", 100, 0.5), idle_token_ms=40.0, limit_margin_ms=0.1
+    )
     assert only(s.request("b", 0.0)).quota_ms == pytest.approx(19.9)
     assert s.request("a", 1.0) == []
     ga = only(s.release("b", 19.9, 19.9))
@@ -398,7 +404,9 @@ def _alternate(s: TokenScheduler, bursts: dict[str, float], until_ms: float) -> 
         for g in grants:
             held[g.client_id] = g
             seq += 1
-            heapq.heappush(ev, (g.start_ms + min(g.quota_ms, bursts[g.client_id]), seq, g.client_id))
+            heapq.heappush(
+                ev, (g.start_ms + min(g.quota_ms, bursts[g.client_id]), seq, g.client_id)
+            )
 
     for cid in bursts:
         take(s.request(cid, 0.0))
@@ -492,7 +500,9 @@ def test_bad_client_specs_name_the_field(kwargs: dict[str, float], match: str) -
     base: dict[str, float] = {"sm_pct": 50, "quota_request": 0.5, "quota_limit": 0.5, "priority": 0}
     base.update(kwargs)
     with pytest.raises(TokenError, match=f"client x: {match}"):
-        ClientSpec("x", base["sm_pct"], base["quota_request"], base["quota_limit"], int(base["priority"]))
+        ClientSpec(
+            "x", base["sm_pct"], base["quota_request"], base["quota_limit"], int(base["priority"])
+        )
 
 
 @pytest.mark.parametrize(

@@ -491,9 +491,7 @@ def test_count_in_service_doubles_the_latency_counted_against_the_slo() -> None:
     table = ProfileTable(
         [ProfilePoint("m", 100, 100, 1, 30.0), ProfilePoint("m", 100, 100, 2, 40.0)]
     )
-    plain = candidate_configs(
-        table, "m", 70, sm_values=[100], quota_values=[100], max_wait_ms=5
-    )
+    plain = candidate_configs(table, "m", 70, sm_values=[100], quota_values=[100], max_wait_ms=5)
     # without: batch 1 -> 30 <= 70, batch 2 -> 40 + 5 = 45 <= 70: both kept
     assert [c.batch for c in plain] == [1, 2]
     counted = candidate_configs(

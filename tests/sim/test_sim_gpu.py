@@ -322,7 +322,10 @@ def test_token_reuse_keeps_shares() -> None:
     # each still runs its request x window in every window.
     loop = EventLoop()
     gpu = TracingGpu(
-        loop, token_config=TokenConfig(elastic=False), token_reuse=True, interference=InterferenceModel(enabled=False)
+        loop,
+        token_config=TokenConfig(elastic=False),
+        token_reuse=True,
+        interference=InterferenceModel(enabled=False),
     )
     gpu.add_client(_client("a", 100.0, 0.7, 0.7))
     gpu.add_client(_client("b", 100.0, 0.3, 0.3))

@@ -18,7 +18,7 @@ from gshare.spec import (
     load_function_spec,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BASE: dict[str, Any] = {"name": "f", "model": "mlp"}
 SHARE = {"sm_pct": 50, "quota_request": 0.5}
 
@@ -99,13 +99,19 @@ INVALID: list[tuple[dict[str, Any], str, str]] = [
     (spec(resources={"sm_pct": 50}), "resources.quota_request", "required"),
     (spec(resources={**SHARE, "quota_request": 0}), "resources.quota_request", "(0, 1], got 0"),
     (spec(resources={**SHARE, "quota_request": 1.5}), "resources.quota_request", "(0, 1]"),
-    (spec(resources={**SHARE, "quota_limit": 0.3}), "resources.quota_limit",
-     "[quota_request=0.5, 1], got 0.3"),
+    (
+        spec(resources={**SHARE, "quota_limit": 0.3}),
+        "resources.quota_limit",
+        "[quota_request=0.5, 1], got 0.3",
+    ),
     (spec(resources={**SHARE, "quota_limit": 1.2}), "resources.quota_limit", "[quota_request, 1]"),
     (spec(resources={**SHARE, "mem_mb": -1}), "resources.mem_mb", "an integer >= 0, got -1"),
     (spec(resources={**SHARE, "mem_mb": 1.5}), "resources.mem_mb", "an integer >= 0"),
-    (spec(resources={**SHARE, "gpus": 1}), "resources.gpus",
-     "unknown field (allowed: sm_pct, quota_request, quota_limit, mem_mb)"),
+    (
+        spec(resources={**SHARE, "gpus": 1}),
+        "resources.gpus",
+        "unknown field (allowed: sm_pct, quota_request, quota_limit, mem_mb)",
+    ),
     (spec(batching=[1]), "batching", "a mapping"),
     (spec(batching={"max_batch": 0}), "batching.max_batch", "an integer in [1, 256], got 0"),
     (spec(batching={"max_batch": 257}), "batching.max_batch", "[1, 256]"),
@@ -152,7 +158,9 @@ def test_several_errors_in_one_line() -> None:
 
 
 def test_example_message_of_the_api() -> None:
-    with pytest.raises(SpecError, match=r"^resources\.sm_pct: must be a number in \(0, 100\], got 150$"):
+    with pytest.raises(
+        SpecError, match=r"^resources\.sm_pct: must be a number in \(0, 100\], got 150$"
+    ):
         load_function_spec(spec(resources={**SHARE, "sm_pct": 150}))
 
 

@@ -79,7 +79,9 @@ def test_control_api_needs_the_token(served: ServeProcess) -> None:
     assert r.status_code == 401
     r = httpx.post(served.url + "/system/functions", content=ECHO)
     assert r.status_code == 401
-    r = httpx.get(served.url + "/system/functions", headers={"authorization": f"Bearer {served.token}"})
+    r = httpx.get(
+        served.url + "/system/functions", headers={"authorization": f"Bearer {served.token}"}
+    )
     assert r.status_code == 200 and isinstance(r.json(), list)
     # the token file is private
     assert (served.state_dir / "token").stat().st_mode & 0o777 == 0o600
@@ -88,7 +90,9 @@ def test_control_api_needs_the_token(served: ServeProcess) -> None:
 # -- CLI and Python API --------------------------------------------------------------------------
 
 
-def test_cli_deploy_invoke_list_logs_delete(served: ServeProcess, echo: str, tmp_path: Path) -> None:
+def test_cli_deploy_invoke_list_logs_delete(
+    served: ServeProcess, echo: str, tmp_path: Path
+) -> None:
     r = served.cli("invoke", "echo", "--data", '{"a": [1, 2, 3]}', auth=False)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"a": [1, 2, 3]}
@@ -102,7 +106,9 @@ def test_cli_deploy_invoke_list_logs_delete(served: ServeProcess, echo: str, tmp
     assert r.returncode == 0 and "deployed (version 1)" in r.stdout and "ready (pid" in r.stdout
 
     other = tmp_path / "tmp-echo.yaml"
-    other.write_text(ECHO.replace("name: echo", "name: tmp-echo").replace("min_instances: 1", "min_instances: 0"))
+    other.write_text(
+        ECHO.replace("name: echo", "name: tmp-echo").replace("min_instances: 1", "min_instances: 0")
+    )
     assert served.cli("deploy", str(other)).returncode == 0
     r = served.cli("invoke", "tmp-echo", "--data", "[1]", auth=False)  # cold start
     assert r.returncode == 0 and json.loads(r.stdout) == [1], r.stderr
@@ -110,14 +116,23 @@ def test_cli_deploy_invoke_list_logs_delete(served: ServeProcess, echo: str, tmp
     assert r.returncode == 0 and "deleted tmp-echo" in r.stdout
     r = served.cli("invoke", "tmp-echo", "--data", "[1]", auth=False)
     assert r.returncode == 1
-    assert r.stderr.strip().count("\n") == 0 and "not deployed" in r.stderr and r.stderr.startswith("gshare: error:")
+    assert (
+        r.stderr.strip().count("\n") == 0
+        and "not deployed" in r.stderr
+        and r.stderr.startswith("gshare: error:")
+    )
 
 
 def test_python_client_api(served: ServeProcess, echo: str) -> None:
     from gshare import Client, FunctionSpec
 
     with Client(served.url, state_dir=served.state_dir) as c:
-        spec = FunctionSpec(name="api-echo", handler="gshare.runtime.demo_handlers:Echo", device="cpu", max_instances=1)
+        spec = FunctionSpec(
+            name="api-echo",
+            handler="gshare.runtime.demo_handlers:Echo",
+            device="cpu",
+            max_instances=1,
+        )
         out = c.deploy(spec)
         assert out["name"] == "api-echo" and out["version"] == 1
         assert c.invoke("api-echo", {"k": "v"}) == {"k": "v"}
@@ -135,7 +150,9 @@ def test_python_client_api(served: ServeProcess, echo: str) -> None:
 # -- Open Inference Protocol ---------------------------------------------------------------------
 
 
-def _tensor(shape: list[int], datatype: str = "FP32", value: Any = 0.5, name: str = "input") -> dict[str, Any]:
+def _tensor(
+    shape: list[int], datatype: str = "FP32", value: Any = 0.5, name: str = "input"
+) -> dict[str, Any]:
     n = 1
     for d in shape:
         n *= d
@@ -157,7 +174,10 @@ def test_oip_infer_good_and_bad_tensors(served: ServeProcess) -> None:
     bad: list[tuple[Any, str]] = [
         ({"inputs": [_tensor([1, 3])]}, "shape must be [-1, 64]"),
         ({"inputs": [_tensor([1, 64], "INT64", 1)]}, "datatype must be FP32"),
-        ({"inputs": [{**_tensor([1, 64]), "data": [0.5] * 10}]}, "has 10 elements but shape [1, 64] needs 64"),
+        (
+            {"inputs": [{**_tensor([1, 64]), "data": [0.5] * 10}]},
+            "has 10 elements but shape [1, 64] needs 64",
+        ),
         ({"inputs": [_tensor([1, 64], name="x")]}, "unknown input 'x'"),
         ({"inputs": [_tensor([1, 64], "FLOAT")]}, "unknown datatype 'FLOAT'"),
         ({"inputs": [_tensor([1, 64], "FP32", "a")]}, "not a valid FP32 value"),
@@ -169,7 +189,12 @@ def test_oip_infer_good_and_bad_tensors(served: ServeProcess) -> None:
         r = post(served, "/v2/models/mlp/infer", json=body)
         assert r.status_code == 400, (body, r.text)
         assert msg in r.json()["error"], (msg, r.text)
-    r = post(served, "/v2/models/mlp/infer", content=b"{not json", headers={"content-type": "application/json"})
+    r = post(
+        served,
+        "/v2/models/mlp/infer",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 400 and "malformed JSON" in r.json()["error"]
     r = post(served, "/v2/models/nope/infer", json={"inputs": [_tensor([1, 64])]})
     assert r.status_code == 404 and "not deployed" in r.json()["error"]
@@ -185,17 +210,62 @@ def test_bad_inputs_get_4xx_and_the_server_keeps_serving(served: ServeProcess, e
     h = {"authorization": f"Bearer {served.token}"}
     cases: list[tuple[str, str, dict[str, Any], int, str]] = [
         ("POST", "/function/nope", {"content": b"x"}, 404, "function 'nope' is not deployed"),
-        ("POST", "/function/echo", {"content": b"{oops", "headers": {"content-type": "application/json"}}, 400, "malformed JSON"),
+        (
+            "POST",
+            "/function/echo",
+            {"content": b"{oops", "headers": {"content-type": "application/json"}},
+            400,
+            "malformed JSON",
+        ),
         ("POST", "/function/echo", {"content": b"x" * (2 << 20)}, 413, "exceeds the limit"),
         ("GET", "/function/echo", {}, 405, "use POST"),
-        ("POST", "/system/functions", {"content": "name: Bad_Name\nmodel: mlp\n", "headers": h}, 400, "name: must be a DNS label"),
-        ("POST", "/system/functions", {"content": "name: x\nmodel: mlp\nresources: {sm_pct: 150, quota_request: 0.5}\n", "headers": h}, 400, "resources.sm_pct: must be a number in (0, 100], got 150"),
-        ("POST", "/system/functions", {"content": "name: x\nhandler: no_such_module:Thing\n", "headers": h}, 400, "no_such_module"),
-        ("POST", "/system/functions", {"content": "[: not yaml", "headers": h}, 400, "not valid YAML"),
+        (
+            "POST",
+            "/system/functions",
+            {"content": "name: Bad_Name\nmodel: mlp\n", "headers": h},
+            400,
+            "name: must be a DNS label",
+        ),
+        (
+            "POST",
+            "/system/functions",
+            {
+                "content": "name: x\nmodel: mlp\nresources: {sm_pct: 150, quota_request: 0.5}\n",
+                "headers": h,
+            },
+            400,
+            "resources.sm_pct: must be a number in (0, 100], got 150",
+        ),
+        (
+            "POST",
+            "/system/functions",
+            {"content": "name: x\nhandler: no_such_module:Thing\n", "headers": h},
+            400,
+            "no_such_module",
+        ),
+        (
+            "POST",
+            "/system/functions",
+            {"content": "[: not yaml", "headers": h},
+            400,
+            "not valid YAML",
+        ),
         ("POST", "/system/functions", {"content": ECHO, "headers": h}, 409, "already exists"),
-        ("PUT", "/system/functions", {"content": ECHO.replace("name: echo", "name: ghost"), "headers": h}, 404, "not deployed"),
+        (
+            "PUT",
+            "/system/functions",
+            {"content": ECHO.replace("name: echo", "name: ghost"), "headers": h},
+            404,
+            "not deployed",
+        ),
         ("DELETE", "/system/functions", {"content": b"{}", "headers": h}, 400, "functionName"),
-        ("DELETE", "/system/functions", {"content": json.dumps({"functionName": "ghost"}), "headers": h}, 404, "not deployed"),
+        (
+            "DELETE",
+            "/system/functions",
+            {"content": json.dumps({"functionName": "ghost"}), "headers": h},
+            404,
+            "not deployed",
+        ),
         ("GET", "/system/logs", {"headers": h}, 400, "'name' is required"),
         ("POST", "/system/profile/ghost", {"content": b"{}", "headers": h}, 404, "not deployed"),
     ]
@@ -210,10 +280,20 @@ def test_bad_inputs_get_4xx_and_the_server_keeps_serving(served: ServeProcess, e
 
 def test_function_errors_are_explicit(served: ServeProcess) -> None:
     c = served.client()
-    c.deploy({"name": "sleepy-err", "handler": "gshare.runtime.demo_handlers:Sleep", "device": "cpu", "max_instances": 1})
+    c.deploy(
+        {
+            "name": "sleepy-err",
+            "handler": "gshare.runtime.demo_handlers:Sleep",
+            "device": "cpu",
+            "max_instances": 1,
+        }
+    )
     r = post(served, "/function/sleepy-err", json={"sleep_ms": "soon"})
     assert r.status_code == 400
-    assert "rejected the input" in r.json()["error"] and "sleep_ms must be a number" in r.json()["error"]
+    assert (
+        "rejected the input" in r.json()["error"]
+        and "sleep_ms must be a number" in r.json()["error"]
+    )
     assert c.invoke("sleepy-err", {"sleep_ms": 1})["slept_ms"] == 1
     c.delete("sleepy-err")
 
@@ -221,7 +301,11 @@ def test_function_errors_are_explicit(served: ServeProcess) -> None:
 def test_metrics_endpoint(served: ServeProcess, echo: str) -> None:
     for _ in range(5):
         assert post(served, "/function/echo", content=b"m").status_code == 200
-    wait_until(lambda: "gshare_achieved_share{" in httpx.get(served.url + "/metrics").text, 15, "share gauges")
+    wait_until(
+        lambda: "gshare_achieved_share{" in httpx.get(served.url + "/metrics").text,
+        15,
+        "share gauges",
+    )
     text = httpx.get(served.url + "/metrics").text
     for needle in (
         'gshare_requests_total{code="200",function="echo"}',
@@ -238,20 +322,33 @@ def test_metrics_endpoint(served: ServeProcess, echo: str) -> None:
 # -- failures: crash, memory limit ----------------------------------------------------------------
 
 
-GATED = {"handler": "gshare.runtime.demo_handlers:Gate", "device": "cpu",
-         "batching": {"max_batch": 1, "max_wait_ms": 0}, "min_instances": 1, "max_instances": 1}
+GATED = {
+    "handler": "gshare.runtime.demo_handlers:Gate",
+    "device": "cpu",
+    "batching": {"max_batch": 1, "max_wait_ms": 0},
+    "min_instances": 1,
+    "max_instances": 1,
+}
 
 
 def ready_pid(served: ServeProcess, name: str, other_than: int | None = None) -> int:
     """The pid of ``name``'s ready instance (one whose pid is not ``other_than``)."""
     ready = wait_until(
-        lambda: [i for i in status(served, name)["instances"] if i["state"] == "ready" and i["pid"] != other_than],
-        90, f"{name} to have a ready instance" + (f" other than pid {other_than}" if other_than else ""),
+        lambda: [
+            i
+            for i in status(served, name)["instances"]
+            if i["state"] == "ready" and i["pid"] != other_than
+        ],
+        90,
+        f"{name} to have a ready instance"
+        + (f" other than pid {other_than}" if other_than else ""),
     )
     return int(ready[0]["pid"])
 
 
-def send_gated(served: ServeProcess, name: str, gate: Path, n: int) -> tuple[list[threading.Thread], dict[str, httpx.Response]]:
+def send_gated(
+    served: ServeProcess, name: str, gate: Path, n: int
+) -> tuple[list[threading.Thread], dict[str, httpx.Response]]:
     """``n`` concurrent requests to a ``Gate`` function, ids "0".."n-1" (threads, answers by id)."""
     results: dict[str, httpx.Response] = {}
 
@@ -268,19 +365,29 @@ def wait_all_on(served: ServeProcess, name: str, gate: Path, pid: int, n: int) -
     """Until all ``n`` requests of ``name`` are on its instance ``pid``: one runs there (held by
     the gate; its marker names the pid), every one has arrived at the gateway and none waits in
     its queue — so the other ``n - 1`` wait behind it on the instance's connection."""
-    wait_until(lambda: list(gate.glob(f"started-*-{pid}")), 90, f"a request to run in instance pid {pid}")
-    wait_until(lambda: (s := status(served, name))["invocationCount"] == n and s["queued"] == 0, 90,
-               f"all {n} requests to be in flight at instance pid {pid}")
+    wait_until(
+        lambda: list(gate.glob(f"started-*-{pid}")), 90, f"a request to run in instance pid {pid}"
+    )
+    wait_until(
+        lambda: (s := status(served, name))["invocationCount"] == n and s["queued"] == 0,
+        90,
+        f"all {n} requests to be in flight at instance pid {pid}",
+    )
     assert len(list(gate.glob(f"started-*-{pid}"))) == 1  # max_batch 1: one runs, the others wait
 
 
 def kill_instance(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
-               30, f"instance pid {pid} to die")
+    wait_until(
+        lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        30,
+        f"instance pid {pid} to die",
+    )
 
 
-def test_requests_on_a_killed_instance_are_retried_once_on_its_restart(served: ServeProcess, tmp_path: Path) -> None:
+def test_requests_on_a_killed_instance_are_retried_once_on_its_restart(
+    served: ServeProcess, tmp_path: Path
+) -> None:
     """SIGKILL an instance while it runs one request and two more wait behind it on its
     connection: the gateway puts all three back at the head of the queue, the agent restarts
     the instance in place, and the new process serves all three — nothing lost, no error."""
@@ -299,15 +406,23 @@ def test_requests_on_a_killed_instance_are_retried_once_on_its_restart(served: S
     assert {k: (r.status_code, r.json()) for k, r in results.items()} == {
         k: (200, {"id": k, "pid": new}) for k in ("0", "1", "2")
     }
-    assert 'gshare_request_retries_total{function="gated"} 3.0' in httpx.get(served.url + "/metrics").text
-    st = wait_until(lambda: (s := status(served, "gated"))["instances"][0]["restarts"] >= 1 and s, 30,
-                    "the restart to be reported")
+    assert (
+        'gshare_request_retries_total{function="gated"} 3.0'
+        in httpx.get(served.url + "/metrics").text
+    )
+    st = wait_until(
+        lambda: (s := status(served, "gated"))["instances"][0]["restarts"] >= 1 and s,
+        30,
+        "the restart to be reported",
+    )
     assert [(i["pid"], i["restarts"]) for i in st["instances"]] == [(new, 1)]
     assert any("crashed and restarted" in ln for ln in c.logs("gated"))
     c.delete("gated")
 
 
-def test_a_request_lost_twice_fails_with_a_502_naming_both_crashes(served: ServeProcess, tmp_path: Path) -> None:
+def test_a_request_lost_twice_fails_with_a_502_naming_both_crashes(
+    served: ServeProcess, tmp_path: Path
+) -> None:
     """As above, then the restarted instance is killed too while it holds the three retries:
     each request has now been lost twice and is failed with a 502 naming both crashes (a
     request is retried once, never twice). The function then serves again."""
@@ -328,7 +443,9 @@ def test_a_request_lost_twice_fails_with_a_502_naming_both_crashes(served: Serve
     for r in results.values():
         assert r.status_code == 502, r.text
         msg = r.json()["error"]
-        assert "crashed while running the request" in msg and "it was a retry after instance" in msg, msg
+        assert (
+            "crashed while running the request" in msg and "it was a retry after instance" in msg
+        ), msg
     (gate / "open").touch()
     third = ready_pid(served, "gated2", other_than=second)
     assert c.invoke("gated2", {"dir": str(gate), "id": "after"}) == {"id": "after", "pid": third}
@@ -339,17 +456,39 @@ def test_a_killed_template_takes_its_instances_and_both_come_back(served: ServeP
     """The node's instance template (``runtime.launcher``) dies: its instances die with it (no
     orphans); the agent starts a new template and restarts the instances from it."""
     c = served.client()
-    c.deploy({"name": "tmpl", "handler": "gshare.runtime.demo_handlers:Echo", "device": "cpu",
-              "min_instances": 1, "max_instances": 1})
-    inst = wait_until(lambda: [i for i in status(served, "tmpl")["instances"] if i["state"] == "ready"], 90, "tmpl ready")[0]
+    c.deploy(
+        {
+            "name": "tmpl",
+            "handler": "gshare.runtime.demo_handlers:Echo",
+            "device": "cpu",
+            "min_instances": 1,
+            "max_instances": 1,
+        }
+    )
+    inst = wait_until(
+        lambda: [i for i in status(served, "tmpl")["instances"] if i["state"] == "ready"],
+        90,
+        "tmpl ready",
+    )[0]
     template = psutil.Process(inst["pid"]).parent()
     assert template is not None and template.cmdline()[-1] == "gshare.runtime.node.launcher"
     template.kill()
-    wait_until(lambda: not psutil.pid_exists(inst["pid"]) or psutil.Process(inst["pid"]).status() == psutil.STATUS_ZOMBIE,
-               10, "the instance to die with its template")
+    wait_until(
+        lambda: (
+            not psutil.pid_exists(inst["pid"])
+            or psutil.Process(inst["pid"]).status() == psutil.STATUS_ZOMBIE
+        ),
+        10,
+        "the instance to die with its template",
+    )
     new = wait_until(
-        lambda: [i for i in status(served, "tmpl")["instances"] if i["state"] == "ready" and i["pid"] != inst["pid"]],
-        90, "the instance to be restarted",
+        lambda: [
+            i
+            for i in status(served, "tmpl")["instances"]
+            if i["state"] == "ready" and i["pid"] != inst["pid"]
+        ],
+        90,
+        "the instance to be restarted",
     )[0]
     new_template = psutil.Process(new["pid"]).parent()
     assert new_template is not None and new_template.pid != template.pid
@@ -359,9 +498,16 @@ def test_a_killed_template_takes_its_instances_and_both_come_back(served: ServeP
 
 def test_memory_limit_restarts_the_instance_and_fails_its_requests(served: ServeProcess) -> None:
     c = served.client()
-    c.deploy({"name": "hog", "handler": "gshare.runtime.demo_handlers:MemoryHog", "device": "cpu",
-              "resources": {"sm_pct": 50, "quota_request": 0.5, "quota_limit": 1.0, "mem_mb": 500},
-              "min_instances": 1, "max_instances": 1})
+    c.deploy(
+        {
+            "name": "hog",
+            "handler": "gshare.runtime.demo_handlers:MemoryHog",
+            "device": "cpu",
+            "resources": {"sm_pct": 50, "quota_request": 0.5, "quota_limit": 1.0, "mem_mb": 500},
+            "min_instances": 1,
+            "max_instances": 1,
+        }
+    )
     assert c.invoke("hog", {"hold_mb": 8})["held_mb"] == 8
     r = post(served, "/function/hog", json={"hold_mb": 700})
     assert r.status_code == 503
@@ -378,8 +524,15 @@ def test_memory_limit_restarts_the_instance_and_fails_its_requests(served: Serve
 
 def test_scale_to_zero_after_keep_alive_and_cold_start_again(served: ServeProcess) -> None:
     c = served.client()
-    c.deploy({"name": "idle", "handler": "gshare.runtime.demo_handlers:Echo", "device": "cpu",
-              "keep_alive_s": 1, "max_instances": 2})
+    c.deploy(
+        {
+            "name": "idle",
+            "handler": "gshare.runtime.demo_handlers:Echo",
+            "device": "cpu",
+            "keep_alive_s": 1,
+            "max_instances": 2,
+        }
+    )
     assert status(served, "idle")["replicas"] == 0  # nothing runs before the first request
     assert c.invoke("idle", [1]) == [1]  # queued during the cold start, then served
     wait_until(lambda: status(served, "idle")["replicas"] == 0, 30, "scale to zero")
@@ -394,8 +547,16 @@ def test_keep_alive_counts_from_the_last_answer_not_the_arrival(served: ServePro
     its instance: idleness starts when the function last answered, and requests in flight
     keep it warm, so the next request finds the same process."""
     c = served.client()
-    c.deploy({"name": "longreq", "handler": "gshare.runtime.demo_handlers:Sleep", "device": "cpu",
-              "keep_alive_s": 1, "max_instances": 1, "batching": {"max_batch": 1, "max_wait_ms": 0}})
+    c.deploy(
+        {
+            "name": "longreq",
+            "handler": "gshare.runtime.demo_handlers:Sleep",
+            "device": "cpu",
+            "keep_alive_s": 1,
+            "max_instances": 1,
+            "batching": {"max_batch": 1, "max_wait_ms": 0},
+        }
+    )
     first = c.invoke("longreq", {"sleep_ms": 2500})  # 2.5 s in flight > keep_alive_s
     second = c.invoke("longreq", {"sleep_ms": 1})
     assert second["pid"] == first["pid"]
@@ -406,10 +567,28 @@ def test_keep_alive_counts_from_the_last_answer_not_the_arrival(served: ServePro
 @pytest.mark.slow
 def test_profile_writes_the_table_the_autoscaler_reads(served: ServeProcess) -> None:
     c = served.client()
-    c.deploy({"name": "auto-mlp", "model": "mlp", "device": "cpu", "max_instances": 2,
-              "batching": {"max_batch": 2, "max_wait_ms": 2}})
+    c.deploy(
+        {
+            "name": "auto-mlp",
+            "model": "mlp",
+            "device": "cpu",
+            "max_instances": 2,
+            "batching": {"max_batch": 2, "max_wait_ms": 2},
+        }
+    )
     assert status(served, "auto-mlp")["config_source"].startswith("default share")
-    r = served.cli("profile", "auto-mlp", "--sm", "50", "--quota", "50,100", "--batch", "1,2", "--trial-s", "0.2")
+    r = served.cli(
+        "profile",
+        "auto-mlp",
+        "--sm",
+        "50",
+        "--quota",
+        "50,100",
+        "--batch",
+        "1,2",
+        "--trial-s",
+        "0.2",
+    )
     assert r.returncode == 0, r.stderr
     assert "wrote 4 rows" in r.stdout
     st = status(served, "auto-mlp")

@@ -41,7 +41,9 @@ def test_immediate_dominators_match_networkx(succ: dict[str, list[str]]) -> None
 def test_dominators_of_a_diamond() -> None:
     # a -> b, a -> c, b -> d, c -> d: the join d is dominated by a only
     assert immediate_dominators({"a": ["b", "c"], "b": ["d"], "c": ["d"]}, "a") == {
-        "b": "a", "c": "a", "d": "a"
+        "b": "a",
+        "c": "a",
+        "d": "a",
     }
 
 
@@ -93,12 +95,22 @@ def test_diamond_with_chains_in_the_branches() -> None:
     # branch x: [x1 x2 x3] (0.3), [x4] (0.1), sum 0.4; branch y: [y] 0.1 -> R = 0.4.
     # top [s] R [j]: 0.1 + 0.4 + 0.1 = 0.6; SLO 600 -> s 100, R 400, j 100.
     # in branch x: 400 * 0.3/0.4 = 300 and 400 * 0.1/0.4 = 100; branch y: 400.
-    preds = {"s": [], "x1": ["s"], "x2": ["x1"], "x3": ["x2"], "x4": ["x3"], "y": ["s"],
-             "j": ["x4", "y"]}
+    preds = {
+        "s": [],
+        "x1": ["s"],
+        "x2": ["x1"],
+        "x3": ["x2"],
+        "x4": ["x3"],
+        "y": ["s"],
+        "j": ["x4", "y"],
+    }
     s = split_slo(preds, dict.fromkeys(preds, 0.1), 600.0)
     assert s.structure == "[s] {[x1 x2 x3] [x4] | [y]} [j]"
     assert _groups(s) == [
-        (("s",), 100.0), (("x1", "x2", "x3"), 300.0), (("x4",), 100.0), (("y",), 400.0),
+        (("s",), 100.0),
+        (("x1", "x2", "x3"), 300.0),
+        (("x4",), 100.0),
+        (("y",), 400.0),
         (("j",), 100.0),
     ]
 
@@ -110,14 +122,26 @@ def test_nested_splits() -> None:
     # outer R2 = max(0.4, c = 0.2) = 0.4; top [a] R2 [d] = 0.1 + 0.4 + 0.2 = 0.7.
     # SLO 700 -> a 100, R2 400, d 200. Branch b: b 400 * .1/.4 = 100, R1 400 * .2/.4 = 200
     # (b1 and b2 200 each), b3 100; branch c: 400.
-    preds = {"a": [], "b": ["a"], "b1": ["b"], "b2": ["b"], "b3": ["b1", "b2"], "c": ["a"],
-             "d": ["b3", "c"]}
+    preds = {
+        "a": [],
+        "b": ["a"],
+        "b1": ["b"],
+        "b2": ["b"],
+        "b3": ["b1", "b2"],
+        "c": ["a"],
+        "d": ["b3", "c"],
+    }
     anl = {"a": 0.1, "b": 0.1, "b1": 0.1, "b2": 0.2, "b3": 0.1, "c": 0.2, "d": 0.2}
     s = split_slo(preds, anl, 700.0)
     assert s.structure == "[a] {[b] {[b1] | [b2]} [b3] | [c]} [d]"
     assert _groups(s) == [
-        (("a",), 100.0), (("b",), 100.0), (("b1",), 200.0), (("b2",), 200.0), (("b3",), 100.0),
-        (("c",), 400.0), (("d",), 200.0),
+        (("a",), 100.0),
+        (("b",), 100.0),
+        (("b1",), 200.0),
+        (("b2",), 200.0),
+        (("b3",), 100.0),
+        (("c",), 400.0),
+        (("d",), 200.0),
     ]
 
 
@@ -165,7 +189,9 @@ def _paths(preds: dict[str, list[str]]) -> list[list[str]]:
     return out
 
 
-def _check_structure(preds: dict[str, list[str]], anl: dict[str, float], g: int) -> dict[str, float]:
+def _check_structure(
+    preds: dict[str, list[str]], anl: dict[str, float], g: int
+) -> dict[str, float]:
     split = split_slo(preds, anl, 1000.0, max_group_size=g)
     seen = [s for grp in split.groups for s in grp.stages]
     assert sorted(seen) == sorted(preds)  # a partition
@@ -209,7 +235,9 @@ def series_parallel(draw: st.DrawFn, depth: int = 0) -> list[object]:
     out: list[object] = []
     for _ in range(n):
         if depth < 2 and draw(st.booleans()):
-            out.append(tuple(draw(series_parallel(depth + 1)) for _ in range(draw(st.integers(2, 3)))))
+            out.append(
+                tuple(draw(series_parallel(depth + 1)) for _ in range(draw(st.integers(2, 3))))
+            )
         else:
             out.append("node")
     return out

@@ -25,18 +25,31 @@ from gshare.workflows.perf import PerfModel
 
 PERF = PerfModel.default()
 OPTIONS: Mapping[str, Sequence[ConfigOption]] = {
-    f: PERF.options(f, ConfigGrid()) for f in
-    ("super_resolution", "segmentation", "classification", "deblur", "background_removal",
-     "depth_recognition")
+    f: PERF.options(f, ConfigGrid())
+    for f in (
+        "super_resolution",
+        "segmentation",
+        "classification",
+        "deblur",
+        "background_removal",
+        "depth_recognition",
+    )
 }
 
 
-def ctx(app: str = "image-classification", level: str = "moderate", stage: str | None = None,
-        done: frozenset[str] = frozenset(), elapsed: float = 0.0, waiting: float = 0.0,
-        queue_len: int = 1) -> StageContext:
+def ctx(
+    app: str = "image-classification",
+    level: str = "moderate",
+    stage: str | None = None,
+    done: frozenset[str] = frozenset(),
+    elapsed: float = 0.0,
+    waiting: float = 0.0,
+    queue_len: int = 1,
+) -> StageContext:
     wf = application(app, level)  # type: ignore[arg-type]
-    return StageContext(app, wf, stage or wf.stages[0].name, done, elapsed, waiting, queue_len,
-                        OPTIONS, None, 0.0)
+    return StageContext(
+        app, wf, stage or wf.stages[0].name, done, elapsed, waiting, queue_len, OPTIONS, None, 0.0
+    )
 
 
 # -- plan_stage --------------------------------------------------------------------------------
@@ -45,13 +58,26 @@ def ctx(app: str = "image-classification", level: str = "moderate", stage: str |
 @pytest.mark.parametrize("queue_len", [1, 3, 8])
 def test_plan_stage_is_esg_1q_over_the_remaining_stages(queue_len: int) -> None:
     # the request has spent 120 ms (80 of them in this queue) after super_resolution
-    c = ctx(stage="segmentation", done=frozenset({"super_resolution"}), elapsed=120.0,
-            waiting=80.0, queue_len=queue_len)
+    c = ctx(
+        stage="segmentation",
+        done=frozenset({"super_resolution"}),
+        elapsed=120.0,
+        waiting=80.0,
+        queue_len=queue_len,
+    )
     plan = EsgPolicy().plan_stage(c)
     # plan_remaining takes the time until the inputs were ready (120 - 80) and the wait (80):
     # budget = 526 - 40 - 80 = 406 ms for segmentation + classification
-    rp = plan_remaining(c.workflow, c.done_stages, 40.0, 80.0, options=OPTIONS,
-                        for_stages=("segmentation",), queue_len=queue_len, pareto=True)
+    rp = plan_remaining(
+        c.workflow,
+        c.done_stages,
+        40.0,
+        80.0,
+        options=OPTIONS,
+        for_stages=("segmentation",),
+        queue_len=queue_len,
+        pareto=True,
+    )
     assert rp.budget_ms == pytest.approx(406.0)
     assert plan.candidates == rp.candidates("segmentation")
     assert 1 <= len(plan.candidates) <= 5
@@ -60,11 +86,13 @@ def test_plan_stage_is_esg_1q_over_the_remaining_stages(queue_len: int) -> None:
 
 def test_pareto_and_literal_agree_on_the_best_configuration_path() -> None:
     c = ctx(level="strict", queue_len=4)
-    lit = plan_remaining(c.workflow, (), 0.0, 0.0, options=OPTIONS,
-                         for_stages=(c.stage,), queue_len=4, pareto=False)
+    lit = plan_remaining(
+        c.workflow, (), 0.0, 0.0, options=OPTIONS, for_stages=(c.stage,), queue_len=4, pareto=False
+    )
     par = EsgPolicy(pareto=True).plan_stage(c)
-    par_rp = plan_remaining(c.workflow, (), 0.0, 0.0, options=OPTIONS,
-                            for_stages=(c.stage,), queue_len=4, pareto=True)
+    par_rp = plan_remaining(
+        c.workflow, (), 0.0, 0.0, options=OPTIONS, for_stages=(c.stage,), queue_len=4, pareto=True
+    )
     lit_res, par_res = lit.group_plan(c.stage).result, par_rp.group_plan(c.stage).result
     assert isinstance(lit_res, Plans) and isinstance(par_res, Plans)
     # the same cheapest path cost (the K-1 alternatives may differ); the policy's first
@@ -80,8 +108,9 @@ def test_pareto_and_literal_agree_on_the_best_configuration_path() -> None:
         (EsgPolicy(gpu_sharing=False), FunctionConfig(1, 1, 7)),
     ],
 )
-def test_infeasible_group_gets_the_minimum_configuration(policy: EsgPolicy,
-                                                         want: FunctionConfig) -> None:
+def test_infeasible_group_gets_the_minimum_configuration(
+    policy: EsgPolicy, want: FunctionConfig
+) -> None:
     # the request has already used 600 ms of image-classification's 526 ms SLO
     plan = policy.plan_stage(ctx(elapsed=600.0, waiting=600.0))
     assert plan.candidates == (want,)
@@ -135,8 +164,9 @@ def test_select_invoker_prefers_the_predecessor_invoker() -> None:
     cfg = FunctionConfig(1, 4, 1)
     req = DispatchRequest("segmentation", (cfg,), preferred=(2,), first_stage=False)
     invs = [InvokerState(i, 16, 7) for i in range(4)]
-    d = pol.select_invoker(req, invs, ctx(stage="segmentation",
-                                          done=frozenset({"super_resolution"})))
+    d = pol.select_invoker(
+        req, invs, ctx(stage="segmentation", done=frozenset({"super_resolution"}))
+    )
     assert isinstance(d, Dispatch) and (d.invoker_id, d.via) == (2, "predecessor")
 
 

@@ -17,10 +17,14 @@ BATCH4 = FunctionConfig(batch=4, vcpus=1, vgpus=1)
 
 
 def chain(slo_ms: float, n: int = 3) -> WorkflowSpec:
-    stages = [{"name": f"s{i}", "function": f"f{i}", "after": [f"s{i - 1}"] if i else []}
-              for i in range(n)]
-    return parse_workflow({"name": "w", "slo_ms": slo_ms, "stages": stages},
-                          known_functions=[f"f{i}" for i in range(n)])
+    stages = [
+        {"name": f"s{i}", "function": f"f{i}", "after": [f"s{i - 1}"] if i else []}
+        for i in range(n)
+    ]
+    return parse_workflow(
+        {"name": "w", "slo_ms": slo_ms, "stages": stages},
+        known_functions=[f"f{i}" for i in range(n)],
+    )
 
 
 # every function: fast (10 ms, $3 per request) or slow (30 ms, $1); equal times per config, so
@@ -74,8 +78,9 @@ def test_queue_len_limits_the_batch_of_the_current_stage_only() -> None:
 
 def test_for_stages_plans_only_their_groups() -> None:
     # g = 1: three groups; only s1's is searched
-    rp = plan_remaining(chain(90.0), [], 0.0, 0.0, options=OPTS, for_stages=["s1"],
-                        max_group_size=1)
+    rp = plan_remaining(
+        chain(90.0), [], 0.0, 0.0, options=OPTS, for_stages=["s1"], max_group_size=1
+    )
     assert [gp.group.stages for gp in rp.groups] == [("s1",)]
     assert rp.groups[0].target_ms == pytest.approx(30.0)  # 90 x 1/3
     with pytest.raises(KeyError, match="was not planned"):
@@ -95,10 +100,12 @@ def test_input_errors_are_named() -> None:
 
 def test_anl_from_options_uses_common_configs() -> None:
     # f: FAST 10, SLOW 30; g: FAST 30, SLOW 10 -> ANL(f) = (10/40 + 30/40) / 2 = 0.5
-    a = anl_from_options({
-        "f": [ConfigOption(FAST, 10, 1), ConfigOption(SLOW, 30, 1), ConfigOption(BATCH4, 5, 1)],
-        "g": [ConfigOption(FAST, 30, 1), ConfigOption(SLOW, 10, 1)],
-    })
+    a = anl_from_options(
+        {
+            "f": [ConfigOption(FAST, 10, 1), ConfigOption(SLOW, 30, 1), ConfigOption(BATCH4, 5, 1)],
+            "g": [ConfigOption(FAST, 30, 1), ConfigOption(SLOW, 10, 1)],
+        }
+    )
     assert a == pytest.approx({"f": 0.5, "g": 0.5})
 
 

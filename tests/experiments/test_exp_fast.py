@@ -54,7 +54,10 @@ def test_spatial_beats_racing_at_eight_pods(spatial: ExperimentResult) -> None:
 
 def test_spatial_interference_costs_throughput(spatial: ExperimentResult) -> None:
     s = spatial.summary
-    assert s["throughput_ratio_spatial_vs_time"] < s["throughput_ratio_spatial_vs_time_no_interference"]
+    assert (
+        s["throughput_ratio_spatial_vs_time"]
+        < s["throughput_ratio_spatial_vs_time_no_interference"]
+    )
     # a lone pod has nobody to interfere with
     on = _row(spatial.rows, pods=1, config="sm12", interference=True)
     off = _row(spatial.rows, pods=1, config="sm12", interference=False)
@@ -128,7 +131,8 @@ def test_effective_sm_pct_on_a_hand_built_profile() -> None:
     # On 100 %: 5 % tolerance -> <= 21.0 ms: 30 % is the first -> 30.
     # On 20 %: <= 1.05 * 22 = 23.1 ms: 10 % (40 ms) is too slow -> 20.
     t = ProfileTable(
-        ProfilePoint("m", sm, 100.0, 1, lat) for sm, lat in [(10, 40.0), (20, 22.0), (30, 21.0), (100, 20.0)]
+        ProfilePoint("m", sm, 100.0, 1, lat)
+        for sm, lat in [(10, 40.0), (20, 22.0), (30, 21.0), (100, 20.0)]
     )
     assert effective_sm_pct(t, "m", 100.0) == 30.0
     assert effective_sm_pct(t, "m", 20.0) == 20.0
@@ -140,7 +144,10 @@ def test_run_saturated_keeps_a_lone_pod_busy() -> None:
     # waits behind one other -> 20 ms latency.
     t = ProfileTable(ProfilePoint("m", sm, 100.0, 1, 10.0) for sm in (10.0, 100.0))
     r = run_saturated(
-        [Pod("p", "f", "m", GpuShare(50.0, 1.0, 1.0))], profiles=t, warmup_ms=100.0, measure_ms=1000.0
+        [Pod("p", "f", "m", GpuShare(50.0, 1.0, 1.0))],
+        profiles=t,
+        warmup_ms=100.0,
+        measure_ms=1000.0,
     )
     assert r.throughput_rps == pytest.approx(100.0, abs=1.0)
     assert r.p50_ms == pytest.approx(20.0)

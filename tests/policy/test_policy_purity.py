@@ -13,8 +13,20 @@ from pathlib import Path
 import gshare.policy
 
 FORBIDDEN = {
-    "time", "asyncio", "ray", "torch", "socket", "subprocess", "requests", "httpx",
-    "sqlite3", "threading", "multiprocessing", "fastapi", "uvicorn", "simpy",
+    "time",
+    "asyncio",
+    "ray",
+    "torch",
+    "socket",
+    "subprocess",
+    "requests",
+    "httpx",
+    "sqlite3",
+    "threading",
+    "multiprocessing",
+    "fastapi",
+    "uvicorn",
+    "simpy",
 }
 POLICY_DIR = Path(gshare.policy.__file__).parent
 
@@ -49,7 +61,8 @@ def test_importing_policy_pulls_in_no_forbidden_module() -> None:
         "import sys\n"
         "before = set(sys.modules)\n"
         + "".join(f"import {m}\n" for m in mods)
-        + f"bad = sorted(m for m in set(sys.modules) - before if m.split('.')[0] in {sorted(FORBIDDEN)!r})\n"
+        + "bad = sorted(m for m in set(sys.modules) - before "
+        + f"if m.split('.')[0] in {sorted(FORBIDDEN)!r})\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

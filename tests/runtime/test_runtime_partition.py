@@ -108,7 +108,9 @@ def test_cuda_env_formats_the_mps_percentage() -> None:
     assert cuda_env(100.0) == {MPS_ENV: "100"}
     assert cuda_env(33.3333) == {MPS_ENV: "33.33"}
     assert cuda_env(12.5, pipe_dir="/run/mps") == {
-        MPS_ENV: "12.5", "CUDA_MPS_PIPE_DIRECTORY": "/run/mps"}
+        MPS_ENV: "12.5",
+        "CUDA_MPS_PIPE_DIRECTORY": "/run/mps",
+    }
 
 
 def test_apply_cuda_partition_sets_the_environment_before_cuda_exists() -> None:
@@ -158,8 +160,9 @@ def test_rss_and_pss_of_this_and_a_child_process() -> None:
     assert rss_mb(os.getpid()) == pytest.approx(me, rel=0.5)
     # A child holding 64 MiB more than a bare interpreter shows it in its RSS.
     code = "import sys; b = bytearray(64 << 20); print('ready', flush=True); sys.stdin.read()"
-    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         assert rss_mb(p.pid) >= 64

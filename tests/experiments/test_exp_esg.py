@@ -81,9 +81,11 @@ def test_endtoend_rows_and_files(endtoend: ExperimentResult, tmp_path: Path) -> 
         # capacity never exceeded anywhere; the applications' requests add up to the cell's
         assert r["peak_vcpus_max"] <= 16 and r["peak_vgpus_max"] <= 7
         assert r["trace"] == "uniform"
-        assert r["requests"] == sum(x["requests"] for x in per_app
-                                    if (x["setting"], x["scheduler"]) == (r["setting"],
-                                                                          r["scheduler"]))
+        assert r["requests"] == sum(
+            x["requests"]
+            for x in per_app
+            if (x["setting"], x["scheduler"]) == (r["setting"], r["scheduler"])
+        )
     folder = write_result(endtoend, tmp_path)
     data = json.loads((folder / "results.json").read_text())
     assert data["experiment"] == "esg-endtoend" and data["summary"]["slo_hit_rate"]
@@ -101,8 +103,12 @@ def test_overhead_keys(overhead: ExperimentResult, tmp_path: Path) -> None:
     assert sorted(s["esg_decision_ms_mean"]) == sorted(SETTINGS)
     for v in s["esg_decision_ms_mean"].values():
         assert math.isfinite(v) and v > 0.0
-    for key in ("speedup_vs_bruteforce_g3", "speedup_vs_numpy_bruteforce_g3",
-                "speedup_vs_bruteforce_g3_literal", "speedup_vs_numpy_bruteforce_g3_literal"):
+    for key in (
+        "speedup_vs_bruteforce_g3",
+        "speedup_vs_numpy_bruteforce_g3",
+        "speedup_vs_bruteforce_g3_literal",
+        "speedup_vs_numpy_bruteforce_g3_literal",
+    ):
         assert math.isfinite(s[key]) and s[key] > 0.0, key
     assert s["astar_equals_bruteforce"] is True
     assert s["search_cases"] == {"g3": 1, "g4": 1}

@@ -48,16 +48,21 @@ class FixedPolicy:
         self.choose = choose or first_fit
         self.contexts: list[StageContext] = []
 
-    def prepare(self, workflows: Sequence[tuple[str, WorkflowLike]],
-                options: Mapping[str, Sequence[ConfigOption]], seed: int) -> None:
+    def prepare(
+        self,
+        workflows: Sequence[tuple[str, WorkflowLike]],
+        options: Mapping[str, Sequence[ConfigOption]],
+        seed: int,
+    ) -> None:
         pass
 
     def plan_stage(self, ctx: StageContext) -> StagePlan:
         self.contexts.append(ctx)
         return StagePlan((self.config,))
 
-    def select_invoker(self, request: DispatchRequest, invokers: Sequence[InvokerState],
-                       ctx: StageContext) -> Dispatch | NoInvoker:
+    def select_invoker(
+        self, request: DispatchRequest, invokers: Sequence[InvokerState], ctx: StageContext
+    ) -> Dispatch | NoInvoker:
         i = self.choose(request, invokers, ctx)
         if i is None:
             return NoInvoker("none")
@@ -69,10 +74,16 @@ def first_fit(req: DispatchRequest, invs: Sequence[InvokerState], ctx: StageCont
 
 
 def sr_cls(slo_ms: float = 10_000.0) -> WorkflowSpec:
-    return parse_workflow({"name": "w", "slo_ms": slo_ms, "stages": [
-        {"name": "sr", "function": "super_resolution"},
-        {"name": "cls", "function": "classification", "after": ["sr"]},
-    ]})
+    return parse_workflow(
+        {
+            "name": "w",
+            "slo_ms": slo_ms,
+            "stages": [
+                {"name": "sr", "function": "super_resolution"},
+                {"name": "cls", "function": "classification", "after": ["sr"]},
+            ],
+        }
+    )
 
 
 def config(**kw: object) -> WorkflowSimConfig:
@@ -98,8 +109,9 @@ def latencies(res: WorkflowRunResult) -> list[float | None]:
         (0.0, 0, 0.294, 2, 22.94),  # two remote 0.147 MB inputs share the path: 20 + 2.94
     ],
 )
-def test_transfer_model(local_mb: float, local_n: int, remote_mb: float, remote_n: int,
-                        want: float) -> None:
+def test_transfer_model(
+    local_mb: float, local_n: int, remote_mb: float, remote_n: int, want: float
+) -> None:
     assert TransferModel().batch_ms(local_mb, local_n, remote_mb, remote_n) == pytest.approx(want)
 
 
@@ -115,13 +127,16 @@ def test_local_vs_remote_transfer_in_the_simulation() -> None:
 
     out = {}
     for name, rule in (("local", same), ("remote", other)):
-        sim = WorkflowSim({"w": sr_cls()}, FixedPolicy(choose=rule),
-                          config(initial_warm_per_pool=1))
+        sim = WorkflowSim(
+            {"w": sr_cls()}, FixedPolicy(choose=rule), config(initial_warm_per_pool=1)
+        )
         res = sim.run([(0.0, "w")], 1000.0)
         out[name] = res
     assert latencies(out["local"]) == [pytest.approx(234.147)]
     assert latencies(out["remote"]) == [pytest.approx(254.47)]
-    assert out["local"].counters["local_inputs"] == 1 and out["local"].counters["remote_inputs"] == 0
+    assert (
+        out["local"].counters["local_inputs"] == 1 and out["local"].counters["remote_inputs"] == 0
+    )
     assert out["remote"].counters["remote_inputs"] == 1
     assert out["remote"].requests[0].remote_inputs == 1
 
@@ -157,7 +172,9 @@ def test_prewarming_starts_containers_and_tasks_use_them() -> None:
     arrivals = [(100.0 * i, "w") for i in range(300)]
     res = WorkflowSim({"w": sr_cls()}, FixedPolicy(), cfg).run(arrivals, 30_000.0)
     assert res.counters["prewarm_started"] > 0
-    assert res.counters["warm_starts"] + res.counters["adopted_prewarm"] > res.counters["cold_starts"]
+    assert (
+        res.counters["warm_starts"] + res.counters["adopted_prewarm"] > res.counters["cold_starts"]
+    )
 
 
 # -- capacity, retries, batching -----------------------------------------------------------------
@@ -176,8 +193,9 @@ def test_invoker_rejects_over_capacity() -> None:
 def test_a_dispatch_without_room_is_a_policy_bug() -> None:
     # always invoker 0, even when it is full: the second concurrent task does not fit
     big = FunctionConfig(1, 16, 7)
-    sim = WorkflowSim({"w": sr_cls()}, FixedPolicy(big, lambda r, i, c: 0),
-                      config(initial_warm_per_pool=2))
+    sim = WorkflowSim(
+        {"w": sr_cls()}, FixedPolicy(big, lambda r, i, c: 0), config(initial_warm_per_pool=2)
+    )
     with pytest.raises(SimulationError, match="only 0 vCPUs"):
         sim.run([(0.0, "w"), (1.0, "w")], 1000.0)
 
@@ -187,8 +205,7 @@ def test_no_invoker_waits_for_a_release() -> None:
     # to end at 0 + sr_time; sr at (1, 16, 7): cpu 43 * (0.1 + 0.9/16) = 6.71875 ms plus the
     # GPU part 43 ms (data-parallel: 1 job per slice) = 49.71875 ms
     whole = FunctionConfig(1, 16, 7)
-    sim = WorkflowSim({"w": sr_cls()}, FixedPolicy(whole), config(nodes=1,
-                                                                 initial_warm_per_pool=2))
+    sim = WorkflowSim({"w": sr_cls()}, FixedPolicy(whole), config(nodes=1, initial_warm_per_pool=2))
     res = sim.run([(0.0, "w"), (1.0, "w")], 10_000.0)
     # cls at (1, 16, 7): 73.5 * 0.15625 + 73.5 = 84.984375 ms, + local input 1.147 = 86.131375
     # 0     - 49.72  : request 0's sr; request 1 (t=1) is blocked (NoInvoker)
@@ -196,16 +213,19 @@ def test_no_invoker_waits_for_a_release() -> None:
     #                  request 0's cls, queued at 49.72, is blocked in turn
     # 99.44 - 185.57 : request 0's cls; 185.57 - 271.70: request 1's cls
     assert res.counters["no_invoker"] >= 3
-    assert latencies(res) == [pytest.approx(2 * 49.71875 + 86.131375),
-                              pytest.approx(2 * 49.71875 + 2 * 86.131375 - 1.0)]
+    assert latencies(res) == [
+        pytest.approx(2 * 49.71875 + 86.131375),
+        pytest.approx(2 * 49.71875 + 2 * 86.131375 - 1.0),
+    ]
     assert res.peak_vcpus == [16] and res.peak_vgpus == [7]
 
 
 def test_batching_takes_up_to_batch_jobs_and_counts_misses() -> None:
     # 5 requests at t=0; every stage planned with batch 4: sr takes 4 jobs, then 1 (a miss:
     # batch 4 > 1 queued); cls gets the 4 and later the 1 -> another miss
-    sim = WorkflowSim({"w": sr_cls()}, FixedPolicy(FunctionConfig(4, 4, 2)),
-                      config(initial_warm_per_pool=4))
+    sim = WorkflowSim(
+        {"w": sr_cls()}, FixedPolicy(FunctionConfig(4, 4, 2)), config(initial_warm_per_pool=4)
+    )
     res = sim.run([(0.0, "w")] * 5, 1000.0)
     assert res.counters["tasks"] == 4 and res.counters["jobs"] == 10
     assert res.counters["config_misses"] == 2
@@ -245,10 +265,13 @@ def test_every_request_is_accounted_and_capacity_holds_under_load() -> None:
     assert all(p <= 16 for p in res.peak_vcpus) and all(p <= 7 for p in res.peak_vgpus)
     st = res.stats()
     assert st["requests"] == sum(t >= 500.0 for t, _ in arr)
-    assert st["unfinished"] + sum(r.latency_ms is not None for r in res.measured()) == st["requests"]
+    assert (
+        st["unfinished"] + sum(r.latency_ms is not None for r in res.measured()) == st["requests"]
+    )
     # every stage of every finished request ran exactly once (3 or 5 jobs per request)
-    finished_jobs = sum(len(application(r.application).stages)
-                        for r in res.requests if r.latency_ms is not None)
+    finished_jobs = sum(
+        len(application(r.application).stages) for r in res.requests if r.latency_ms is not None
+    )
     assert finished_jobs <= res.counters["jobs"]
     if res.counters["unfinished"] == 0:
         assert finished_jobs == res.counters["jobs"]
@@ -274,7 +297,8 @@ def test_deterministic_for_a_seed() -> None:
     assert [r.cost_usd for r in a.requests] == [r.cost_usd for r in b.requests]
     skip = {"rounds"}
     assert {k: v for k, v in a.counters.items() if k not in skip} == {
-        k: v for k, v in b.counters.items() if k not in skip}
+        k: v for k, v in b.counters.items() if k not in skip
+    }
     assert latencies(a) != latencies(c)
 
 

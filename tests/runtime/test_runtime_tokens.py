@@ -185,7 +185,9 @@ def test_two_busy_processes_get_their_shares(server: TokenServer, sock_path: str
     server.add_client(spec("A", req=0.2))
     server.add_client(spec("B", req=0.5))
     t_go = run_workers(sock_path, [("A", 0.25, 12), ("B", 0.25, 20)], seconds=1.6)
-    wait_until(lambda: server.stats()["closed"] == 2, 10, "both connections to close")  # both gone: every release processed
+    wait_until(
+        lambda: server.stats()["closed"] == 2, 10, "both connections to close"
+    )  # both gone: every release processed
     recs = server.token_records()
     t0, t1 = t_go + 0.3, t_go + 1.5  # skip the start; stop before the workers do
     share_a = busy_s(recs, "A", t0, t1) / (t1 - t0) * 100
@@ -242,7 +244,9 @@ def test_disconnect_while_holding_frees_the_token(server: TokenServer, sock_path
         b = TokenClient(sock_path, "B", timeout_s=20)
         waiter = threading.Thread(target=lambda: got.append(b.acquire()))
         waiter.start()
-        wait_until(lambda: server.snapshot()["B"].waiting, 10, "B to wait for a token")  # blocked: A holds the device
+        wait_until(
+            lambda: server.snapshot()["B"].waiting, 10, "B to wait for a token"
+        )  # blocked: A holds the device
         assert server.snapshot()["A"].running and not got
         holder.send_signal(signal.SIGKILL)
         waiter.join(timeout=20)
@@ -363,7 +367,9 @@ def test_client_misuse_is_refused_locally(server: TokenServer, sock_path: str) -
         c.release(0.5)
         with c.burst() as token_ms:
             assert token_ms > 0
-    wait_until(lambda: not server.snapshot()["A"].running, 10, "A's token to be released")  # a release has no reply
+    wait_until(
+        lambda: not server.snapshot()["A"].running, 10, "A's token to be released"
+    )  # a release has no reply
     assert server.stats()["errors"] == 0
     assert server.snapshot()["A"].total_used_ms > 0.5
 
@@ -409,9 +415,15 @@ def test_a_grant_nobody_can_take_is_given_back(server: TokenServer, sock_path: s
     s.sendall(FRAME.pack(ACQUIRE, 0, 0, 1, 0.0))
     wait_until(lambda: server.snapshot()["B"].waiting, 10, "B to wait for a token")
     s.close()
-    wait_until(lambda: server.stats()["closed"] == 1, 10, "B's connection to close")  # the server saw B go
+    wait_until(
+        lambda: server.stats()["closed"] == 1, 10, "B's connection to close"
+    )  # the server saw B go
     a.release(0.2)
-    wait_until(lambda: server.stats()["undelivered_grants"] == 1, 10, "the undelivered grant to be returned")
+    wait_until(
+        lambda: server.stats()["undelivered_grants"] == 1,
+        10,
+        "the undelivered grant to be returned",
+    )
     snap = server.snapshot()
     assert not snap["B"].running and not snap["B"].waiting
     assert a.acquire() > 0  # the device is free again
@@ -543,7 +555,9 @@ def test_busy_clock_measures_the_time_reported_on_a_token(sock_path: str) -> Non
 
     with TokenServer(sock_path, LONG_TOKENS, record_tokens=1000) as srv:
         srv.add_client(spec("A", req=1.0))
-        with TokenClient(sock_path, "A", timeout_s=10, split_bursts=True, busy_clock=fake_clock) as c:
+        with TokenClient(
+            sock_path, "A", timeout_s=10, split_bursts=True, busy_clock=fake_clock
+        ) as c:
             for _ in range(2):
                 c.start_burst()
                 c.end_burst()

@@ -135,7 +135,9 @@ def test_request_log_summary_on_hand_built_requests() -> None:
     # latencies 10, 20, 30, 40 ms; the span is 100 -> 1100 ms = 1 s, so 4 req/s. SLO 25 ms is
     # missed by two of four -> 50 %.
     log = RequestLog(warmup_ms=100.0)
-    for i, (arr, lat) in enumerate([(50.0, 5.0), (100.0, 10.0), (300.0, 20.0), (500.0, 30.0), (900.0, 40.0)]):
+    for i, (arr, lat) in enumerate(
+        [(50.0, 5.0), (100.0, 10.0), (300.0, 20.0), (500.0, 30.0), (900.0, 40.0)]
+    ):
         r = SimRequest(i, "f", arr, slo_ms=25.0)
         r.finish_ms = arr + lat
         log.record(r)

@@ -1,4 +1,5 @@
-"""policy.prewarm: EWMA of call intervals, pool targets (Little's law), when to pre-warm, keep-alive."""
+"""policy.prewarm: EWMA of call intervals, pool targets (Little's law), when to pre-warm,
+keep-alive."""
 
 from __future__ import annotations
 

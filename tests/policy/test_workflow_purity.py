@@ -11,10 +11,26 @@ import sys
 
 import gshare.policy.workflow
 
-FORBIDDEN = sorted({
-    "time", "asyncio", "ray", "torch", "socket", "subprocess", "requests", "httpx", "sqlite3",
-    "threading", "multiprocessing", "fastapi", "uvicorn", "simpy", "pydantic", "networkx",
-})
+FORBIDDEN = sorted(
+    {
+        "time",
+        "asyncio",
+        "ray",
+        "torch",
+        "socket",
+        "subprocess",
+        "requests",
+        "httpx",
+        "sqlite3",
+        "threading",
+        "multiprocessing",
+        "fastapi",
+        "uvicorn",
+        "simpy",
+        "pydantic",
+        "networkx",
+    }
+)
 
 
 def test_workflow_policy_modules_import_nothing_forbidden() -> None:

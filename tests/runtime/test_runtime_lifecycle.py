@@ -57,7 +57,9 @@ def test_restart_serves_deployed_functions_and_shutdown_leaves_no_process(
 
 
 @pytest.mark.slow
-def test_ray_launcher_runs_each_instance_as_a_ray_actor(tmp_path: Path, start_gshare: StartGshare) -> None:
+def test_ray_launcher_runs_each_instance_as_a_ray_actor(
+    tmp_path: Path, start_gshare: StartGshare
+) -> None:
     """``--launcher ray``: the same instance, in a Ray worker process of its own; the default
     forks it from the node's template instead (its parent is the template, not a raylet)."""
     spec = tmp_path / "echo.yaml"
@@ -67,7 +69,9 @@ def test_ray_launcher_runs_each_instance_as_a_ray_actor(tmp_path: Path, start_gs
         assert server.cli("deploy", str(spec)).returncode == 0
         r = httpx.post(server.url + "/function/echo", content=launcher.encode(), timeout=120)
         assert r.status_code == 200 and r.content == launcher.encode()
-        st = wait_until(lambda s=server: (g := s.client().get("echo"))["instances"] and g, 30, "status")
+        st = wait_until(
+            lambda s=server: (g := s.client().get("echo"))["instances"] and g, 30, "status"
+        )
         pid = st["instances"][0]["pid"]
         parent = psutil.Process(pid).parent()
         assert parent is not None
@@ -101,19 +105,31 @@ def test_unknown_launcher_is_a_one_line_error(tmp_path: Path) -> None:
 def test_unknown_placer_is_a_one_line_error(tmp_path: Path) -> None:
     r = gshare("serve", "--placer", "nope", "--state", str(tmp_path / "state"))
     assert r.returncode == 1
-    assert r.stderr.strip() == "gshare: error: unknown placer 'nope' (known: best-fit, first-fit, mra, mra-defrag, time-share)"
+    assert (
+        r.stderr.strip() == "gshare: error: unknown placer 'nope' "
+        "(known: best-fit, first-fit, mra, mra-defrag, time-share)"
+    )
 
 
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     r = gshare("deploy", str(tmp_path / "missing.yaml"))
-    assert r.returncode == 2 and r.stderr.strip() == f"gshare: error: no such spec file: {tmp_path / 'missing.yaml'}"
+    assert (
+        r.returncode == 2
+        and r.stderr.strip() == f"gshare: error: no such spec file: {tmp_path / 'missing.yaml'}"
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nmodel: mlp\nresources: {sm_pct: 150, quota_request: 0.5}\n")
     r = gshare("deploy", str(bad), "--url", "http://127.0.0.1:9", "--token", "t")
     assert r.returncode == 1 and r.stderr.count("\n") == 1
-    assert "resources.sm_pct: must be a number in (0, 100], got 150" in r.stderr  # checked before sending
+    assert (
+        "resources.sm_pct: must be a number in (0, 100], got 150" in r.stderr
+    )  # checked before sending
     r = gshare("invoke", "echo", "--data", "[1]", "--url", "http://127.0.0.1:9")
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "cannot reach the gshare server" in r.stderr
+    assert (
+        r.returncode == 1
+        and r.stderr.count("\n") == 1
+        and "cannot reach the gshare server" in r.stderr
+    )
     r = gshare("invoke", "echo", "--data", "{bad", "--url", "http://127.0.0.1:9")
     assert r.returncode == 2 and r.stderr.startswith("gshare: error: --data is not valid JSON")
     r = gshare("list", "--url", "http://127.0.0.1:9", "--state", str(tmp_path / "no-state"))

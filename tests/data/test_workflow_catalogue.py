@@ -33,8 +33,7 @@ TABLE3 = [
 
 def test_functions_are_table3() -> None:
     got = [
-        (f.name, f.model, f.exec_ms_at_min, f.cold_start_ms, f.input_mb)
-        for f in FUNCTIONS.values()
+        (f.name, f.model, f.exec_ms_at_min, f.cold_start_ms, f.input_mb) for f in FUNCTIONS.values()
     ]
     assert got == TABLE3
 
@@ -45,7 +44,11 @@ def test_applications_are_the_four_pipelines_of_section_4_1() -> None:
         "depth-recognition": ("deblur", "super_resolution", "depth_recognition"),
         "background-elimination": ("super_resolution", "deblur", "background_removal"),
         "expanded-image-classification": (
-            "deblur", "super_resolution", "background_removal", "segmentation", "classification",
+            "deblur",
+            "super_resolution",
+            "background_removal",
+            "segmentation",
+            "classification",
         ),
     }
     for name, wf in applications().items():
