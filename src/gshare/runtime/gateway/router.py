@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -104,10 +103,7 @@ class InstanceChannel(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        P.set_nodelay(transport)
 
     def send(self, p: Pending) -> None:
         assert self.transport is not None

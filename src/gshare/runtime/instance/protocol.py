@@ -38,8 +38,10 @@ elsewhere); ``ST_INTERNAL``. Error payloads are UTF-8 messages.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import struct
-from typing import Final
+from typing import Any, Final
 
 REQ_HEADER: Final = struct.Struct("<IQBB")
 """length, request id, op, encoding."""
@@ -164,6 +166,15 @@ def call_once(
                 return int(status), frame[RESP_FIXED:]
 
 
+def set_nodelay(transport: Any) -> None:
+    """Turn Nagle off on a TCP transport (both ends of a gateway ↔ instance connection send
+    small frames that must not wait); Unix sockets are left alone."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 __all__ = [
     "ENC_JSON",
     "ENC_OIP",
@@ -189,4 +200,5 @@ __all__ = [
     "call_once",
     "encode_request",
     "encode_response",
+    "set_nodelay",
 ]

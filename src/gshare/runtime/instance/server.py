@@ -52,7 +52,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import threading
 import time
 import traceback
@@ -122,10 +121,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        P.set_nodelay(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
