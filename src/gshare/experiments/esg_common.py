@@ -19,7 +19,7 @@ Schedulers come from ``gshare.policy.workflow.esg.WORKFLOW_POLICIES`` (ESG, its 
 variants, and the baselines of ``gshare.policy.workflow.baselines``); Aquatope's offline
 Bayesian optimisation (``gshare.experiments.offline_bo``) is run by ``build_policy`` (it lives
 outside ``policy/`` because it uses scikit-learn). A scheduler name that is not registered is
-reported as missing, not silently dropped.
+an error naming the known ones.
 """
 
 from __future__ import annotations
@@ -65,14 +65,14 @@ def setting_levels(setting: str) -> tuple[SloLevel, Load]:
     return cast(SloLevel, slo), cast(Load, load)
 
 
-def available_schedulers(wanted: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``(available, missing)``: the schedulers of ``wanted`` that are registered in
-    ``WORKFLOW_POLICIES`` and those that are not (in ``wanted``'s order)."""
-    have: list[str] = []
-    missing: list[str] = []
+def check_schedulers(wanted: Sequence[str]) -> list[str]:
+    """``wanted`` as a list, or ``KeyError`` naming the first scheduler that is not registered
+    in ``WORKFLOW_POLICIES`` and the known ones."""
     for name in wanted:
-        (have if name in WORKFLOW_POLICIES else missing).append(name)
-    return have, missing
+        if name not in WORKFLOW_POLICIES:
+            known = ", ".join(sorted(WORKFLOW_POLICIES))
+            raise KeyError(f"unknown workflow scheduler {name!r} (known: {known})")
+    return list(wanted)
 
 
 def build_policy(
