@@ -59,7 +59,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gshare.policy.batching import BatchDecision, keep_token_for_next_batch, next_batch
+from gshare.policy.batching import keep_token_for_next_batch, next_batch
 from gshare.runtime.instance import protocol as P
 
 WATCHDOG_PERIOD_S = 0.1
@@ -359,7 +359,7 @@ class InstanceServer:
                     return None
                 self._cond.wait(0.5)
             while True:
-                d = self._batch_decision()
+                d = next_batch(*self._queue_now())
                 if d.take > 0 or self._stop.is_set():
                     break
                 assert d.deadline_ms is not None  # the queue is not empty
@@ -369,12 +369,14 @@ class InstanceServer:
             self._running = batch
             return batch
 
-    def _batch_decision(self) -> BatchDecision:
-        """``policy.batching.next_batch`` for the queue now (call with ``_cond`` held)."""
+    def _queue_now(self) -> tuple[int, float | None, float, int, float]:
+        """The arguments of ``policy.batching`` for the queue now (call with ``_cond`` held):
+        length, oldest arrival, clock, ``max_batch`` and ``max_wait`` (milliseconds)."""
         q = self._queue
-        return next_batch(
+        oldest_ms = q[0].arrived * 1000.0 if q else None
+        return (
             len(q),
-            q[0].arrived * 1000.0 if q else None,
+            oldest_ms,
             time.perf_counter() * 1000.0,
             self.max_batch,
             self.max_wait_s * 1000.0,
@@ -434,14 +436,7 @@ class InstanceServer:
                     self._running = []
                     # Token reuse: keep the token only when the next batch can start at once
                     # (policy.batching.keep_token_for_next_batch).
-                    q = self._queue
-                    keep = keep_token_for_next_batch(
-                        len(q),
-                        q[0].arrived * 1000.0 if q else None,
-                        time.perf_counter() * 1000.0,
-                        self.max_batch,
-                        self.max_wait_s * 1000.0,
-                    )
+                    keep = keep_token_for_next_batch(*self._queue_now())
                 if not keep:
                     self._idle_tokens()
 
