@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 # NOTE — the multi-token scheduler (FaST-GShare §3.3.2, Gemini token scheduler).
 # Time is cut into windows of ``window_ms`` (FaST-GShare's backend: 40 ms). A client with quota
@@ -77,6 +78,11 @@ from dataclasses import dataclass, field
 # docs/journal/tokens.md.
 
 
+DEFAULT_BURST_EWMA_ALPHA: Final[float] = 0.3
+"""Weight of the newest completed burst in a burst-length EWMA (``predict_burst_ms``): the
+scheduler's default and the runtime token client's."""
+
+
 class TokenError(ValueError):
     """A bad client specification or an event for an unknown client; the message names it."""
 
@@ -95,7 +101,7 @@ class TokenConfig:
     """Longest token granted (bounds how long one client can hold SMs without re-asking)."""
     default_burst_ms: float = 10.0
     """Predicted burst length before a client has any history."""
-    burst_ewma_alpha: float = 0.3
+    burst_ewma_alpha: float = DEFAULT_BURST_EWMA_ALPHA
     """Weight of the newest completed burst in the burst-length EWMA (Gemini dynamic quota)."""
     token_headroom: float = 1.25
     """Token length = predicted burst x headroom (then clipped), so a typical burst fits."""

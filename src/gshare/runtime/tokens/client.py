@@ -9,8 +9,10 @@ import math
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from gshare.policy.tokens import (
+    DEFAULT_BURST_EWMA_ALPHA,
     predict_burst_ms,
     reuse_token,
     should_yield,
@@ -81,7 +83,7 @@ class TokenClient:
         """Busy time of the open burst on earlier tokens (a burst renewed mid-way)."""
         self.predicted_burst_ms = 0.0
         """EWMA of this client's completed bursts (0 = no history): the reuse test."""
-        self.burst_ewma_alpha = 0.3
+        self.burst_ewma_alpha = DEFAULT_BURST_EWMA_ALPHA
         self.reused = 0
         """Bursts that ran on a token already held (no round trip to the server)."""
         self.split_bursts = split_bursts
@@ -316,9 +318,11 @@ class TokenClient:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _io(self, fn: Callable[[bytes | bytearray], object], data: bytes | bytearray) -> None:
+    def _io(self, fn: Callable[..., object], *args: Any) -> None:
+        """``fn(*args)`` on the socket; a timeout or a lost connection closes the client and is
+        raised as ``TimeoutError`` / ``ConnectionError`` naming the server."""
         try:
-            fn(data)
+            fn(*args)
         except TimeoutError:
             self.close()
             raise TimeoutError(
@@ -332,22 +336,7 @@ class TokenClient:
         sock = self._sock
         if sock is None:
             raise TokenRuntimeError(f"token client {self.client_id!r} is closed")
-        got = 0
-        want = len(view)
-        try:
-            while got < want:
-                k = sock.recv_into(view[got:], want - got) if got else sock.recv_into(view, want)
-                if k == 0:
-                    raise ConnectionError("closed by the server")
-                got += k
-        except TimeoutError:
-            self.close()
-            raise TimeoutError(
-                f"token server on {self.socket_path} did not answer in time"
-            ) from None
-        except OSError as e:
-            self.close()
-            raise ConnectionError(f"token server on {self.socket_path} went away: {e}") from None
+        self._io(_recv_all, sock, view)
 
     def _read_frame(self) -> tuple[int, int, int, int, float]:
         self._recv_exact(self._in_view)
@@ -360,6 +349,16 @@ class TokenClient:
         buf = bytearray(length)
         self._recv_exact(memoryview(buf))
         return buf.decode("utf-8", errors="replace")
+
+
+def _recv_all(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``; ``ConnectionError`` if the peer closes first."""
+    got, want = 0, len(view)
+    while got < want:
+        k = sock.recv_into(view[got:], want - got) if got else sock.recv_into(view, want)
+        if k == 0:
+            raise ConnectionError("closed by the server")
+        got += k
 
 
 __all__ = ["TokenClient"]
