@@ -84,6 +84,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def parse_json(body: bytes) -> Any:
+    """The JSON document in ``body``, or ``HttpError`` 400 naming what is malformed."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HttpError(400, f"malformed JSON body: {e}") from None
+
+
 def _is_json(content_type: str) -> bool:
     ct = content_type.split(";", 1)[0].strip().lower()
     return ct == "application/json" or ct.endswith("+json")
@@ -177,10 +185,7 @@ def build_fastapi(
         if name not in gw.routes:
             raise HttpError(404, f"model {name!r} is not deployed")
         body = await read_body(request, gw.max_body_bytes)
-        try:
-            doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HttpError(400, f"malformed JSON body: {e}") from None
+        doc = parse_json(body)
         try:
             check_infer_request(doc)
         except OipError as e:
@@ -221,10 +226,7 @@ def build_fastapi(
     async def delete(request: Request) -> JSONResponse:
         require_token(request)
         body = await read_body(request, gw.max_body_bytes)
-        try:
-            doc = json.loads(body or b"{}")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HttpError(400, f"malformed JSON body: {e}") from None
+        doc = parse_json(body or b"{}")
         name = doc.get("functionName") if isinstance(doc, dict) else None
         if not isinstance(name, str) or not name:
             raise HttpError(400, 'the body must be {"functionName": "<name>"}')
@@ -255,10 +257,7 @@ def build_fastapi(
     async def profile(name: str, request: Request) -> JSONResponse:
         require_token(request)
         body = await read_body(request, gw.max_body_bytes)
-        try:
-            params = json.loads(body or b"{}")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HttpError(400, f"malformed JSON body: {e}") from None
+        params = parse_json(body or b"{}")
         if not isinstance(params, dict):
             raise HttpError(400, "the body must be a JSON object")
         return JSONResponse(await control.start_profile(name, params), status_code=202)
@@ -361,10 +360,7 @@ class InvokeFastPath:
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         enc = P.ENC_RAW
         if _is_json(ctype.decode("latin-1")):
-            try:
-                json.loads(body)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise HttpError(400, f"malformed JSON body: {e}") from None
+            parse_json(body)
             enc = P.ENC_JSON
         p = gw.submit(name, P.OP_INVOKE, enc, body)
         try:
