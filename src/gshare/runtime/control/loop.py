@@ -204,19 +204,16 @@ class Controller:
         for i, name in enumerate(info.devices):
             self.devices.append(Device(len(self.devices), handle.node_id, i, name))
 
-    async def start(self, restore: bool = True) -> None:
-        """Restore the deployed functions from the state (``restore``) and start the loop."""
-        if restore:
-            for sf in self.state.list_functions():
-                try:
-                    spec = parse_function_spec(sf.spec)
-                except SpecError as e:
-                    self.state.add_event(sf.name, f"cannot restore: {e}", level="error")
-                    continue
-                self.register(spec, sf.version, (sf.io or {}).get("inputs", []))
-                self.state.add_event(
-                    sf.name, f"restored (version {sf.version}) after a server start"
-                )
+    async def start(self) -> None:
+        """Restore the deployed functions from the state and start the loop."""
+        for sf in self.state.list_functions():
+            try:
+                spec = parse_function_spec(sf.spec)
+            except SpecError as e:
+                self.state.add_event(sf.name, f"cannot restore: {e}", level="error")
+                continue
+            self.register(spec, sf.version, (sf.io or {}).get("inputs", []))
+            self.state.add_event(sf.name, f"restored (version {sf.version}) after a server start")
         self._started = True
         self._task = asyncio.create_task(self._loop(), name="gshare-controller")
 
