@@ -62,14 +62,9 @@ def child(mode: str, model: str, root: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from gshare.runtime.instance.models import (
-        BUILTIN_HANDLERS,
-        build_on_meta,
-        load_handler,
-        shares_weights,
-        state_dict_for,
-        weights_key,
-    )
+    from gshare.runtime.instance.builtin_models import BUILTIN_HANDLERS
+    from gshare.runtime.instance.loading import load_handler, state_dict_for, weights_key
+    from gshare.runtime.instance.models import build_on_meta, shares_weights
     from gshare.runtime.node.model_store import ModelStore
     from gshare.spec import load_function_spec
 

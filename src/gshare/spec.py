@@ -32,7 +32,7 @@ Relative paths: when a spec is loaded from a file, a relative ``weights`` path a
 module can travel together (see ``examples/``).
 
 Who calls it: the CLI (``gshare deploy FILE``), the controller and agent (which store and ship
-``FunctionSpec.model_dump()``), ``gshare.runtime.instance.models.make_handler``. This module is
+``FunctionSpec.model_dump()``), ``gshare.runtime.instance.loading.make_handler``. This module is
 data: it reads a file only in ``load_function_spec`` and imports neither torch nor the runtime.
 """
 
@@ -59,7 +59,7 @@ from pydantic import (
 from gshare.resources import GpuShare
 
 BUILTIN_MODELS: Final[tuple[str, ...]] = ("resnet50", "bert-base", "bert-large", "vit-base", "mlp")
-"""Built-in models (``gshare.runtime.instance.models`` builds them from ``transformers``
+"""Built-in models (``gshare.runtime.instance.builtin_models`` builds them from ``transformers``
 configurations with random weights; nothing is ever downloaded)."""
 
 MAX_SLO_MS: Final[float] = 3_600_000.0

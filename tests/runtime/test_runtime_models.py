@@ -14,23 +14,27 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from gshare.runtime.instance.models import (
+from gshare.runtime.instance.builtin_models import (
     BUILTIN_HANDLERS,
     BUILTIN_MODELS,
     BYTE_ID0,
     CLS_ID,
     SEP_ID,
+)
+from gshare.runtime.instance.loading import (
+    handler_class,
+    load_handler,
+    make_handler,
+    state_dict_for,
+    weights_key,
+)
+from gshare.runtime.instance.models import (
     Handler,
     InputError,
     TensorSpec,
     build_on_meta,
-    handler_class,
-    load_handler,
     load_weights,
-    make_handler,
     shares_weights,
-    state_dict_for,
-    weights_key,
 )
 from gshare.runtime.node.model_store import ModelStore
 from gshare.spec import FunctionSpec, load_function_spec

@@ -8,7 +8,7 @@ Who creates it: the node agent of the node the placement policy chose
 1. spatial partition — CPU: core affinity + intra-op threads (``partition.apply_cpu_partition``);
    CUDA: the MPS thread percentage was put in the process's environment by the agent before
    the process started, so it holds before the CUDA context exists;
-2. the model — ``models.make_handler(spec)`` and ``handler.load(weights, device)`` where the
+2. the model — ``loading.make_handler(spec)`` and ``handler.load(weights, device)`` where the
    weights are the node's shared read-only copy (``ModelStore.get``, put there by the agent);
 3. the time-token client (``TokenClient``) on the device's token-server socket;
 4. the data-path server: a Unix-domain socket (and a TCP port when the gateway runs on another
@@ -202,7 +202,7 @@ class InstanceServer:
                 apply_cpu_partition(launch.sm_pct, sm_offset_pct=launch.sm_offset_pct)
             )
         # 2. model.
-        from gshare.runtime.instance.models import make_handler
+        from gshare.runtime.instance.loading import make_handler
         from gshare.spec import load_function_spec
 
         self.baseline_mb = 0.0

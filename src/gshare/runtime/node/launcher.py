@@ -73,6 +73,8 @@ PRELOAD_MODULES = (
     "torch",
     "gshare.runtime.instance.server",
     "gshare.runtime.instance.models",
+    "gshare.runtime.instance.builtin_models",
+    "gshare.runtime.instance.loading",
     "gshare.runtime.node.model_store",
     "gshare.runtime.tokens",
     "gshare.runtime.gateway.oip",

@@ -44,7 +44,7 @@ with ``flock`` so that concurrent first instances write once; ``drop`` unlinks t
 processes that mapped it keep valid mappings, the memory is freed when the last one unmaps.
 Who calls it: the node agent (``put``/``get_or_put`` when a function is deployed,
 ``export_cuda`` on GPU nodes, ``drop`` when its last instance is gone) and instance processes
-(``get``, through ``gshare.runtime.instance.models.load_handler``).
+(``get``, through ``gshare.runtime.instance.loading.load_handler``).
 """
 
 from __future__ import annotations
@@ -212,8 +212,8 @@ class ModelStore:
 
     def put(self, key: str, state: Mapping[str, torch.Tensor]) -> str:
         """Write ``state`` under ``key`` unless the key exists (then nothing is written: a
-        key names one content — see ``models.weights_key``); return the handle (file path).
-        Tensors on other devices are copied to the host; aliases (tied weights: the same
+        key names one content — see ``instance.loading.weights_key``); return the handle (file
+        path). Tensors on other devices are copied to the host; aliases (tied weights: the same
         storage, offset, shape and stride) are stored once."""
         final = self.path(key)
         if final.exists():

@@ -17,9 +17,9 @@ from typing import Any
 
 def put_weights(store_root: str | None, spec: dict[str, Any]) -> str | None:
     """Build the function's weights and put them in the node's store once; return their key
-    (``models.weights_key``: functions of the same built-in, or of the same weights file,
+    (``instance.loading.weights_key``: functions of the same built-in, or of the same weights file,
     share one copy per node), or None when there are none to share."""
-    from gshare.runtime.instance.models import state_dict_for, weights_key
+    from gshare.runtime.instance.loading import state_dict_for, weights_key
     from gshare.runtime.node.model_store import ModelStore
     from gshare.spec import load_function_spec
 
@@ -43,7 +43,7 @@ def describe_handler(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[st
             sys.path.insert(0, p)
     try:
         from gshare.runtime.gateway.oip import input_spec_dicts
-        from gshare.runtime.instance.models import make_handler
+        from gshare.runtime.instance.loading import make_handler
         from gshare.spec import load_function_spec
 
         handler = make_handler(load_function_spec(spec))
