@@ -166,6 +166,15 @@ def serve_cmd(
             "shared imports, fast cold starts) or ray (one Ray actor each)."
         ),
     ),
+    device_mem_mb: float | None = typer.Option(
+        None,
+        "--device-mem-mb",
+        min=1.0,
+        help=(
+            "Memory of each node's CPU device that instances' memory limits reserve from, "
+            "MiB (default: 90 % of the node's RAM; a GPU's own memory on CUDA)."
+        ),
+    ),
 ) -> None:
     """Run the gateway, the controller and one node agent per Ray node until Ctrl-C / SIGTERM."""
     from gshare.runtime.server import ServeError, ServeOptions, run_server
@@ -183,6 +192,7 @@ def serve_cmd(
                 autoscaler=autoscaler,
                 period_s=period_s,
                 launcher=launcher,
+                device_mem_mb=device_mem_mb,
             )
         )
     except ServeError as e:

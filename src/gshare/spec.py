@@ -12,7 +12,7 @@ YAML form (``load_function_spec``)::
       sm_pct: 25                    # spatial: % of SMs (MPS) / of CPU cores     (0, 100]
       quota_request: 0.4            # temporal: guaranteed share of each window  (0, 1]
       quota_limit: 0.6              # temporal: at most this share               [quota_request, 1]
-      mem_mb: 2048                  # device memory reserved, MiB                >= 0
+      mem_mb: 2048                  # memory limit, MiB (0: none) | auto | {init, step, max}
     batching: {max_batch: 8, max_wait_ms: 5}
     slo_ms: 100
     min_instances: 0
@@ -20,7 +20,12 @@ YAML form (``load_function_spec``)::
     priority: 0                     # 0..9, higher is more important
     keep_alive_s: 300
 
-``quota_limit`` defaults to ``quota_request`` and ``mem_mb`` to 0 when omitted.
+``quota_limit`` defaults to ``quota_request`` and ``mem_mb`` to 0 (no limit) when omitted.
+``mem_mb`` is a fixed limit (an integer), or resource-centric sizing (BulkX,
+``gshare.policy.sizing``): ``auto`` — the controller sizes ``init``/``step`` from the memory
+the function's requests really used — or ``{init: 256, step: 128, max: 2048}`` (MiB): an
+instance starts with ``init`` and its limit grows by ``step`` when a request needs more, up to
+``max`` (docs/DESIGN.md §5).
 
 Errors: every invalid field raises ``SpecError`` whose message is ONE line naming the field by
 its dotted path, the allowed values and the offending value, e.g.
@@ -88,7 +93,10 @@ FIELD_RULES: Final[Mapping[str, str]] = {
     "resources.sm_pct": "a number in (0, 100]",
     "resources.quota_request": "a number in (0, 1]",
     "resources.quota_limit": "a number in [quota_request, 1]",
-    "resources.mem_mb": "an integer >= 0",
+    "resources.mem_mb": "an integer >= 0, 'auto', or a mapping with init, step, max (MiB)",
+    "resources.mem_mb.init": "an integer >= 0 (MiB)",
+    "resources.mem_mb.step": "an integer >= 1 (MiB)",
+    "resources.mem_mb.max": "an integer >= init (MiB)",
     "batching": "a mapping with max_batch, max_wait_ms",
     "batching.max_batch": f"an integer in [1, {MAX_BATCH}]",
     "batching.max_wait_ms": f"a number in [0, {MAX_WAIT_MS:.0f}]",
@@ -116,6 +124,37 @@ Num = Annotated[float, BeforeValidator(_no_bool)]
 Int = Annotated[int, BeforeValidator(_no_bool)]
 
 
+class MemSteps(BaseModel):
+    """Resource-centric memory sizing, set by hand (BulkX §3): an instance starts with a limit
+    of ``init`` MiB and grows it by ``step`` MiB when a request needs more, up to ``max``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    init: Int = Field(ge=0)
+    step: Int = Field(ge=1)
+    max: Int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _max_ok(self) -> MemSteps:
+        if self.max < self.init:
+            raise ValueError(f"@max: must be an integer >= init={self.init} (MiB), got {self.max}")
+        return self
+
+
+def _mem_tag(v: Any) -> str:
+    if isinstance(v, str):
+        return "auto"
+    return "steps" if isinstance(v, Mapping | MemSteps) else "fixed"
+
+
+MemField = Annotated[
+    Annotated[Annotated[Int, Field(ge=0)], Tag("fixed")]
+    | Annotated[Literal["auto"], Tag("auto")]
+    | Annotated[MemSteps, Tag("steps")],
+    Discriminator(_mem_tag),
+]
+
+
 class Resources(BaseModel):
     """A spatio-temporal GPU share (FaST-GShare §3.3; ``gshare.resources.GpuShare``).
 
@@ -131,8 +170,9 @@ class Resources(BaseModel):
     """Guaranteed fraction of each time window."""
     quota_limit: Num = Field(default=-1.0, le=1)
     """Largest fraction of each time window (elastic use of idle time up to it)."""
-    mem_mb: Int = Field(default=0, ge=0)
-    """Device memory reserved for the instance, MiB."""
+    mem_mb: MemField = 0
+    """Memory limit of each instance: a fixed size in MiB (0: no limit), ``"auto"`` (sized by
+    the controller from measured requests) or ``MemSteps`` (init, step, max by hand)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -153,9 +193,18 @@ class Resources(BaseModel):
             )
         return self
 
+    @property
+    def mem_init_mb(self) -> float:
+        """The memory an instance reserves when it starts: the fixed limit, ``init`` of
+        ``MemSteps``, or 0 for ``auto`` (the controller's sizing decides)."""
+        m = self.mem_mb
+        if isinstance(m, MemSteps):
+            return float(m.init)
+        return 0.0 if isinstance(m, str) else float(m)
+
     def share(self) -> GpuShare:
-        """This share as the placement/sim data type."""
-        return GpuShare(self.sm_pct, self.quota_request, self.quota_limit, float(self.mem_mb))
+        """This share as the placement/sim data type (``mem_mb`` = the starting reservation)."""
+        return GpuShare(self.sm_pct, self.quota_request, self.quota_limit, self.mem_init_mb)
 
 
 class Batching(BaseModel):
@@ -280,6 +329,8 @@ def _format_errors(e: ValidationError) -> str:
         loc = [str(x) for x in err["loc"]]
         if loc[:1] == ["resources"] and loc[1:2] and loc[1] in ("share", "auto"):
             del loc[1]
+        if loc[:2] == ["resources", "mem_mb"] and loc[2:3] and loc[2] in ("fixed", "auto", "steps"):
+            del loc[2]
         path = ".".join(loc)
         msg = str(err["msg"]).removeprefix("Value error, ")
         if msg.startswith("@"):  # our cross-field checks name a sub-field themselves
@@ -302,7 +353,11 @@ def _format_errors(e: ValidationError) -> str:
 
 
 def _allowed_keys(parent: str) -> list[str]:
-    models: dict[str, type[BaseModel]] = {"resources": Resources, "batching": Batching}
+    models: dict[str, type[BaseModel]] = {
+        "resources": Resources,
+        "batching": Batching,
+        "resources.mem_mb": MemSteps,
+    }
     return list(models.get(parent, FunctionSpec).model_fields)
 
 
@@ -376,6 +431,7 @@ __all__ = [
     "FIELD_RULES",
     "Batching",
     "FunctionSpec",
+    "MemSteps",
     "Resources",
     "SpecError",
     "load_function_spec",

@@ -38,9 +38,16 @@ def test_defaults() -> None:
 
 def test_quota_limit_defaults_to_request_and_share_converts() -> None:
     s = load_function_spec(spec(resources={**SHARE, "mem_mb": 512}))
+    assert s.resources != "auto" and s.resources.mem_init_mb == 512
     assert isinstance(s.resources, Resources)
     assert s.resources.quota_limit == 0.5
     assert s.share() == GpuShare(50.0, 0.5, 0.5, 512.0)
+    steps = load_function_spec(
+        spec(resources={**SHARE, "mem_mb": {"init": 256, "step": 128, "max": 2048}})
+    )
+    assert steps.share() == GpuShare(50.0, 0.5, 0.5, 256.0)  # reserves init
+    auto = load_function_spec(spec(resources={**SHARE, "mem_mb": "auto"}))
+    assert auto.share() == GpuShare(50.0, 0.5, 0.5, 0.0)  # the controller sizes it
 
 
 @pytest.mark.parametrize(
@@ -51,6 +58,9 @@ def test_quota_limit_defaults_to_request_and_share_converts() -> None:
         spec(name="resnet-50-v2"),
         spec(resources={"sm_pct": 100, "quota_request": 1, "quota_limit": 1, "mem_mb": 0}),
         spec(resources={"sm_pct": 0.5, "quota_request": 0.01, "quota_limit": 0.02}),
+        spec(resources={**SHARE, "mem_mb": "auto"}),
+        spec(resources={**SHARE, "mem_mb": {"init": 0, "step": 1, "max": 1}}),
+        spec(resources={**SHARE, "mem_mb": {"init": 256, "step": 128, "max": 256}}),
         spec(batching={"max_batch": 256, "max_wait_ms": 0}),
         spec(batching={"max_batch": 1, "max_wait_ms": 10000}),
         spec(slo_ms=3_600_000),
@@ -105,7 +115,28 @@ INVALID: list[tuple[dict[str, Any], str, str]] = [
         "[quota_request=0.5, 1], got 0.3",
     ),
     (spec(resources={**SHARE, "quota_limit": 1.2}), "resources.quota_limit", "[quota_request, 1]"),
-    (spec(resources={**SHARE, "mem_mb": -1}), "resources.mem_mb", "an integer >= 0, got -1"),
+    (spec(resources={**SHARE, "mem_mb": -1}), "resources.mem_mb", "(MiB), got -1"),
+    (spec(resources={**SHARE, "mem_mb": "big"}), "resources.mem_mb", "'auto', or a mapping"),
+    (
+        spec(resources={**SHARE, "mem_mb": {"init": -1, "step": 1, "max": 20}}),
+        "resources.mem_mb.init",
+        "an integer >= 0 (MiB), got -1",
+    ),
+    (
+        spec(resources={**SHARE, "mem_mb": {"init": 10, "step": 0, "max": 20}}),
+        "resources.mem_mb.step",
+        "an integer >= 1 (MiB), got 0",
+    ),
+    (
+        spec(resources={**SHARE, "mem_mb": {"init": 30, "step": 5, "max": 20}}),
+        "resources.mem_mb.max",
+        "an integer >= init=30 (MiB), got 20",
+    ),
+    (
+        spec(resources={**SHARE, "mem_mb": {"init": 30, "step": 5, "max": 40, "min": 1}}),
+        "resources.mem_mb.min",
+        "unknown field (allowed: init, step, max)",
+    ),
     (spec(resources={**SHARE, "mem_mb": 1.5}), "resources.mem_mb", "an integer >= 0"),
     (
         spec(resources={**SHARE, "gpus": 1}),

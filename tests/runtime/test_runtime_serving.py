@@ -11,10 +11,12 @@ API before acting, so each asserts one outcome.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -595,3 +597,63 @@ def test_profile_writes_the_table_the_autoscaler_reads(served: ServeProcess) -> 
     assert st["config_source"].startswith("live profile") and st["configs"] == 4
     assert c.invoke("auto-mlp", [0.5] * 64)["label"] in range(10)
     c.delete("auto-mlp")
+
+
+# -- resource-centric memory sizing ----------------------------------------------------------------
+
+
+def test_memory_limit_grows_by_steps_instead_of_killing(served: ServeProcess) -> None:
+    """BulkX live: an instance starts at ``init``, a request that needs more grows its limit by
+    steps (the same process answers, no restart), one that needs more than ``max`` fails alone
+    with a 503 naming the limit while the others are served, and the idle instance returns to
+    ``init``."""
+    c = served.client()
+    c.deploy(
+        {
+            "name": "acts",
+            "handler": "gshare.runtime.demo_handlers:Activations",
+            "device": "cpu",
+            "resources": {
+                "sm_pct": 50,
+                "quota_request": 0.5,
+                "quota_limit": 1.0,
+                "mem_mb": {"init": 48, "step": 32, "max": 400},
+            },
+            "batching": {"max_batch": 1, "max_wait_ms": 0},
+            "min_instances": 1,
+            "max_instances": 1,
+        }
+    )
+    assert c.invoke("acts", {"mb": 8, "hold_ms": 50})["mb"] == 8
+    inst = status(served, "acts")["instances"][0]
+    pid = inst["pid"]
+    # 160 MiB of activations: 48 + 4 * 32 = 176 MiB covers it (the baseline's noise may add
+    # a step), far below max: the limit grows, the request succeeds on the same process.
+    assert c.invoke("acts", {"mb": 160, "hold_ms": 400})["mb"] == 160
+    grown = wait_until(
+        lambda: (m := status(served, "acts")["instances"][0]["memory"]) and m["grows"] >= 1 and m,
+        30,
+        "the grow to be reported",
+    )
+    assert grown["steps"] >= 4  # from 48 to at least 176 MiB
+    # 800 MiB is over max 400: that request fails alone, a small one sent with it succeeds.
+    with httpx.Client(base_url=served.url, timeout=120) as h, cf.ThreadPoolExecutor(2) as ex:
+        big = ex.submit(h.post, "/function/acts", json={"mb": 800, "hold_ms": 2000})
+        time.sleep(0.2)
+        small = ex.submit(h.post, "/function/acts", json={"mb": 8, "hold_ms": 10})
+        rb, rs = big.result(), small.result()
+    assert rb.status_code == 503, rb.text
+    assert "max 400 MiB" in rb.json()["error"]
+    assert rs.status_code == 200 and rs.json() == {"mb": 8}
+    after = status(served, "acts")["instances"][0]
+    assert after["pid"] == pid and after["restarts"] == 0  # never killed
+    # idle: back to init
+    wait_until(
+        lambda: status(served, "acts")["instances"][0]["memory"]["limit_mb"] == 48,
+        30,
+        "the limit to return to init",
+    )
+    metrics = httpx.get(served.url + "/metrics").text
+    assert 'gshare_memory_kills_avoided_total{function="acts"}' in metrics
+    assert 'gshare_memory_refusals_total{function="acts"} 1.0' in metrics
+    c.delete("acts")

@@ -27,6 +27,7 @@ import pytest
 
 from gshare.policy.tokens import ClientSpec, TokenConfig, TokenError
 from gshare.runtime.tokens import (
+    MemoryChannel,
     TokenClient,
     TokenRecord,
     TokenRuntimeError,
@@ -567,3 +568,49 @@ def test_busy_clock_measures_the_time_reported_on_a_token(sock_path: str) -> Non
             assert rec.busy_ms == pytest.approx(14.0)
             assert c.predicted_burst_ms == pytest.approx(7.0)
         assert srv.stats()["errors"] == 0
+
+
+# -- the memory channel (resource-centric sizing) -------------------------------------------------
+
+
+def test_memory_channel_grows_within_the_device_and_counts(short_tmp: Path) -> None:
+    """The device's ledger behind the token server: grows that fit are granted, one that does
+    not is refused with the reason and leaves the limit, shrinking frees memory, an instance has
+    one memory channel, and MEMORY on a token connection is an error (the connection stays)."""
+    srv = TokenServer(str(short_tmp / "m.sock"), TokenConfig(), memory_mb=1000)
+    srv.start()
+    try:
+        srv.add_client(spec("a", 50))
+        srv.add_client(spec("b", 50))
+        assert srv.reserve_memory("a", 100).granted and srv.reserve_memory("b", 800).granted
+        assert not srv.reserve_memory("c", 500).granted  # 100 MiB free
+        m = MemoryChannel(srv.socket_path, "a")
+        r = m.resize(200, 1)  # +100: exactly what is free
+        assert r.granted and r.limit_mb == 200 and r.free_mb == 0
+        r = m.resize(264, 1)
+        assert not r.granted and r.refusal == "device memory full" and r.limit_mb == 200
+        assert m.over_max().granted  # only counted
+        r = m.resize(100)
+        assert r.granted and r.free_mb == 100
+        with pytest.raises(TokenRuntimeError, match="memory channel"):
+            MemoryChannel(srv.socket_path, "a")
+        with pytest.raises(UnknownClientError):
+            MemoryChannel(srv.socket_path, "nobody")
+        t = TokenClient(srv.socket_path, "a")  # the token connection is separate
+        t.acquire()
+        t.release(1.0)
+        s = raw_connect(srv.socket_path)
+        raw_hello(s, "b")
+        s.sendall(FRAME.pack(0x04, 0, 0, 7, 500.0))
+        op, code, *_ = read_frame(s)
+        assert op == 0xEE and code == 2  # not identified as a memory channel
+        cap, held = srv.memory_snapshot()
+        assert cap == 1000
+        assert (held["a"].limit_mb, held["a"].grows, held["a"].refusals) == (100, 1, 2)
+        srv.release_memory("a")
+        assert "a" not in srv.memory_snapshot()[1]
+        m.close()
+        t.close()
+        s.close()
+    finally:
+        srv.stop()

@@ -10,6 +10,10 @@ import nothing heavy, so an instance of them starts fast.
   whose busy time is known, for share measurements.
 * ``MemoryHog`` — ``{"hold_mb": N}`` allocates and keeps N MiB more (default 64), to trip the
   instance's memory limit.
+* ``Activations`` — ``{"mb": N, "hold_ms": T}`` builds N MiB of tensors (default 16) in 4 MiB
+  layers, each the output of a torch module call — the instance's preemption points, as a
+  network's activations are — holds them T ms (default 300) and frees them: a request whose
+  memory need depends on its input, for resource-centric sizing.
 * ``Gate`` — ``{"dir": PATH, "id": ID}`` creates ``PATH/started-ID-PID`` when the request
   starts running, then holds it until the file ``PATH/open`` exists (at most ``timeout_s``,
   default 120) and answers ``{"id": ID, "pid": PID}``: a test sees which request runs where,
@@ -97,6 +101,35 @@ class MemoryHog:
         return out
 
 
+class Activations:
+    LAYER_MB = 4
+
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        import torch
+
+        self.torch = torch
+        self.layer = torch.nn.Identity()
+
+    def example_input(self) -> Any:
+        return {"mb": 16, "hold_ms": 50}
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        torch, out = self.torch, []
+        for x in inputs:
+            mb = int(_field(x, "mb", 16.0))
+            hold_s = _field(x, "hold_ms", 300.0) / 1000.0
+            layers = []
+            for _ in range(-(-mb // self.LAYER_MB)):  # ceil: every layer is resident (ones)
+                layers.append(self.layer(torch.ones((self.LAYER_MB << 20) // 4)))
+            deadline = time.monotonic() + hold_s
+            while time.monotonic() < deadline:  # hold, passing preemption points
+                self.layer(layers[-1] if layers else None)
+                time.sleep(0.01)
+            out.append({"mb": len(layers) * self.LAYER_MB})
+            del layers
+        return out
+
+
 class Gate:
     def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
         pass
@@ -128,4 +161,4 @@ class Gate:
         return [{"id": rid, "pid": pid} for _, rid in held]
 
 
-__all__ = ["Echo", "Gate", "MemoryHog", "Sleep", "Spin"]
+__all__ = ["Activations", "Echo", "Gate", "MemoryHog", "Sleep", "Spin"]

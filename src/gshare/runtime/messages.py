@@ -58,6 +58,26 @@ class ConfigSource(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryUsage:
+    """An instance's memory limit as its device's ledger holds it (``policy.memory``), and the
+    peak memory of its recent requests (resource-centric sizing, ``policy.sizing``)."""
+
+    limit_mb: float
+    """The reservation now (starts at ``init``, grows by steps, back to ``init`` when idle)."""
+    grows: int = 0
+    """Granted increases since the instance was registered (each a kill avoided)."""
+    steps: int = 0
+    """Steps those increases added up to."""
+    refusals: int = 0
+    """Requests that needed more than the instance could get (failed with a 503)."""
+    samples_total: int = 0
+    """Requests (batches) measured since the instance started."""
+    samples: tuple[tuple[float, float], ...] = ()
+    """The most recent measurements, oldest first: (peak memory MiB above the runtime's
+    baseline, execution time s) per batch; ``samples_total`` numbers the last one."""
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceStatus:
     """One instance in a node agent's report."""
 
@@ -81,6 +101,8 @@ class InstanceStatus:
     """Restarts since it was started."""
     rss_mb: float = 0.0
     """Private resident memory."""
+    memory: MemoryUsage | None = None
+    """Its memory limit and measured peaks (None: the instance has no memory limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +128,8 @@ class NodeStatus:
     instances: tuple[InstanceStatus, ...] = ()
     tokens: Mapping[str, TokenUsage] = field(default_factory=dict)
     """Token usage by instance id."""
+    device_memory: tuple[tuple[float, float], ...] = ()
+    """Per device (local index order): (capacity MiB, reserved MiB) of its memory ledger."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +141,9 @@ class NodeInfo:
     """Device names in local index order: ``cpu`` or ``cuda:N``."""
     cpu_count: int = 1
     """Cores the node's instances may use."""
+    device_memory_mb: tuple[float, ...] = ()
+    """Memory of each device that instances' limits are reserved from (CPU: the node's RAM
+    share, ``gshare serve --device-mem-mb``; CUDA: the device's memory)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Anything else it reports (ip, pid, MPS, run directory, launcher: ``/system/info``)."""
 
@@ -152,6 +179,7 @@ __all__ = [
     "InstanceState",
     "InstanceStatus",
     "LiveState",
+    "MemoryUsage",
     "NodeInfo",
     "NodeStatus",
     "TokenUsage",

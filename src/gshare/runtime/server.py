@@ -71,6 +71,8 @@ class ServeOptions:
     launcher: str = "fork"
     """How instance processes start (``launcher.LAUNCHERS``): forked from a pre-imported
     template per node, or one Ray actor each."""
+    device_mem_mb: float | None = None
+    """Memory of each node's CPU device for instances' memory limits (None: 90 % of RAM)."""
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -280,7 +282,14 @@ class _Runtime:
                 max_restarts=0,
                 name=f"gshare-agent-{self.session}-{nid[:12]}",
                 scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
-            ).remote(nid, self.run_dir, None, self.store_root, self.opts.launcher)
+            ).remote(
+                nid,
+                self.run_dir,
+                None,
+                self.store_root,
+                self.opts.launcher,
+                self.opts.device_mem_mb,
+            )
         if not started:
             return {}
         infos = ray.get([a.info.remote() for a in started.values()], timeout=timeout_s)

@@ -134,6 +134,7 @@ class ControlApi(ControlPlane):
             "config_source": fs.configs.describe(),
             "configs": len(fs.configs.configs),
             "last_decision": fs.last_reason,
+            "memory": _memory_view(fs),
             "instances": [_instance_view(i) for i in sorted(insts, key=lambda i: i.instance_id)],
         }
 
@@ -184,6 +185,15 @@ class ControlApi(ControlPlane):
         }
 
 
+def _mem_text(mem: Any) -> str:
+    """``512 MiB``, ``auto`` or ``256+128k..2048 MiB`` (init, step, max)."""
+    if isinstance(mem, str):
+        return mem
+    if isinstance(mem, int):
+        return f"{mem} MiB"
+    return f"{mem.init}+{mem.step}k..{mem.max} MiB"
+
+
 def _spec_summary(spec: FunctionSpec) -> str:
     what = f"model {spec.model}" if spec.model else f"handler {spec.handler}"
     if spec.resources == "auto":
@@ -191,13 +201,28 @@ def _spec_summary(spec: FunctionSpec) -> str:
     else:
         r = spec.resources
         res = f"sm {r.sm_pct:g}%, quota {r.quota_request:g}/{r.quota_limit:g}" + (
-            f", mem {r.mem_mb} MiB" if r.mem_mb else ""
+            "" if not r.mem_mb else f", mem {_mem_text(r.mem_mb)}"
         )
     b = spec.batching
     return (
         f"{what}, {res}, batch {b.max_batch}/{b.max_wait_ms:g} ms, "
         f"instances {spec.min_instances}..{spec.max_instances}, keep-alive {spec.keep_alive_s:g} s"
     )
+
+
+def _memory_view(fs: Any) -> dict[str, Any] | None:
+    """The function's memory sizing: the plan its next instances start with, and the history
+    it was solved from (None: no memory limit)."""
+    plan = fs.memory.plan(fs.spec)
+    if not plan.governed:
+        return None
+    return {
+        "init_mb": plan.init_mb,
+        "step_mb": plan.step_mb,
+        "max_mb": plan.max_mb or None,
+        "auto": not isinstance(fs.spec.resources, str) and fs.spec.resources.mem_mb == "auto",
+        "measured_batches": len(fs.memory.history),
+    }
 
 
 def _instance_view(i: LiveInstance) -> dict[str, Any]:
@@ -220,6 +245,15 @@ def _instance_view(i: LiveInstance) -> dict[str, Any]:
         "restarts": i.restarts,
         "last_exit": i.last_exit,
         "rss_mb": i.rss_mb,
+        "memory": None
+        if i.memory is None
+        else {
+            "limit_mb": i.memory.limit_mb,
+            "grows": i.memory.grows,
+            "steps": i.memory.steps,
+            "refusals": i.memory.refusals,
+            "last_peak_mb": round(i.memory.samples[-1][0], 1) if i.memory.samples else None,
+        },
         "uds_path": i.uds_path,
     }
 

@@ -132,7 +132,7 @@ def share_for(spec: FunctionSpec, cfg: autoscale.ScaleConfig, source: ConfigSour
         limit = DEFAULT_SHARE.quota_limit if source is ConfigSource.DEFAULT_SHARE else q
         return GpuShare(cfg.sm_pct, q, max(q, limit), 0.0)
     res = spec.resources
-    return GpuShare(cfg.sm_pct, q, max(q, res.quota_limit), float(res.mem_mb))
+    return GpuShare(cfg.sm_pct, q, max(q, res.quota_limit), res.mem_init_mb)
 
 
 __all__ = [

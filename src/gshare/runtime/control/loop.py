@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gshare.policy import autoscale
@@ -53,6 +53,7 @@ from gshare.policy.placement import NoCapacity, make_placer
 from gshare.profiles import ProfileTable
 from gshare.resources import GpuShare
 from gshare.runtime.control.configs import FunctionConfigs, configs_for, share_for
+from gshare.runtime.control.memory import FunctionMemory
 from gshare.runtime.control.state import StateStore
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.instance.server import InstanceLaunch, launch_to_dict
@@ -62,6 +63,7 @@ from gshare.runtime.messages import (
     ConfigSource,
     InstanceState,
     LiveState,
+    MemoryUsage,
     NodeInfo,
     NodeStatus,
 )
@@ -135,6 +137,8 @@ class LiveInstance:
     last_exit: str | None = None
     route: str = ""
     """The gateway route it serves (the function's; a private one for profiling)."""
+    memory: MemoryUsage | None = None
+    """Its memory limit and measured peaks, from its node's last status."""
 
     def __post_init__(self) -> None:
         self.route = self.route or self.function
@@ -158,6 +162,8 @@ class FunctionState:
     table_loaded: bool = False
     last_reason: str = ""
     last_shortfall_s: float = -1e18
+    memory: FunctionMemory = field(default_factory=FunctionMemory)
+    """Resource-centric memory sizing (``runtime.control.memory``)."""
 
 
 class Controller:
@@ -324,6 +330,7 @@ class Controller:
             fs = self.functions.get(name)
             if fs is not None:
                 await self._step(fs, interval)
+                await self._resize_memory(fs)
         await self._finish_drains()
         self._update_gauges()
 
@@ -419,6 +426,9 @@ class Controller:
         self._counter += 1
         iid = f"{name}-{'p' if profiling else ''}{self._counter}"
         share = share or share_for(fs.spec, cfg, fs.configs.source)
+        mem = fs.memory.plan(fs.spec)
+        if mem.governed:
+            share = replace(share, mem_mb=mem.init_mb)
         if device is None:
             try:
                 binding = self.placer.place_share(iid, share)
@@ -446,6 +456,8 @@ class Controller:
             quota_request=share.quota_request,
             quota_limit=share.quota_limit,
             mem_mb=share.mem_mb,
+            mem_step_mb=mem.step_mb,
+            mem_max_mb=mem.max_mb,
             priority=spec.priority,
             max_batch=cfg.batch,
             max_wait_ms=spec.batching.max_wait_ms,
@@ -512,6 +524,9 @@ class Controller:
                 self.placer.release(iid)
             self.placer.take_moves()  # moves within a device change no mechanism on our side
         self.gateway.metrics.forget_instance(inst.function, iid)
+        fs = self.functions.get(inst.function)
+        if fs is not None:
+            fs.memory.forget(iid)
         if log_event:
             self._event(inst.function, why, instance=iid)
 
@@ -557,6 +572,8 @@ class Controller:
                 continue
             fs = self.functions.get(inst.function)
             inst.pid, inst.rss_mb, inst.cores = st.pid, st.rss_mb, st.cores
+            if st.memory is not None and fs is not None and not inst.profiling:
+                self._observe_memory(fs, inst, st.memory)
             inst.uds_path, inst.tcp_port = st.uds_path, st.tcp_port
             if st.restarts > inst.restarts:
                 self.gateway.metrics.restarts.labels(inst.function).inc(st.restarts - inst.restarts)
@@ -630,6 +647,41 @@ class Controller:
         if r is not None:
             r.inputs = inputs
 
+    def _observe_memory(self, fs: FunctionState, inst: LiveInstance, usage: MemoryUsage) -> None:
+        """An instance's memory report: its reservation as it changes, and the counters."""
+        grows, steps, refusals = fs.memory.observe(inst.instance_id, usage)
+        inst.share = replace(inst.share, mem_mb=usage.limit_mb)
+        inst.memory = usage
+        mt = self.gateway.metrics
+        if grows:
+            mt.memory_kills_avoided.labels(inst.function).inc(grows)
+        if steps:
+            mt.memory_steps.labels(inst.function).inc(steps)
+        if refusals:
+            mt.memory_refusals.labels(inst.function).inc(refusals)
+
+    async def _resize_memory(self, fs: FunctionState) -> None:
+        """Re-solve an ``auto`` function's memory sizing and push it to its instances."""
+        try:
+            plan = fs.memory.resolve(fs.spec)
+        except Exception as e:  # a solver failure keeps the old sizing
+            self._event(fs.spec.name, f"memory sizing failed: {e}", level="warn")
+            return
+        if plan is None:
+            return
+        self._event(
+            fs.spec.name,
+            f"memory sizing: init {plan.init_mb:.0f} MiB, step {plan.step_mb:.0f} MiB "
+            f"(from {len(fs.memory.history)} measured batches)",
+        )
+        cmd = {"cmd": "set_memory", "init_mb": plan.init_mb, "step_mb": plan.step_mb}
+        for inst in self.live_of(fs.spec.name):
+            if inst.state is LiveState.READY:
+                try:
+                    await self.gateway.control(inst.route, inst.instance_id, cmd)
+                except Exception as e:
+                    log.warning("cannot resize %s: %s", inst.instance_id, e)
+
     # -- metrics and events ------------------------------------------------------------------------
 
     def _update_gauges(self) -> None:
@@ -649,6 +701,10 @@ class Controller:
         for name, fs in self.functions.items():
             mt.predicted_rps.labels(name).set(fs.predicted_rps)
             mt.queued.labels(name).set(self.gateway.queued(name))
+            if fs.memory.usage:
+                usage = fs.memory.usage.values()
+                mt.memory_reserved.labels(name).set(sum(u.limit_mb for u in usage))
+                mt.memory_used.labels(name).set(sum(u.samples[-1][0] for u in usage if u.samples))
 
     def _event(
         self, function: str, message: str, *, instance: str | None = None, level: str = "info"

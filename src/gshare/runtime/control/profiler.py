@@ -205,7 +205,7 @@ class LiveProfiler:
                     sm,
                     1.0,
                     1.0,
-                    float(fs.spec.resources.mem_mb) if fs.spec.resources != "auto" else 0.0,
+                    fs.spec.resources.mem_init_mb if fs.spec.resources != "auto" else 0.0,
                 )
                 inst = await c.start_instance(fs, cfg, profiling=True, share=share, device=device)
                 if inst is None:

@@ -103,6 +103,36 @@ class Metrics:
         self.cold_starts = Counter(
             "gshare_cold_starts", "Instances started", ["function"], registry=r
         )
+        self.memory_reserved = Gauge(
+            "gshare_memory_reserved_mb",
+            "Memory the function's instances have reserved (their limits), MiB",
+            ["function"],
+            registry=r,
+        )
+        self.memory_used = Gauge(
+            "gshare_memory_used_mb",
+            "Peak model memory of the function's instances' last batches, summed, MiB",
+            ["function"],
+            registry=r,
+        )
+        self.memory_steps = Counter(
+            "gshare_memory_scale_steps",
+            "Steps the instances' memory limits grew by (resource-centric sizing)",
+            ["function"],
+            registry=r,
+        )
+        self.memory_kills_avoided = Counter(
+            "gshare_memory_kills_avoided",
+            "Requests that needed more than the limit and got it by a grow instead of a kill",
+            ["function"],
+            registry=r,
+        )
+        self.memory_refusals = Counter(
+            "gshare_memory_refusals",
+            "Requests failed because their memory need could not be granted",
+            ["function"],
+            registry=r,
+        )
 
     def forget_instance(self, function: str, instance: str) -> None:
         for g in (self.achieved_share, self.requested_share):

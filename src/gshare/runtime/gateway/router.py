@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import time
 from collections import deque
@@ -376,6 +377,24 @@ class Gateway:
             elif self.on_cold is not None:
                 self.on_cold(function)
         return p
+
+    async def control(self, function: str, instance_id: str, command: dict[str, Any]) -> bytes:
+        """Send an ``OP_CONTROL`` command to one connected instance and return its JSON answer;
+        ``HttpError`` 404 when it is not connected, 4xx/5xx as the instance answered."""
+        r = self.routes.get(function)
+        ch = r.channels.get(instance_id) if r is not None else None
+        if ch is None or not ch.usable:
+            raise HttpError(404, f"instance {instance_id!r} of {function!r} is not connected")
+        loop = asyncio.get_running_loop()
+        payload = json.dumps(command).encode()
+        p = Pending(
+            function, P.OP_CONTROL, P.ENC_JSON, payload, time.perf_counter(), loop.create_future()
+        )
+        ch.send(p)
+        status, _enc, data, _m = await self.wait(p)
+        if status != P.ST_OK:
+            raise HttpError(400, data.decode("utf-8", "replace"))
+        return data
 
     def _pick(self, r: FunctionRoute) -> InstanceChannel | None:
         """``policy.routing.choose_instance`` over the function's connections, ties spread

@@ -36,14 +36,16 @@ runs. A burst therefore overruns its token by at most one module's forward, and 
 instances interleave at layer granularity. Handlers that do not use torch modules are
 preempted only between batches.
 
-Memory limit (``mem_mb`` > 0, CPU): ``mem_mb`` is the memory the instance's model may use,
-as on a GPU where it caps the allocator and excludes the CUDA context. The watchdog samples
-the process's private resident memory (RSS minus shared and file-backed pages: the shared
-model weights do not count) every 100 ms and compares its growth over the *baseline* — the
-private RSS once the runtime (Python, torch) is imported, before the model loads — with
-``mem_mb``. Over the limit it answers every queued and running request with
-``ST_MEMORY_LIMIT`` naming the limit and the measured size, writes the reason next to its
-socket (the agent logs it) and exits; the agent restarts it.
+Memory limit (``mem_mb`` > 0 or resource-centric sizing, CPU; ``instance.memory``): the limit is
+on the memory the instance's model uses, as on a GPU where it caps the allocator and excludes
+the CUDA context: the process's private resident memory (the shared model weights do not count)
+above the *baseline* — the private RSS once the runtime (Python, torch) is imported, before the
+model loads. ``MemoryGovernor`` measures each batch's peak, and its watchdog grows the limit by
+steps from the device's memory ledger when a request needs more (resource-centric sizing) or,
+for a fixed limit or a refused grow that cannot be interrupted, answers every queued and
+running request with ``ST_MEMORY_LIMIT`` naming the limit, writes the reason next to its socket
+(the agent logs it) and exits; the agent restarts it. A refused grow of a torch handler fails
+only the request that needed it, at its next module call.
 """
 
 from __future__ import annotations
@@ -60,10 +62,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gshare.policy.batching import keep_token_for_next_batch, next_batch
+from gshare.policy.memory import MemoryPlan
 from gshare.runtime.instance import protocol as P
-
-WATCHDOG_PERIOD_S = 0.1
-"""How often the memory watchdog samples the process's resident memory."""
+from gshare.runtime.instance.memory import MemoryGovernor, MemoryLimitExceeded
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ class InstanceLaunch:
     quota_request: float
     quota_limit: float
     mem_mb: float
+    """The memory limit the instance starts with, MiB (0: none): a fixed limit, or the
+    ``init`` of resource-centric sizing when ``mem_step_mb`` > 0."""
     priority: int
     max_batch: int
     max_wait_ms: float
@@ -96,6 +99,11 @@ class InstanceLaunch:
     store_root: str | None = None
     incarnation: int = 0
     """0 for the first start, +1 for every restart by the agent."""
+    mem_step_mb: float = 0.0
+    """Resource-centric sizing (``instance.memory``): grow the limit by this much when a
+    request needs more (0: the limit is fixed)."""
+    mem_max_mb: float = 0.0
+    """... up to this much (0: as much as the device's memory ledger grants)."""
     extra_sys_path: tuple[str, ...] = ()
     """Folders to put on ``sys.path`` before importing a ``handler: module:Class``."""
     env: dict[str, str] = field(default_factory=dict)
@@ -206,7 +214,8 @@ class InstanceServer:
         from gshare.spec import load_function_spec
 
         self.baseline_mb = 0.0
-        if launch.mem_mb > 0 and launch.device == "cpu":
+        governed = (launch.mem_mb > 0 or launch.mem_step_mb > 0) and launch.device == "cpu"
+        if governed:
             import psutil
 
             self.baseline_mb = _private_rss_mb(psutil.Process())  # torch is imported now
@@ -259,8 +268,21 @@ class InstanceServer:
             raise RuntimeError(f"instance {launch.instance_id}: cannot listen: {errors[0]}")
         self._worker = threading.Thread(target=self._batch_loop, name="gshare-batch", daemon=True)
         self._worker.start()
-        if launch.mem_mb > 0 and launch.device == "cpu":
-            threading.Thread(target=self._watchdog, name="gshare-mem", daemon=True).start()
+        self._mem: MemoryGovernor | None = None
+        self._mem_channel: Any = None
+        self._mem_aborted = False
+        if governed:
+            self._mem = MemoryGovernor(
+                launch.instance_id,
+                MemoryPlan(launch.mem_mb, launch.mem_step_mb, launch.mem_max_mb),
+                self.baseline_mb,
+                launch.uds_path + ".mem",
+                ask=self._ask_memory,
+                over_max=self._over_max,
+                die=self._die_over_limit,
+                idle=self._is_idle,
+            )
+            threading.Thread(target=self._mem.run, name="gshare-mem", daemon=True).start()
 
     # -- info --------------------------------------------------------------------------------
 
@@ -330,6 +352,15 @@ class InstanceServer:
                     self.max_wait_s = max(0.0, float(cmd.get("max_wait_ms", 0.0))) / 1000.0
                     self._cond.notify()
                 reply: dict[str, Any] = {"ok": True}
+            elif name == "set_memory":
+                if self._mem is None:
+                    raise ValueError("the instance has no memory limit")
+                self._mem.set_plan(
+                    MemoryPlan(
+                        float(cmd["init_mb"]), float(cmd["step_mb"]), float(cmd.get("max_mb", 0))
+                    )
+                )
+                reply = {"ok": True}
             elif name == "drain":
                 self.draining = True
                 reply = {"ok": True}
@@ -345,7 +376,7 @@ class InstanceServer:
                     req_id, P.ST_BAD_INPUT, P.ENC_RAW, f"unknown command {name!r}".encode()
                 )
             return P.encode_response(req_id, P.ST_OK, P.ENC_JSON, json.dumps(reply).encode())
-        except (ValueError, TypeError, AttributeError) as e:
+        except (ValueError, TypeError, AttributeError, KeyError) as e:
             return P.encode_response(
                 req_id, P.ST_BAD_INPUT, P.ENC_RAW, f"bad control frame: {e}".encode()
             )
@@ -469,7 +500,10 @@ class InstanceServer:
         self._busy_s = 0.0
         self._rewait_s = 0.0
         self._in_burst = True
-        results: list[tuple[bool, Any]]
+        mem = self._mem
+        if mem is not None:
+            mem.begin_batch()
+        results: list[tuple[bool, Any]] = []
         try:
             try:
                 outputs = self.handler.predict(inputs)
@@ -479,17 +513,23 @@ class InstanceServer:
                     )
                 results = [(True, o) for o in outputs]
             except Exception:
+                failed = self._failure()
                 if len(inputs) == 1:
-                    results = [(False, _function_error())]
-                else:  # isolate the failing request(s)
-                    results = []
-                    for x in inputs:
-                        try:
-                            results.append((True, self.handler.predict([x])[0]))
-                        except Exception:
-                            results.append((False, _function_error()))
+                    results = [(False, failed)]
+            # (out of the except block: the failed batch's frames, and what they held, are
+            # released before a memory-limit abort frees the memory and the batch is re-run)
+            self._after_failure()
+            if not results:  # isolate the failing request(s)
+                for x in inputs:
+                    try:
+                        results.append((True, self.handler.predict([x])[0]))
+                    except Exception:
+                        results.append((False, self._failure()))
+                    self._after_failure()
         finally:
             self._in_burst = False
+            if mem is not None:
+                mem.end_batch(time.perf_counter() - t0)
         seg_s = time.perf_counter() - self._seg_start
         if self.tokens.in_burst:
             self.tokens.end_burst()  # the token is kept for the next batch (see _batch_loop)
@@ -524,6 +564,52 @@ class InstanceServer:
             )
         self._send(out)
 
+    def _failure(self) -> tuple[int, int, bytes]:
+        """The response of the request whose ``predict`` raised (call in ``except``): a
+        refused memory grow is a memory-limit error (the memory it held is freed first)."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, MemoryLimitExceeded):
+            self._mem_aborted = True
+            return P.ST_MEMORY_LIMIT, P.ENC_RAW, str(exc).encode()
+        return _function_error()
+
+    def _after_failure(self) -> None:
+        """After a memory-limit abort (outside its ``except``): free what the batch held."""
+        if self._mem_aborted and self._mem is not None:
+            self._mem_aborted = False
+            self._mem.after_abort()
+
+    def _is_idle(self) -> bool:
+        with self._cond:
+            return not self._queue and not self._running
+
+    def _ask_memory(self, limit_mb: float, steps: int) -> tuple[bool, float, str]:
+        """Ask the device's memory ledger for a new limit (the memory watchdog's thread)."""
+        from gshare.runtime.tokens import MemoryChannel
+
+        for attempt in range(2):
+            try:
+                if self._mem_channel is None:
+                    self._mem_channel = MemoryChannel(
+                        self.launch.token_socket, self.launch.instance_id
+                    )
+                r = self._mem_channel.resize(limit_mb, steps)
+                return r.granted, r.limit_mb, r.refusal
+            except Exception as e:  # the agent re-registered us, or its server restarted
+                with contextlib.suppress(Exception):
+                    self._mem_channel.close()
+                self._mem_channel = None
+                if attempt:
+                    return False, limit_mb, f"the node's memory ledger is unreachable ({e})"
+        raise AssertionError("unreachable")
+
+    def _over_max(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._mem_channel is not None:
+                self._mem_channel.over_max()
+
     def _idle_tokens(self) -> None:
         """Release the held token, if any (the batch queue is empty: token reuse ends)."""
         from gshare.runtime.tokens import TokenRuntimeError
@@ -538,6 +624,9 @@ class InstanceServer:
         """Global torch forward pre-hook: the frontend's preemption point (module doc)."""
         if not self._in_burst or threading.get_ident() != self._worker_ident:
             return
+        mem = self._mem
+        if mem is not None:
+            mem.check()  # a refused memory grow aborts the batch here
         if self.tokens.token_left_ms() > 0.0:
             return
         now = time.perf_counter()
@@ -572,18 +661,7 @@ class InstanceServer:
                     raise
                 time.sleep(0.01)
 
-    # -- memory watchdog ------------------------------------------------------------------------
-
-    def _watchdog(self) -> None:
-        import psutil
-
-        proc = psutil.Process()
-        limit = self.launch.mem_mb
-        while not self._stop.wait(WATCHDOG_PERIOD_S):
-            used = _private_rss_mb(proc) - self.baseline_mb
-            if used > limit:
-                self._die_over_limit(used, limit)
-                return
+    # -- memory limit (instance.memory) ---------------------------------------------------------
 
     def _die_over_limit(self, used_mb: float, limit_mb: float) -> None:
         reason = (
@@ -616,6 +694,8 @@ class InstanceServer:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._mem is not None:
+            self._mem.stop()
         with self._cond:
             self._cond.notify_all()
         with contextlib.suppress(Exception):

@@ -7,15 +7,19 @@ at most, never per request):
 * ``start_instance(launch)`` — put the function's weights in the node's ``ModelStore`` once
   (``node.tasks.put_weights`` in a throw-away process on this node, so the agent's process
   stays free of CPU-bound work: it hosts the token servers, whose answers need the GIL),
-  register the instance with its device's ``TokenServer`` (``ClientSpec``: SM %, quota request
-  and limit, priority), and start the instance process on this node (CUDA: with the MPS thread
+  reserve its starting memory limit in the device's memory ledger (``policy.memory``, kept by
+  the device's token server; a device without that much free refuses the start), register the
+  instance with its device's ``TokenServer`` (``ClientSpec``: SM %, quota request and limit,
+  priority), and start the instance process on this node (CUDA: with the MPS thread
   percentage in its environment before its CUDA context exists; without an MPS daemon a
   warning says the share is time-only);
-* ``stop_instance(id)`` — kill the instance process, unregister its token client, remove its
-  socket;
+* ``stop_instance(id)`` — kill the instance process, unregister its token client, release its
+  memory reservation, remove its socket;
 * ``status()`` — every instance's state (starting / ready / restarting / failed), pid, socket,
-  resident memory and restarts, and each device's token table (``TokenServer.snapshot``):
-  the controller turns ``total_used_ms`` deltas into the achieved share per instance;
+  resident memory and restarts, its memory limit and the peak memory of its recent batches
+  (which the instance appends to ``<socket>.mem``; the monitor reads them), each device's
+  memory ledger, and each device's token table (``TokenServer.snapshot``): the controller
+  turns ``total_used_ms`` deltas into the achieved share per instance;
 * ``set_share`` — change an instance's token quotas in place (the profiler's quota sweep);
 * ``describe(spec)`` — import the handler once in a throw-away process and report its OIP
   input description, or the error (a bad ``handler`` fails the deployment, not the first call);
@@ -51,6 +55,7 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,8 +64,16 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from gshare.policy.tokens import ClientSpec
+from gshare.runtime.instance.memory import SAMPLE
 from gshare.runtime.instance.server import InstanceActor, InstanceLaunch, launch_to_dict
-from gshare.runtime.messages import InstanceState, InstanceStatus, NodeInfo, NodeStatus, TokenUsage
+from gshare.runtime.messages import (
+    InstanceState,
+    InstanceStatus,
+    MemoryUsage,
+    NodeInfo,
+    NodeStatus,
+    TokenUsage,
+)
 from gshare.runtime.node import tasks as node_tasks
 from gshare.runtime.node.launcher import LAUNCHERS, Launcher
 
@@ -73,6 +86,10 @@ MAX_RESTARTS = 3
 RESTART_WINDOW_S = 60.0
 START_TIMEOUT_S = 600.0
 """An instance not ready after this long is failed (a model load that hangs)."""
+MEM_SAMPLES_KEPT = 256
+"""Most recent per-batch memory measurements kept per instance for ``status``."""
+CPU_MEMORY_FRACTION = 0.9
+"""Share of the node's RAM that CPU instances' memory limits may reserve by default."""
 
 
 def _last_line(e: BaseException) -> str:
@@ -100,6 +117,12 @@ class _Managed:
     proc: Any = None
     pid: int | None = None
     """The instance's pid when forked from the template (``launcher="fork"``)."""
+    mem_offset: int = 0
+    """Bytes of ``<socket>.mem`` read so far."""
+    mem_samples: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=MEM_SAMPLES_KEPT)
+    )
+    mem_total: int = 0
 
 
 class NodeAgent:
@@ -112,6 +135,7 @@ class NodeAgent:
         token_config: dict[str, Any] | None = None,
         store_root: str | None = None,
         launcher: str = "fork",
+        device_mem_mb: float | None = None,
     ) -> None:
         logging.basicConfig(level=logging.INFO)
         if launcher not in LAUNCHERS:
@@ -135,9 +159,12 @@ class NodeAgent:
         from gshare.runtime.tokens import LIVE_TOKEN_CONFIG, TokenServer
 
         cfg = replace(LIVE_TOKEN_CONFIG, **(token_config or {}))
+        self.device_memory_mb = [self._device_memory_mb(d, device_mem_mb) for d in self.devices]
         self.token_servers = []
         for i, _ in enumerate(self.devices):
-            ts = TokenServer(str(self.run_dir / f"tokens{i}.sock"), cfg)
+            ts = TokenServer(
+                str(self.run_dir / f"tokens{i}.sock"), cfg, memory_mb=self.device_memory_mb[i]
+            )
             ts.start()
             self.token_servers.append(ts)
         self.cpu_count = len(os.sched_getaffinity(0))
@@ -178,6 +205,20 @@ class NodeAgent:
                 pass
         return ["cpu"]
 
+    @staticmethod
+    def _device_memory_mb(device: str, configured_mb: float | None) -> float:
+        """The memory a device's instances reserve their limits from: the CUDA device's memory,
+        or (CPU) ``configured_mb`` / ``CPU_MEMORY_FRACTION`` of the node's RAM."""
+        if device.startswith("cuda"):
+            import torch
+
+            return float(torch.cuda.get_device_properties(device).total_memory) / (1 << 20)
+        if configured_mb:
+            return float(configured_mb)
+        import psutil
+
+        return float(psutil.virtual_memory().total) / (1 << 20) * CPU_MEMORY_FRACTION
+
     # -- queries -------------------------------------------------------------------------------
 
     def info(self) -> NodeInfo:
@@ -185,6 +226,7 @@ class NodeAgent:
             node_id=self.node_id,
             devices=tuple(self.devices),
             cpu_count=self.cpu_count,
+            device_memory_mb=tuple(self.device_memory_mb),
             extra={
                 "node_ip": self.node_ip,
                 "pid": os.getpid(),
@@ -229,6 +271,7 @@ class NodeAgent:
         return ray.get(task.remote(*args), timeout=timeout_s)
 
     def status(self) -> NodeStatus:
+        ledgers = [ts.memory_snapshot() for ts in self.token_servers]
         with self._lock:
             instances = tuple(
                 InstanceStatus(
@@ -246,6 +289,7 @@ class NodeAgent:
                     last_exit=m.last_exit,
                     restarts=m.total_restarts,
                     rss_mb=round(m.rss_mb, 1),
+                    memory=self._memory_usage(iid, m, ledgers),
                 )
                 for iid, m in self._instances.items()
             )
@@ -253,7 +297,27 @@ class NodeAgent:
         for ts in self.token_servers:
             for cid, v in ts.snapshot().items():
                 tokens[cid] = TokenUsage(v.total_used_ms, v.quota_request, v.quota_limit, v.sm_pct)
-        return NodeStatus(self.node_id, self.node_ip, time.monotonic(), instances, tokens)
+        device_memory = tuple(
+            (cap, sum(r.limit_mb for r in held.values())) for cap, held in ledgers
+        )
+        return NodeStatus(
+            self.node_id, self.node_ip, time.monotonic(), instances, tokens, device_memory
+        )
+
+    @staticmethod
+    def _memory_usage(iid: str, m: _Managed, ledgers: list[Any]) -> MemoryUsage | None:
+        idx = m.launch.device_index
+        held = ledgers[idx][1].get(iid) if idx < len(ledgers) else None
+        if held is None:
+            return None
+        return MemoryUsage(
+            limit_mb=held.limit_mb,
+            grows=held.grows,
+            steps=held.steps,
+            refusals=held.refusals,
+            samples_total=m.mem_total,
+            samples=tuple(m.mem_samples),
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -286,6 +350,14 @@ class NodeAgent:
                     "MKL_NUM_THREADS": n,
                 }
             )
+        ts = self.token_servers[idx]
+        if base.mem_mb > 0 or base.mem_step_mb > 0:
+            grant = ts.reserve_memory(base.instance_id, base.mem_mb)
+            if not grant.granted:
+                raise RuntimeError(
+                    f"device {device} of node {self.node_id[:8]} has {grant.free_mb:.0f} MiB of "
+                    f"memory unreserved; instance {base.instance_id} needs {base.mem_mb:.0f} MiB"
+                )
         filled = replace(
             base,
             device=device,
@@ -300,6 +372,7 @@ class NodeAgent:
             if base.instance_id in self._instances:
                 raise ValueError(f"instance {base.instance_id} already exists on this node")
             self._instances[base.instance_id] = m
+        m.mem_offset = 0
         threading.Thread(target=self._start, args=(m, True), daemon=True).start()
 
     def _start(self, m: _Managed, first: bool) -> None:
@@ -391,7 +464,8 @@ class NodeAgent:
             self._kill(m)
         with contextlib.suppress(Exception):
             self.token_servers[m.launch.device_index].remove_client(instance_id)
-        for suffix in ("", ".exit", ".ready"):
+        self.token_servers[m.launch.device_index].release_memory(instance_id)
+        for suffix in ("", ".exit", ".ready", ".mem"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(m.launch.uds_path + suffix)
 
@@ -491,11 +565,35 @@ class NodeAgent:
                 with contextlib.suppress(Exception):
                     mi = m.proc.memory_info()
                     m.rss_mb = mi.rss / (1 << 20)
+                self._read_memory_samples(m)
                 return
             reason = "process exited"
             with contextlib.suppress(OSError):
                 reason = Path(m.launch.uds_path + ".exit").read_text().strip() or reason
             self._on_death(m, reason, start_failure=False)
+
+    @staticmethod
+    def _read_memory_samples(m: _Managed) -> None:
+        """Take the new per-batch measurements from ``<socket>.mem`` (a restarted instance
+        starts the file again)."""
+        path = m.launch.uds_path + ".mem"
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                if size < m.mem_offset:
+                    m.mem_offset = 0
+                n = (size - m.mem_offset) // SAMPLE.size
+                if n <= 0:
+                    return
+                f.seek(m.mem_offset)
+                data = f.read(n * SAMPLE.size)
+        except OSError:
+            return
+        m.mem_offset += len(data)
+        for peak_mb, exec_s in SAMPLE.iter_unpack(data):
+            m.mem_samples.append((peak_mb, exec_s))
+        m.mem_total += n
 
     def _alive(self, m: _Managed, psutil: Any) -> bool:
         if (
@@ -532,6 +630,10 @@ class NodeAgent:
                 return
             m.restarts.append(now)
             m.total_restarts += 1
+            if m.launch.mem_mb > 0 or m.launch.mem_step_mb > 0:  # back to its starting limit
+                self.token_servers[m.launch.device_index].reserve_memory(
+                    m.launch.instance_id, m.launch.mem_mb
+                )
             m.launch = replace(m.launch, incarnation=m.launch.incarnation + 1)
             m.state = InstanceState.STARTING
             m.info = {}

@@ -3,7 +3,7 @@
 every instance process). The decisions are in ``policy.tokens``."""
 
 from gshare.policy.tokens import LIVE_TOKEN_CONFIG
-from gshare.runtime.tokens.client import TokenClient
+from gshare.runtime.tokens.client import MemoryChannel, TokenClient
 from gshare.runtime.tokens.protocol import (
     PROTOCOL_VERSION,
     TokenRuntimeError,
@@ -13,6 +13,7 @@ from gshare.runtime.tokens.server import TokenRecord, TokenServer
 
 __all__ = [
     "LIVE_TOKEN_CONFIG",
+    "MemoryChannel",
     "PROTOCOL_VERSION",
     "TokenClient",
     "TokenRecord",

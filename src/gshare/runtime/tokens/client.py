@@ -18,13 +18,19 @@ from gshare.policy.tokens import (
     should_yield,
 )
 from gshare.runtime.tokens.protocol import (
+    F64,
     FRAME,
     FRAME_SIZE,
+    HELLO_MEMORY_CHANNEL,
     MAX_ID_BYTES,
+    MEMORY_OVER_MAX,
+    MEMORY_REFUSALS,
     OP_ACQUIRE,
     OP_ERROR,
     OP_GRANT,
     OP_HELLO,
+    OP_MEMORY,
+    OP_MEMORY_REPLY,
     OP_RELEASE,
     OP_WELCOME,
     PROTOCOL_VERSION,
@@ -351,6 +357,96 @@ class TokenClient:
         return buf.decode("utf-8", errors="replace")
 
 
+class MemoryReply:
+    """The server's answer to ``MemoryChannel.resize``."""
+
+    __slots__ = ("free_mb", "limit_mb", "refusal")
+
+    def __init__(self, limit_mb: float, free_mb: float, refusal: str) -> None:
+        self.limit_mb = limit_mb
+        """The limit the instance holds now (unchanged when refused)."""
+        self.free_mb = free_mb
+        """The device's unreserved memory after the answer."""
+        self.refusal = refusal
+        """Empty when granted, else the reason (``protocol.MEMORY_REFUSALS``)."""
+
+    @property
+    def granted(self) -> bool:
+        return not self.refusal
+
+
+class MemoryChannel:
+    """An instance's memory channel to its device's token server (``tokens.protocol``):
+    ``resize`` asks the device's memory ledger for a new limit. Blocking; used by one thread
+    (the instance's memory watchdog). Raises like ``TokenClient`` (``UnknownClientError``,
+    ``ConnectionError``, ``TimeoutError``)."""
+
+    def __init__(self, socket_path: str, client_id: str, timeout_s: float = 5.0) -> None:
+        raw = client_id.encode("utf-8")
+        if not 0 < len(raw) <= MAX_ID_BYTES:
+            raise ValueError(f"client_id must be 1..{MAX_ID_BYTES} bytes of UTF-8")
+        self.client_id = client_id
+        self._seq = 0
+        self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout_s)
+        try:
+            try:
+                self._sock.connect(socket_path)
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                raise ConnectionError(f"no token server on {socket_path}: {e}") from None
+            flags = PROTOCOL_VERSION | HELLO_MEMORY_CHANNEL
+            self._sock.sendall(FRAME.pack(OP_HELLO, flags, len(raw), 0, 0.0) + raw)
+            op, flags, length, _seq, _value = FRAME.unpack(self._recv(FRAME_SIZE))
+            if op == OP_ERROR:
+                raise error_for(flags, self._recv(length).decode("utf-8", "replace"))
+            if op != OP_WELCOME:
+                raise TokenRuntimeError(f"token server answered HELLO with op 0x{op:02x}")
+        except BaseException:
+            self.close()
+            raise
+
+    def resize(self, limit_mb: float, steps: int = 0) -> MemoryReply:
+        """Ask for a memory limit of ``limit_mb`` (``steps``: how many steps of growth it is)."""
+        return self._ask(limit_mb, max(0, min(steps, 0x7F)))
+
+    def over_max(self) -> MemoryReply:
+        """Report that a request needed more than the instance's ``max`` (counted)."""
+        return self._ask(0.0, MEMORY_OVER_MAX)
+
+    def _ask(self, limit_mb: float, flags: int) -> MemoryReply:
+        sock = self._sock
+        if sock is None:
+            raise TokenRuntimeError(f"memory channel of {self.client_id!r} is closed")
+        seq = self._seq = (self._seq + 1) & SEQ_MASK
+        try:
+            sock.sendall(FRAME.pack(OP_MEMORY, flags, 0, seq, float(limit_mb)))
+            op, code, length, _rseq, value = FRAME.unpack(self._recv(FRAME_SIZE))
+            text = self._recv(length)
+        except OSError as e:
+            self.close()
+            raise ConnectionError(f"memory channel of {self.client_id!r}: {e}") from None
+        if op == OP_ERROR:
+            raise error_for(code, text.decode("utf-8", "replace"))
+        if op != OP_MEMORY_REPLY or len(text) != F64.size:
+            self.close()
+            raise TokenRuntimeError(f"token server answered MEMORY with op 0x{op:02x}")
+        reason = MEMORY_REFUSALS[code] if code < len(MEMORY_REFUSALS) else f"refused ({code})"
+        return MemoryReply(value, F64.unpack(text)[0], reason)
+
+    def _recv(self, n: int) -> bytes:
+        assert self._sock is not None
+        buf = bytearray(n)
+        if n:
+            _recv_all(self._sock, memoryview(buf))
+        return bytes(buf)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+
 def _recv_all(sock: socket.socket, view: memoryview) -> None:
     """Fill ``view`` from ``sock``; ``ConnectionError`` if the peer closes first."""
     got, want = 0, len(view)
@@ -361,4 +457,4 @@ def _recv_all(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-__all__ = ["TokenClient"]
+__all__ = ["MemoryChannel", "MemoryReply", "TokenClient"]

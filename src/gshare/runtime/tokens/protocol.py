@@ -48,13 +48,26 @@ followed by ``length`` bytes of UTF-8 text::
     8       f64   value   (milliseconds)
 
     client -> server
-      0x01 HELLO    flags = protocol version, length = len(client_id) in 1..255, text = client_id
+      0x01 HELLO    flags = protocol version (| 0x80: the memory channel, below),
+                    length = len(client_id) in 1..255, text = client_id
       0x02 ACQUIRE  seq = n                       -> GRANT(seq = n) when the token is dispatched
       0x03 RELEASE  seq = n, value = busy_ms, flags bit 0 = completed     (no reply on success)
+      0x04 MEMORY   seq = n, value = the memory limit wanted (MiB), flags = its steps (0..127)
+                    or 0x80: "a request needed more than my max" (counted, value ignored)
+                                                  -> MEMORY_REPLY(seq = n)
     server -> client
       0x81 WELCOME  value = window_ms             (reply to HELLO)
       0x82 GRANT    seq = the ACQUIRE's seq, value = token length ms, flags bit 0 = elastic
+      0x83 MEMORY_REPLY value = the limit held now (MiB), flags = 0 granted, else
+                    1 device memory full, 2 no reservation, 3 bad value; length = 8 and
+                    text = the device's free MiB after it as a little-endian f64
       0xEE ERROR    flags = error code, seq = the offending message's seq, text = message
+
+The memory channel: an instance with a memory limit opens a second connection whose HELLO
+has flag 0x80, and sends only MEMORY on it (its watchdog thread, so that a grow never waits
+behind a token). The limit is the device's ``policy.memory.DeviceMemory`` ledger's: the agent
+reserved the instance's starting limit; a MEMORY grows it when the device has the memory free
+and always shrinks it.
 
 Error codes: 1 unknown client, 2 connection not identified (no HELLO yet), 3 bad state
 (ACQUIRE while waiting or holding, RELEASE without a token, second HELLO, client id already
@@ -89,14 +102,24 @@ FRAME_SIZE = FRAME.size
 OP_HELLO = 0x01
 OP_ACQUIRE = 0x02
 OP_RELEASE = 0x03
+OP_MEMORY = 0x04
 OP_WELCOME = 0x81
 OP_GRANT = 0x82
+OP_MEMORY_REPLY = 0x83
 OP_ERROR = 0xEE
 
 ERR_UNKNOWN_CLIENT = 1
 ERR_NOT_IDENTIFIED = 2
 ERR_BAD_STATE = 3
 ERR_BAD_VALUE = 4
+
+HELLO_MEMORY_CHANNEL = 0x80
+"""HELLO flag: this connection is the client's memory channel."""
+MEMORY_OVER_MAX = 0x80
+"""MEMORY flag: a request needed more than the instance's own ``max`` (a refusal to count)."""
+MEMORY_REFUSALS = ("", "device memory full", "no reservation", "bad value")
+"""MEMORY_REPLY flags -> the reason."""
+F64 = struct.Struct("<d")
 
 MAX_ID_BYTES = 255
 MAX_ERROR_BYTES = 1024
@@ -126,6 +149,9 @@ def error_for(code: int, message: str) -> TokenRuntimeError:
 __all__ = [
     "FRAME",
     "FRAME_SIZE",
+    "HELLO_MEMORY_CHANNEL",
+    "MEMORY_OVER_MAX",
+    "MEMORY_REFUSALS",
     "PROTOCOL_VERSION",
     "TokenRuntimeError",
     "UnknownClientError",

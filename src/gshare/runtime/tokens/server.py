@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gshare.policy.memory import DeviceMemory, MemoryGrant, MemoryRefusal, Reservation
 from gshare.policy.tokens import (
     ClientSpec,
     ClientView,
@@ -30,14 +31,19 @@ from gshare.runtime.tokens.protocol import (
     ERR_BAD_VALUE,
     ERR_NOT_IDENTIFIED,
     ERR_UNKNOWN_CLIENT,
+    F64,
     FRAME,
     FRAME_SIZE,
+    HELLO_MEMORY_CHANNEL,
     MAX_ERROR_BYTES,
     MAX_ID_BYTES,
+    MEMORY_OVER_MAX,
     OP_ACQUIRE,
     OP_ERROR,
     OP_GRANT,
     OP_HELLO,
+    OP_MEMORY,
+    OP_MEMORY_REPLY,
     OP_RELEASE,
     OP_WELCOME,
     PROTOCOL_VERSION,
@@ -84,6 +90,7 @@ class _Conn:
         "pending_seq",
         "grant",
         "dead",
+        "memory_of",
     )
 
     def __init__(self, sock: socket.socket) -> None:
@@ -101,6 +108,8 @@ class _Conn:
         """The token this connection holds."""
         self.dead = False
         """Set when the connection must be closed (the loop thread closes it)."""
+        self.memory_of: str | None = None
+        """The client whose memory channel this is (HELLO with ``HELLO_MEMORY_CHANNEL``)."""
 
 
 class TokenServer:
@@ -120,6 +129,7 @@ class TokenServer:
         clock: Callable[[], float] = time.monotonic,
         *,
         record_tokens: int = 0,
+        memory_mb: float | None = None,
     ) -> None:
         if len(os.fsencode(socket_path)) > 107:
             raise ValueError(f"socket path too long for AF_UNIX (max 107 bytes): {socket_path}")
@@ -129,8 +139,11 @@ class TokenServer:
         self.epoch_s = clock()
         """Clock reading that is time 0 of the scheduler (windows are aligned to it)."""
         self._sched = TokenScheduler(config)
+        self.memory = DeviceMemory(memory_mb) if memory_mb else None
+        """The device's memory ledger (None: memory is not accounted)."""
         self._lock = threading.Lock()
         self._by_client: dict[str, _Conn] = {}
+        self._memory_conns: dict[str, _Conn] = {}
         self._by_fd: dict[int, _Conn] = {}
         self._records: deque[TokenRecord] | None = (
             deque(maxlen=record_tokens) if record_tokens > 0 else None
@@ -255,6 +268,26 @@ class TokenServer:
             self._deliver(grants, now_ms)
         self._wake()
 
+    def reserve_memory(self, client_id: str, limit_mb: float) -> MemoryGrant:
+        """Reserve an instance's starting memory limit (the agent, before it starts)."""
+        with self._lock:
+            if self.memory is None:
+                return MemoryGrant(limit_mb, math.inf)
+            return self.memory.reserve(client_id, limit_mb)
+
+    def release_memory(self, client_id: str) -> None:
+        """Drop an instance's reservation (the agent, once it stopped)."""
+        with self._lock:
+            if self.memory is not None:
+                self.memory.release(client_id)
+
+    def memory_snapshot(self) -> tuple[float, dict[str, Reservation]]:
+        """(capacity MiB, the reservations); (0, {}) without a ledger."""
+        with self._lock:
+            if self.memory is None:
+                return 0.0, {}
+            return self.memory.capacity_mb, self.memory.snapshot()
+
     def snapshot(self) -> Mapping[str, ClientView]:
         """The scheduler's table (immutable copies), as of the last event. Thread-safe."""
         with self._lock:
@@ -378,7 +411,14 @@ class TokenServer:
             elif op == OP_RELEASE and length == 0:
                 off += FRAME_SIZE
                 self._on_release(conn, seq, value, bool(flags & 1))
-            elif op == OP_HELLO and flags == PROTOCOL_VERSION and 0 < length <= MAX_ID_BYTES:
+            elif op == OP_MEMORY and length == 0:
+                off += FRAME_SIZE
+                self._on_memory(conn, seq, value, flags)
+            elif (
+                op == OP_HELLO
+                and flags & ~HELLO_MEMORY_CHANNEL == PROTOCOL_VERSION
+                and 0 < length <= MAX_ID_BYTES
+            ):
                 if n - off < FRAME_SIZE + length:
                     break
                 raw = data[off + FRAME_SIZE : off + FRAME_SIZE + length]
@@ -388,7 +428,7 @@ class TokenServer:
                 except UnicodeDecodeError:
                     self._malformed(conn, "client id is not UTF-8")
                     return
-                self._on_hello(conn, seq, client_id)
+                self._on_hello(conn, seq, client_id, bool(flags & HELLO_MEMORY_CHANNEL))
             else:
                 self._malformed(conn, f"bad frame op=0x{op:02x} flags={flags} length={length}")
                 return
@@ -404,13 +444,30 @@ class TokenServer:
 
     # -- message handlers (server thread, under the lock) -------------------------------------
 
-    def _on_hello(self, conn: _Conn, seq: int, client_id: str) -> None:
-        if conn.client_id is not None:
+    def _on_hello(self, conn: _Conn, seq: int, client_id: str, memory: bool = False) -> None:
+        if conn.client_id is not None or conn.memory_of is not None:
             self._send_error(
-                conn, ERR_BAD_STATE, seq, f"connection already identified as {conn.client_id!r}"
+                conn,
+                ERR_BAD_STATE,
+                seq,
+                f"connection already identified as {conn.client_id or conn.memory_of!r}",
             )
         elif client_id not in self._sched.clients:
             self._send_error(conn, ERR_UNKNOWN_CLIENT, seq, f"unknown client {client_id!r}")
+        elif memory:
+            old = self._memory_conns.get(client_id)
+            if old is not None and not old.dead:
+                self._send_error(
+                    conn, ERR_BAD_STATE, seq, f"client {client_id!r} has a memory channel"
+                )
+                return
+            conn.memory_of = client_id
+            conn.label = f"memory channel of {client_id!r}"
+            self._memory_conns[client_id] = conn
+            FRAME.pack_into(
+                self._out, 0, OP_WELCOME, PROTOCOL_VERSION, 0, seq, self.config.window_ms
+            )
+            self._send(conn, self._out)
         elif client_id in self._by_client:
             self._send_error(conn, ERR_BAD_STATE, seq, f"client {client_id!r} is already connected")
         else:
@@ -421,6 +478,26 @@ class TokenServer:
                 self._out, 0, OP_WELCOME, PROTOCOL_VERSION, 0, seq, self.config.window_ms
             )
             self._send(conn, self._out)
+
+    def _on_memory(self, conn: _Conn, seq: int, limit_mb: float, flags: int) -> None:
+        cid = conn.memory_of
+        if cid is None:
+            self._send_error(conn, ERR_NOT_IDENTIFIED, seq, "MEMORY needs a memory channel")
+            return
+        if self.memory is None:  # not accounted: every limit is granted
+            grant = MemoryGrant(limit_mb, math.inf)
+        elif flags & MEMORY_OVER_MAX:
+            self.memory.refused(cid)
+            held = self.memory.snapshot().get(cid)
+            grant = MemoryGrant(held.limit_mb if held else 0.0, self.memory.free_mb)
+        else:
+            grant = self.memory.resize(cid, limit_mb, flags)
+        code = 0 if grant.refusal is None else 1 + list(MemoryRefusal).index(grant.refusal)
+        self._send(
+            conn,
+            FRAME.pack(OP_MEMORY_REPLY, code, F64.size, seq, grant.limit_mb)
+            + F64.pack(grant.free_mb),
+        )
 
     def _bound(self, conn: _Conn, seq: int) -> str | None:
         cid = conn.client_id
@@ -554,6 +631,10 @@ class TokenServer:
                 return
             for conn in dead:
                 self._close(conn)
+                if conn.memory_of is not None:
+                    if self._memory_conns.get(conn.memory_of) is conn:
+                        del self._memory_conns[conn.memory_of]
+                    continue
                 cid = conn.client_id
                 if cid is None:
                     continue
