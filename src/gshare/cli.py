@@ -5,6 +5,8 @@ Every error is one line on stderr and a non-zero exit (2 for bad usage), never a
 
 from __future__ import annotations
 
+import enum
+import json
 import sys
 import time
 from pathlib import Path
@@ -33,6 +35,22 @@ app.add_typer(experiment_app, name="experiment")
 # Wide tables when the output is a file or a pipe (CI logs), the terminal's width otherwise.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+class Output(enum.StrEnum):
+    """``--output``: a table for people, JSON for scripts."""
+
+    TABLE = "table"
+    JSON = "json"
+
+
+OUTPUT_OPTION = typer.Option(
+    Output.TABLE, "--output", "-o", help="table (for people) or json (for scripts)."
+)
+
+
+def _print_json(doc: Any) -> None:
+    print(json.dumps(doc, indent=2, default=str))
 
 
 class CliError(Exception):
@@ -219,10 +237,14 @@ def list_cmd(
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
     state: Path | None = STATE_OPTION,
+    output: Output = OUTPUT_OPTION,
 ) -> None:
     """List deployed functions and their instances."""
     with _client(url, token, state) as c:
         fns = _call(c.list)
+    if output is Output.JSON:
+        _print_json(fns)
+        return
     table = Table(
         "name",
         "model/handler",
@@ -253,32 +275,49 @@ def list_cmd(
     console.print(table)
 
 
+def _read_source(source: str, what: str) -> bytes:
+    """The bytes of ``-`` (standard input) or a file path (``@path`` or ``path``)."""
+    if source == "-":
+        return sys.stdin.buffer.read()
+    path = Path(source[1:] if source.startswith("@") else source)
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise CliError(f"{what}: cannot read {str(path)!r}: {e.strerror or e}") from None
+
+
 @app.command("invoke")
 def invoke_cmd(
     name: str = typer.Argument(..., help="Function name."),
-    data: str | None = typer.Option(None, "--data", help="JSON request body."),
-    file: Path | None = typer.Option(
-        None, "--file", help="Send this file's bytes (raw; JSON if it ends in .json)."
+    data: str | None = typer.Option(
+        None,
+        "--data",
+        "-d",
+        help="JSON request body: inline, @FILE (read from a file) or - (standard input).",
+    ),
+    file: str | None = typer.Option(
+        None,
+        "--file",
+        help="Send these bytes raw: a file path, or - for standard input (JSON if it ends "
+        "in .json).",
     ),
     url: str | None = URL_OPTION,
 ) -> None:
     """Invoke a function and print its answer (JSON, or raw bytes to stdout)."""
-    import json as _json
-
     if data is not None and file is not None:
         raise CliError("give --data or --file, not both")
     if data is not None:
+        raw = _read_source(data, "--data") if data == "-" or data.startswith("@") else None
+        text = data if raw is None else raw.decode("utf-8", errors="replace")
         try:
-            _json.loads(data)
+            json.loads(text)
         except ValueError as e:
-            raise CliError(f"--data is not valid JSON: {e}") from None
-        body, ctype = data.encode(), "application/json"
+            where = "--data" if raw is None else f"--data {data}"
+            raise CliError(f"{where} is not valid JSON: {e}") from None
+        body, ctype = text.encode(), "application/json"
     elif file is not None:
-        try:
-            body = file.read_bytes()
-        except OSError as e:
-            raise CliError(f"cannot read {file}: {e.strerror or e}") from None
-        ctype = "application/json" if file.suffix == ".json" else "application/octet-stream"
+        body = _read_source(file, "--file")
+        ctype = "application/json" if file.endswith(".json") else "application/octet-stream"
     else:
         body, ctype = b"null", "application/json"
     from gshare.runtime.client import Client
@@ -305,19 +344,124 @@ def delete_cmd(
     console.print(f"deleted {name}")
 
 
+@app.command("describe")
+def describe_cmd(
+    name: str = typer.Argument(..., help="Function name."),
+    url: str | None = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    state: Path | None = STATE_OPTION,
+    output: Output = OUTPUT_OPTION,
+) -> None:
+    """Show one function: its spec, configuration source, memory sizing and every instance."""
+    with _client(url, token, state) as c:
+        f = _call(c.get, name)
+    if output is Output.JSON:
+        _print_json(f)
+        return
+    mem = f.get("memory")
+    rows = [
+        ("name", f["name"]),
+        ("model/handler", str(f["image"])),
+        ("spec", f.get("spec_summary") or "-"),
+        ("ready/replicas", f"{f['availableReplicas']}/{f['replicas']}"),
+        ("invocations", str(f["invocationCount"])),
+        ("rate", f"{f['observed_rps']:.2f} req/s observed, {f['predicted_rps']:.2f} predicted"),
+        ("queued", str(f["queued"])),
+        ("configurations", f"{f['configs']} from {f['config_source']}"),
+        ("last decision", f["last_decision"] or "-"),
+        (
+            "memory",
+            "no limit"
+            if not mem
+            else f"init {mem['init_mb']:.0f} MiB, step {mem['step_mb']:.0f} MiB, "
+            f"max {mem['max_mb'] or 'device'}"
+            + (f" (auto, from {mem['measured_batches']} batches)" if mem["auto"] else ""),
+        ),
+        ("start error", f["start_error"] or "-"),
+    ]
+    head = Table(box=None, show_header=False)
+    for k, v in rows:
+        head.add_row(k, v)
+    console.print(head)
+    table = Table(
+        "instance",
+        "state",
+        "device",
+        "SM %",
+        "quota req/limit",
+        "achieved",
+        "mem limit MiB",
+        "rss MiB",
+        "restarts",
+        box=None,
+    )
+    for i in f["instances"]:
+        table.add_row(
+            i["id"],
+            i["state"],
+            str(i["device"]),
+            f"{i['sm_pct']:g}",
+            f"{i['quota_request']:g}/{i['quota_limit']:g}",
+            "-" if i["achieved_share"] is None else f"{i['achieved_share']:.3f}",
+            f"{i['mem_mb']:.0f}" if i["mem_mb"] else "-",
+            f"{i['rss_mb']:.0f}",
+            str(i["restarts"]) + (f" ({i['last_exit']})" if i.get("last_exit") else ""),
+        )
+    console.print(table)
+
+
+FOLLOW_PERIOD_S = 1.0
+"""How often ``gshare logs -f`` asks for new lines."""
+
+
 @app.command("logs")
 def logs_cmd(
     name: str = typer.Argument(..., help="Function name."),
     tail: int = typer.Option(100, "--tail", min=0, help="Number of lines."),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep printing new lines until Ctrl-C."
+    ),
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
     state: Path | None = STATE_OPTION,
+    output: Output = OUTPUT_OPTION,
 ) -> None:
     """Show a function's log: deployments, scaling decisions, instance starts, crashes."""
+
+    def emit(lines: list[str]) -> None:
+        for line in lines:
+            print(json.dumps({"function": name, "line": line}) if output is Output.JSON else line)
+        sys.stdout.flush()
+
     with _client(url, token, state) as c:
         lines = _call(c.logs, name, tail)
-    for line in lines:
-        print(line)
+        if output is Output.JSON and not follow:
+            _print_json({"name": name, "lines": lines})
+            return
+        emit(lines)
+        if not follow:
+            return
+        seen = lines
+        try:
+            while True:
+                time.sleep(FOLLOW_PERIOD_S)
+                now = _call(c.logs, name, max(tail, 200))
+                emit(_new_lines(seen, now))
+                seen = now
+        except KeyboardInterrupt:
+            return
+
+
+def _new_lines(before: list[str], now: list[str]) -> list[str]:
+    """The lines of ``now`` after the last place where it repeats the end of ``before`` (both
+    are the last lines of one growing log); all of ``now`` when they do not overlap."""
+    if not before:
+        return now
+    for i in range(len(now), 0, -1):
+        k = min(i, len(before))
+        if now[i - k : i] == before[-k:]:
+            return now[i:]
+    return now
 
 
 def _num_list(text: str | None, what: str, integer: bool = False) -> list[Any] | None:

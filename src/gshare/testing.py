@@ -171,9 +171,10 @@ def run_cli(
     cwd: str | os.PathLike[str] | None = None,
     text: bool = True,
     timeout_s: float = 180.0,
+    input: str | bytes | None = None,
 ) -> subprocess.CompletedProcess[Any]:
     """Run ``python -m gshare.cli ARGS [--url URL] [--state DIR]`` (output captured, not
-    checked: look at ``returncode``, ``stdout``, ``stderr``)."""
+    checked: look at ``returncode``, ``stdout``, ``stderr``; ``input``: its standard input)."""
     extra = (["--url", url] if url else []) + (
         ["--state", str(state_dir)] if state_dir is not None else []
     )
@@ -183,6 +184,7 @@ def run_cli(
         text=text,
         cwd=cwd,
         timeout=timeout_s,
+        input=input,
     )
 
 
@@ -368,9 +370,15 @@ class ServeProcess:
         return Client(self.url, state_dir=self.state_dir, **kw)
 
     def cli(
-        self, *args: str, auth: bool = True, text: bool = True, timeout_s: float = 180.0
+        self,
+        *args: str,
+        auth: bool = True,
+        text: bool = True,
+        timeout_s: float = 180.0,
+        input: str | bytes | None = None,
     ) -> subprocess.CompletedProcess[Any]:
-        """Run ``gshare ARGS`` against this server (``--url``; ``--state`` too when ``auth``)."""
+        """Run ``gshare ARGS`` against this server (``--url``; ``--state`` too when ``auth``;
+        ``input``: the command's standard input)."""
         return run_cli(
             *args,
             url=self.url,
@@ -378,6 +386,7 @@ class ServeProcess:
             cwd=self.cwd,
             text=text,
             timeout_s=timeout_s,
+            input=input,
         )
 
     def log(self, chars: int = LOG_TAIL_CHARS) -> str:

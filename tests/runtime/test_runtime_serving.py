@@ -15,6 +15,8 @@ import concurrent.futures as cf
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -123,6 +125,60 @@ def test_cli_deploy_invoke_list_logs_delete(
         and "not deployed" in r.stderr
         and r.stderr.startswith("gshare: error:")
     )
+
+
+def test_cli_json_output_describe_stdin_and_follow(
+    served: ServeProcess, echo: str, tmp_path: Path
+) -> None:
+    """The CLI conventions: ``-o json`` on list/describe/logs, ``describe``, ``--data @FILE``
+    and ``-`` (standard input), ``--file -``, and ``logs -f`` printing lines as they come."""
+    r = served.cli("list", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert "echo" in [f["name"] for f in json.loads(r.stdout)]
+    r = served.cli("describe", "echo")
+    assert r.returncode == 0 and "quota req/limit" in r.stdout and "memory" in r.stdout
+    assert "no limit" in r.stdout
+    doc = json.loads(served.cli("describe", "echo", "--output", "json").stdout)
+    assert doc["name"] == "echo" and doc["spec"]["name"] == "echo" and doc["instances"]
+    logs = json.loads(served.cli("logs", "echo", "-o", "json").stdout)
+    assert logs["name"] == "echo" and any("deployed" in ln for ln in logs["lines"])
+    body = tmp_path / "in.json"
+    body.write_text('{"from": "file"}')
+    r = served.cli("invoke", "echo", "--data", f"@{body}", auth=False)
+    assert r.returncode == 0 and json.loads(r.stdout) == {"from": "file"}, r.stderr
+    r = served.cli("invoke", "echo", "--data", "-", auth=False, input='{"from": "stdin"}')
+    assert r.returncode == 0 and json.loads(r.stdout) == {"from": "stdin"}, r.stderr
+    r = served.cli("invoke", "echo", "--file", "-", auth=False, text=False, input=b"\x00raw")
+    assert r.returncode == 0 and r.stdout == b"\x00raw", r.stderr
+    r = served.cli("invoke", "echo", "--data", f"@{tmp_path / 'nope.json'}", auth=False)
+    assert r.returncode == 2 and "cannot read" in r.stderr and r.stderr.count("\n") == 1
+    # logs -f: a function deployed cold; the follower prints its start when it happens
+    spec = tmp_path / "follow.yaml"
+    spec.write_text(
+        ECHO.replace("name: echo", "name: follow-me").replace(
+            "min_instances: 1", "min_instances: 0"
+        )
+    )
+    assert served.cli("deploy", str(spec)).returncode == 0
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "gshare.cli", "logs", "follow-me", "-f"]
+        + ["--url", served.url, "--state", str(served.state_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout is not None
+        assert "deployed (version 1)" in follower.stdout.readline()
+        assert served.cli("invoke", "follow-me", "--data", "[1]", auth=False).returncode == 0
+        seen = ""
+        while "ready (pid" not in seen:  # a new line, printed once
+            line = follower.stdout.readline()
+            assert line, "the follower exited"
+            seen += line
+    finally:
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(30) == 0
+    served.cli("delete", "follow-me")
 
 
 def test_python_client_api(served: ServeProcess, echo: str) -> None:

@@ -36,6 +36,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -53,6 +54,8 @@ DEFAULT_MAX_BODY_BYTES = 16 << 20
 """Largest request body accepted (413 beyond it); ``gshare serve --max-body-mb``."""
 DEFAULT_REQUEST_TIMEOUT_S = 120.0
 """Longest a request may wait for its answer, cold start included (then 504)."""
+RECENT_LATENCIES = 1_000
+"""Latencies kept per function for the status page's quantiles."""
 MAX_QUEUE = 10_000
 """Requests queued per function beyond which new ones get 429."""
 
@@ -163,6 +166,8 @@ class FunctionRoute:
     """EWMA of the measured busy time per request (exec_ms / batch), for the controller's
     throughput estimate when the function is not profiled."""
     rr: int = 0
+    recent_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_LATENCIES))
+    """Latencies of the most recent successful requests (the status page's p50/p99)."""
 
 
 class Gateway:
@@ -545,8 +550,20 @@ class Gateway:
         c[3].observe(max(0.0, latency_s - (tw_ms + ex_ms) / 1000.0))
         c[4].observe(batch)
         r = self.routes.get(function)
-        if r is not None and r.slo_ms is not None and latency_s * 1000.0 > r.slo_ms:
-            c[5].inc()
+        if r is not None:
+            r.recent_latency_ms.append(latency_s * 1000.0)
+            if r.slo_ms is not None and latency_s * 1000.0 > r.slo_ms:
+                c[5].inc()
+
+    def latency_quantiles(self, function: str) -> tuple[float | None, float | None, int]:
+        """(p50 ms, p99 ms, n) over the function's ``RECENT_LATENCIES`` last successful
+        requests; (None, None, 0) without any."""
+        r = self.routes.get(function)
+        if r is None or not r.recent_latency_ms:
+            return None, None, 0
+        xs = sorted(r.recent_latency_ms)
+        n = len(xs)
+        return xs[(n - 1) // 2], xs[min(n - 1, math.ceil(0.99 * n) - 1)], n
 
 
 __all__ = [
