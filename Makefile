@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PYTEST_ARGS ?=
 
-.PHONY: test demo lint typecheck unit venv clean
+.PHONY: test demo lint typecheck unit venv clean browser
 
 venv: $(STAMP)
 
@@ -27,7 +27,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src/gshare
 
-unit: $(STAMP)
+# The status page's test drives Debian's Chromium (and its chromedriver) with Selenium.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing chromium and chromium-driver (Debian) for the browser test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium chromium-driver >/dev/null; \
+	else echo "chromium/chromedriver missing and cannot install them (not root): the browser test is skipped"; fi
+
+unit: $(STAMP) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck unit
