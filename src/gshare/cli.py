@@ -184,6 +184,16 @@ def serve_cmd(
             "shared imports, fast cold starts) or ray (one Ray actor each)."
         ),
     ),
+    grpc_port: int | None = typer.Option(
+        None,
+        "--grpc-port",
+        min=0,
+        max=65535,
+        help=(
+            "Also serve the KServe v2 / Triton gRPC API (inference.GRPCInferenceService) on "
+            "this port (0: any free port; default: no gRPC)."
+        ),
+    ),
     device_mem_mb: float | None = typer.Option(
         None,
         "--device-mem-mb",
@@ -211,6 +221,7 @@ def serve_cmd(
                 period_s=period_s,
                 launcher=launcher,
                 device_mem_mb=device_mem_mb,
+                grpc_port=grpc_port,
             )
         )
     except ServeError as e:

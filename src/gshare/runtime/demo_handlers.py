@@ -14,6 +14,10 @@ import nothing heavy, so an instance of them starts fast.
   layers, each the output of a torch module call — the instance's preemption points, as a
   network's activations are — holds them T ms (default 300) and frees them: a request whose
   memory need depends on its input, for resource-centric sizing.
+* ``AddSub`` — the Open Inference Protocol's "simple" model (as in Triton's examples): FP32
+  inputs ``INPUT0`` and ``INPUT1`` of shape [n, 16] → ``OUTPUT0`` = sum and ``OUTPUT1`` =
+  difference, both times the request parameter ``scale`` (default 1): declared tensors for the
+  model metadata, request parameters, requested outputs (the OIP conformance tests).
 * ``Gate`` — ``{"dir": PATH, "id": ID}`` creates ``PATH/started-ID-PID`` when the request
   starts running, then holds it until the file ``PATH/open`` exists (at most ``timeout_s``,
   default 120) and answers ``{"id": ID, "pid": PID}``: a test sees which request runs where,
@@ -130,6 +134,40 @@ class Activations:
         return out
 
 
+class AddSub:
+    WIDTH = 16
+
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        pass
+
+    def input_spec(self) -> list[Any]:
+        from gshare.runtime.instance.models import TensorSpec
+
+        return [TensorSpec(n, (-1, self.WIDTH), "FP32") for n in ("INPUT0", "INPUT1")]
+
+    def output_spec(self) -> list[Any]:
+        from gshare.runtime.instance.models import TensorSpec
+
+        return [TensorSpec(n, (-1, self.WIDTH), "FP32") for n in ("OUTPUT0", "OUTPUT1")]
+
+    def predict(
+        self, inputs: list[Any], parameters: list[dict[str, Any]] | None = None
+    ) -> list[Any]:
+        out = []
+        for x, p in zip(inputs, parameters or [{}] * len(inputs), strict=True):
+            scale = p.get("scale", 1)
+            if isinstance(scale, bool) or not isinstance(scale, int | float):
+                raise ValueError(f"parameter scale must be a number, got {scale!r}")
+            a, b = x["INPUT0"], x["INPUT1"]
+            out.append({"OUTPUT0": (a + b) * scale, "OUTPUT1": (a - b) * scale})
+        return out
+
+    def example_input(self) -> Any:
+        import torch
+
+        return {"INPUT0": torch.ones(1, self.WIDTH), "INPUT1": torch.ones(1, self.WIDTH)}
+
+
 class Gate:
     def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
         pass
@@ -161,4 +199,4 @@ class Gate:
         return [{"id": rid, "pid": pid} for _, rid in held]
 
 
-__all__ = ["Activations", "Echo", "Gate", "MemoryHog", "Sleep", "Spin"]
+__all__ = ["Activations", "AddSub", "Echo", "Gate", "MemoryHog", "Sleep", "Spin"]

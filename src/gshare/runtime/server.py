@@ -4,6 +4,7 @@ Processes (docs/DESIGN.md §5)::
 
     gshare serve (this process: Ray driver)
       ├─ uvicorn + FastAPI gateway ─┐ one asyncio loop
+      ├─ grpc.aio, with --grpc-port ┤ (the gateway's gRPC API, same OipService)
       ├─ controller ────────────────┘ (policy.control + placement every second; SQLite state)
       └─ Ray: a local instance (default) or a cluster (--address)
            └─ node agent per node (actor, pinned with NodeAffinitySchedulingStrategy):
@@ -12,13 +13,14 @@ Processes (docs/DESIGN.md §5)::
                    the node the placer chose (--launcher ray: one Ray actor each):
                      batching + token client + model; a UDS/TCP server for the gateway
 
-``run_server`` binds the HTTP socket first (a busy port fails in a second, before Ray starts),
-starts Ray, one agent per alive node, then serves until SIGINT or SIGTERM. Shutdown, in
-order: stop accepting, answer everything queued or in flight with 503, stop the controller
+``run_server`` binds the HTTP socket first (a busy port — HTTP's or ``--grpc-port``'s — fails
+in a second, before Ray starts), starts Ray, one agent per alive node, then serves until
+SIGINT or SIGTERM. Shutdown, in order: stop accepting (gRPC calls in flight get the same grace
+as HTTP requests), answer everything queued or in flight with 503, stop the controller
 and every instance, shut the agents down (token servers, model store, run directory), and
 ``ray.shutdown()`` — which, for the local instance this process started, stops every Ray
 process (GCS, raylet, workers), so nothing is left behind. ``state_dir/server.json`` tells
-clients where the server listens while it runs.
+clients where the server listens while it runs (``url``; ``grpc``: host:port with gRPC).
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ class ServeOptions:
     template per node, or one Ray actor each."""
     device_mem_mb: float | None = None
     """Memory of each node's CPU device for instances' memory limits (None: 90 % of RAM)."""
+    grpc_port: int | None = None
+    """Also serve the KServe v2 / Triton gRPC API (``gateway.grpc_server``) on this port of
+    ``host`` (0: any free port, written to ``server.json`` as ``grpc``); None: no gRPC."""
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -123,6 +128,12 @@ def run_server(opts: ServeOptions) -> None:
     except OSError as e:
         raise ServeError(f"cannot use state directory {state_dir}: {e.strerror or e}") from None
     sock = _bind(opts.host, opts.port)
+    if opts.grpc_port:  # fail in a second, before Ray starts (the gRPC server binds it later)
+        try:
+            _bind(opts.host, opts.grpc_port).close()
+        except ServeError as e:
+            sock.close()
+            raise ServeError(f"gRPC port: {e}") from None
     port = sock.getsockname()[1]
     url = f"http://{opts.host if ':' not in opts.host else '[' + opts.host + ']'}:{port}"
 
@@ -164,6 +175,8 @@ def run_server(opts: ServeOptions) -> None:
             flush=True,
         )
         asyncio.run(server.serve(sockets=[sock]))
+        if runtime.startup_error:
+            raise ServeError(runtime.startup_error)
     finally:
         for s in previous:
             with contextlib.suppress(Exception):
@@ -230,6 +243,8 @@ class _Runtime:
         self.ray_started = False
         self.controller: Any = None
         self.gateway: Any = None
+        self.startup_error: str | None = None
+        """Why the app's startup failed (uvicorn then exits quietly; ``run_server`` raises)."""
 
     def start_ray(self) -> None:
         import ray
@@ -304,6 +319,7 @@ class _Runtime:
         from gshare.runtime.control.loop import Controller, ControllerConfig
         from gshare.runtime.control.profiler import LiveProfiler
         from gshare.runtime.gateway.app import build_app
+        from gshare.runtime.gateway.oip_service import OipService
         from gshare.runtime.gateway.router import Gateway
 
         node_id = ray.get_runtime_context().get_node_id()
@@ -341,14 +357,22 @@ class _Runtime:
                 except Exception as e:  # a node that fails to start an agent is retried later
                     log.warning("node scan: %s", e)
 
+        control_api = ControlApi(controller)
+        oip = OipService(gateway, control_api)
+
         @contextlib.asynccontextmanager
         async def lifespan(_app: Any) -> AsyncIterator[None]:
             await controller.start()
             scanner = asyncio.create_task(scan_nodes())
+            grpc_server = None
             try:
+                if self.opts.grpc_port is not None:
+                    grpc_server = await self.start_grpc(oip)
                 yield
             finally:
                 scanner.cancel()
+                if grpc_server is not None:  # RPCs in flight get the grace HTTP gets
+                    await grpc_server.stop(5.0)
                 log.info("stopping the controller and every instance")
                 gateway.fail_all(503, "the server is shutting down")
                 if controller.profiler is not None:
@@ -356,7 +380,33 @@ class _Runtime:
                         controller.profiler.cancel(name)
                 await controller.stop()
 
-        return build_app(gateway, ControlApi(controller), self.token, lifespan=lifespan)
+        return build_app(gateway, control_api, self.token, lifespan=lifespan, oip=oip)
+
+    async def start_grpc(self, oip: Any) -> Any:
+        """The gRPC server on ``--grpc-port`` (the gateway's loop); its address goes to
+        ``server.json`` as ``grpc``."""
+        from gshare.runtime.gateway.grpc_server import start_grpc_server
+
+        assert self.opts.grpc_port is not None
+        try:
+            srv = await start_grpc_server(
+                oip,
+                self.opts.host,
+                self.opts.grpc_port,
+                max_message_bytes=self.gateway.max_body_bytes,
+            )
+        except OSError as e:
+            self.startup_error = str(e)
+            raise
+        path = self.state_dir / SERVER_FILE
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(path.read_text())
+            doc["grpc"] = srv.address
+            tmp = path.with_name(SERVER_FILE + ".tmp")
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(path)
+        print(f"gshare: gRPC (KServe v2 / Triton) on {srv.address}", file=sys.stderr, flush=True)
+        return srv
 
     def shutdown(self) -> None:
         if not self.ray_started:

@@ -30,6 +30,12 @@ class ControlApi(ControlPlane):
     def ready(self) -> bool:
         return self.c.ready()
 
+    def function_version(self, name: str) -> int:
+        fs = self.c.functions.get(name)
+        if fs is None:
+            raise HttpError(404, f"function {name!r} is not deployed")
+        return fs.version
+
     async def deploy(
         self, body: bytes, content_type: str, *, update: bool | None
     ) -> dict[str, Any]:
@@ -64,7 +70,8 @@ class ControlApi(ControlPlane):
             )
         stored = c.state.put_function(spec.name, dump)
         inputs = described.get("inputs") or []
-        c.state.set_function_io(spec.name, {"inputs": inputs})
+        outputs = described.get("outputs") or []
+        c.state.set_function_io(spec.name, {"inputs": inputs, "outputs": outputs})
         if exists:  # replace the instances: drain the old ones, the autoscaler starts new ones
             for inst in list(c.instances.values()):
                 if (
@@ -73,7 +80,7 @@ class ControlApi(ControlPlane):
                     and not inst.profiling
                 ):
                     c.drain(inst, "the function was updated")
-        fs = c.register(spec, stored.version, inputs)
+        fs = c.register(spec, stored.version, inputs, outputs)
         verb = "updated" if exists else "deployed"
         c.state.add_event(spec.name, f"{verb} (version {stored.version}): {_spec_summary(spec)}")
         c.nudge()
@@ -121,6 +128,7 @@ class ControlApi(ControlPlane):
             "name": name,
             "version": fs.version,
             "spec": fs.spec.model_dump(mode="json"),
+            "spec_summary": _spec_summary(fs.spec),
             "image": fs.spec.model or fs.spec.handler,
             "invocationCount": fs.invocations + (route.arrivals if route else 0),
             "replicas": sum(1 for i in insts if i.state is not LiveState.DRAINING),
@@ -130,6 +138,7 @@ class ControlApi(ControlPlane):
             "observed_rps": round(fs.observed_rps, 3),
             "queued": c.gateway.queued(name),
             "inputs": fs.inputs,
+            "outputs": fs.outputs,
             "start_error": fs.start_error,
             "config_source": fs.configs.describe(),
             "configs": len(fs.configs.configs),
@@ -157,6 +166,12 @@ class ControlApi(ControlPlane):
             raise HttpError(503, "the profiler is not available")
         result: dict[str, Any] = self.c.profiler.status(name)
         return result
+
+    def status_view(self) -> dict[str, Any]:
+        """The status page's document (``runtime.control.status``)."""
+        from gshare.runtime.control.status import status_view
+
+        return status_view(self.c)
 
     def info(self) -> dict[str, Any]:
         from gshare import __version__

@@ -151,6 +151,8 @@ class FunctionState:
     control: ControlState
     """The reconcile step's state (``policy.control``)."""
     inputs: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    """The handler's OIP outputs (``output_spec``), for model metadata; [] when undeclared."""
     predicted_rps: float = 0.0
     observed_rps: float = 0.0
     invocations: int = 0
@@ -218,7 +220,8 @@ class Controller:
             except SpecError as e:
                 self.state.add_event(sf.name, f"cannot restore: {e}", level="error")
                 continue
-            self.register(spec, sf.version, (sf.io or {}).get("inputs", []))
+            io = sf.io or {}
+            self.register(spec, sf.version, io.get("inputs", []), io.get("outputs", []))
             self.state.add_event(sf.name, f"restored (version {sf.version}) after a server start")
         self._started = True
         self._task = asyncio.create_task(self._loop(), name="gshare-controller")
@@ -240,7 +243,11 @@ class Controller:
         return self._started and any(a.alive for a in self.agents.values())
 
     def register(
-        self, spec: FunctionSpec, version: int, inputs: list[dict[str, Any]]
+        self,
+        spec: FunctionSpec,
+        version: int,
+        inputs: list[dict[str, Any]],
+        outputs: list[dict[str, Any]] | None = None,
     ) -> FunctionState:
         """Deploy (or replace) ``spec`` in the loop: its gateway route and candidate configs.
         A replaced function keeps its rate history and invocation count."""
@@ -249,6 +256,7 @@ class Controller:
             version=version,
             control=self.config.control.fresh_state(),
             inputs=inputs,
+            outputs=list(outputs or []),
         )
         old = self.functions.get(spec.name)
         if old is not None:
@@ -642,7 +650,7 @@ class Controller:
 
     def _learn_inputs(self, fs: FunctionState, inputs: list[dict[str, Any]]) -> None:
         fs.inputs = inputs
-        self.state.set_function_io(fs.spec.name, {"inputs": inputs})
+        self.state.set_function_io(fs.spec.name, {"inputs": inputs, "outputs": fs.outputs})
         r = self.gateway.routes.get(fs.spec.name)
         if r is not None:
             r.inputs = inputs

@@ -1,76 +1,169 @@
-"""Open Inference Protocol v2 tensors: validation of request bodies and conversion to and from
-``torch`` tensors.
+"""Open Inference Protocol v2: the inference request model, shared by the gateway and the
+instances — datatypes, the envelope an infer request travels in from the gateway to an
+instance, the validation of a request's header (``parse_header``) and of its tensors against a
+handler's declared ones (``check_inputs``, ``check_outputs``). The tensor codec (JSON and the
+binary tensor data extension, numpy) is ``oip_codec``; gRPC's messages are ``oip_grpc``.
 
-Two halves, so that the gateway never imports torch:
+Who calls what (docs/DESIGN.md §5, "OIP"):
 
-* ``check_infer_request`` (gateway) — the structure of a ``POST /v2/models/{name}/infer``
-  body: ``inputs`` is a non-empty list of ``{name, shape, datatype, data}``, ``shape`` a list
-  of non-negative integers, ``datatype`` one of the protocol's names, ``data`` a (flat or
-  nested) list with exactly ``prod(shape)`` elements of the right kind. Errors raise
-  ``OipError`` naming the input and the problem (the gateway answers 400).
-* ``decode_inputs`` / ``encode_outputs`` (instance) — check the tensors against the handler's
-  ``input_spec`` (names, datatypes, shapes where -1 is any size), build ``torch`` tensors
-  (one tensor when the handler has one input, else a dict name → tensor) and turn the
-  handler's output (tensor, array, list, scalar, or dict of those) into OIP output tensors.
+* the gateway (its event loop; no per-element work there) checks only the framing of an
+  infer request — route, version, body size, ``Inference-Header-Content-Length`` inside the
+  body — and forwards the body untouched in an envelope (``wrap``): transport, the JSON
+  header's length and the model version, then the body;
+* the instance (its batching thread) decodes it with ``oip_codec.decode_request``: the JSON
+  header parsed with ``orjson`` and validated here, one numpy array per input built without a
+  Python loop per element, checked against the handler's ``input_spec``; the answer is
+  ``oip_codec.encode_response``'s.
+
+Errors are ``OipError`` naming the tensor and the problem; the instance answers them as a bad
+request (400 / ``INVALID_ARGUMENT``). Datatypes: the protocol's, without BF16.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
+
+import numpy as np
 
 DATATYPES: Final[tuple[str, ...]] = (
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
     "FP16", "FP32", "FP64", "BYTES",
 )  # fmt: skip
 """Tensor datatypes of the Open Inference Protocol v2 (BF16 is not supported)."""
-_TORCH_DTYPES: Final[dict[str, str]] = {
-    "BOOL": "bool", "UINT8": "uint8", "INT8": "int8", "INT16": "int16", "INT32": "int32",
-    "INT64": "int64", "FP16": "float16", "FP32": "float32", "FP64": "float64",
-    "UINT16": "int32", "UINT32": "int64", "UINT64": "int64",
+
+NP_DTYPES: Final[dict[str, np.dtype[Any]]] = {
+    "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
 }  # fmt: skip
-"""OIP datatype → torch dtype name (unsigned types torch lacks are widened)."""
+"""OIP datatype → numpy dtype (little-endian, the binary extension's byte order)."""
+
+BINARY_DATA_SIZE: Final = "binary_data_size"
+BINARY_DATA: Final = "binary_data"
+BINARY_DATA_OUTPUT: Final = "binary_data_output"
+HEADER_LENGTH: Final = "inference-header-content-length"
+"""The HTTP header giving the JSON part's length of a body with binary tensor data."""
 
 
 class OipError(ValueError):
-    """A malformed or mismatching OIP request; the message names the input and the problem."""
+    """A malformed or mismatching OIP request; the message names the tensor and the problem."""
 
 
-def _flatten(data: Any, out: list[Any]) -> None:
-    for x in data:
-        if isinstance(x, list):
-            _flatten(x, out)
-        else:
-            out.append(x)
+# -- the envelope: gateway -> instance ----------------------------------------------------------
+
+ENVELOPE: Final = struct.Struct("<BiI")
+"""transport (u8), JSON header length (i32; -1: the body is JSON alone), model version (u32)."""
+TRANSPORT_HTTP: Final[int] = 0
+TRANSPORT_GRPC: Final[int] = 1
+"""The body is a serialized ``inference.ModelInferRequest`` (``oip_grpc``)."""
 
 
-def _kind_ok(datatype: str, x: Any) -> bool:
-    if datatype == "BOOL":
-        return isinstance(x, bool)
-    if datatype == "BYTES":
-        return isinstance(x, str)
-    if isinstance(x, bool):
-        return False
-    if datatype.startswith("FP"):
-        return isinstance(x, int | float)
-    if datatype.startswith("UINT"):
-        return isinstance(x, int) and x >= 0
-    return isinstance(x, int)
+def wrap(transport: int, header_len: int, version: int, body: Sequence[bytes]) -> bytes:
+    """The payload of an ``ENC_OIP`` frame: the envelope, then the body's parts (one copy)."""
+    return b"".join([ENVELOPE.pack(transport, header_len, version), *body])
 
 
-def check_infer_request(body: Any) -> list[dict[str, Any]]:
-    """Validate the structure of an OIP infer request body (parsed JSON); return its inputs
-    with ``data`` flattened. Raises ``OipError`` naming the first problem."""
-    if not isinstance(body, dict):
+def unwrap(payload: bytes) -> tuple[int, int, int, memoryview]:
+    """``(transport, header_len, version, body)`` of an ``ENC_OIP`` payload."""
+    if len(payload) < ENVELOPE.size:
+        raise OipError("truncated OIP envelope")
+    transport, header_len, version = ENVELOPE.unpack_from(payload)
+    return transport, header_len, version, memoryview(payload)[ENVELOPE.size :]
+
+
+# -- the request model --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InputTensor:
+    """One input of a request, as its header describes it."""
+
+    name: str
+    shape: tuple[int, ...]
+    datatype: str
+    binary_size: int | None
+    """Bytes of its data in the binary part (binary extension, gRPC raw contents); None: its
+    data is ``data``."""
+    data: Any = None
+    """The JSON ``data`` (a flat or nested list), or a numpy array (gRPC typed contents)."""
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    name: str
+    binary: bool | None
+    """``parameters.binary_data``; None: the request's ``binary_data_output``."""
+
+
+@dataclass(frozen=True, slots=True)
+class InferHeader:
+    """A validated infer request without its tensor data (``parse_header``)."""
+
+    id: str | None
+    inputs: tuple[InputTensor, ...]
+    outputs: tuple[RequestedOutput, ...] | None
+    """The outputs asked for, in the order asked; None: every output, in the handler's order."""
+    parameters: dict[str, Any]
+    """The request's ``parameters`` without the transport's own (``binary_data_output``):
+    what the handler gets (``predict(..., parameters=...)``)."""
+    binary_output: bool
+    """``parameters.binary_data_output``: outputs not asked for otherwise are binary."""
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _parameters(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
+    params = obj.get("parameters", {})
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise OipError(f"{where}: 'parameters' must be an object")
+    return params
+
+
+def fmt_shape(shape: Iterable[int]) -> str:
+    """``[1, 64]``: a shape in error messages."""
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def parse_header(doc: Any, binary_bytes: int | None) -> InferHeader:
+    """Validate the structure of an infer request (parsed JSON) and return its ``InferHeader``.
+
+    ``binary_bytes`` is the size of the binary part after the JSON header (None: the request
+    has no ``Inference-Header-Content-Length``, so every input must carry ``data``). Checks,
+    each an ``OipError`` naming the problem: ``inputs`` a non-empty list of tensors with unique
+    non-empty names, shapes of non-negative integers, known datatypes; either ``data`` (a
+    list; a flat one must hold exactly prod(shape) elements, a nested one is counted when it
+    is decoded) or ``parameters.binary_data_size`` (matching shape × element size for
+    fixed-size types), and the sizes adding up to ``binary_bytes``; ``outputs`` a list of
+    unique names; no classification (not supported)."""
+    if not isinstance(doc, dict):
         raise OipError("the request body must be a JSON object with an 'inputs' list")
-    inputs = body.get("inputs")
+    inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise OipError("'inputs' must be a non-empty list of tensors")
-    if "id" in body and not isinstance(body["id"], str):
+    rid = doc.get("id")
+    if rid is not None and not isinstance(rid, str):
         raise OipError("'id' must be a string")
+    params = dict(_parameters(doc, "the request"))
+    binary_output = params.pop(BINARY_DATA_OUTPUT, False)
+    if not isinstance(binary_output, bool):
+        raise OipError(f"parameters.{BINARY_DATA_OUTPUT} must be true or false")
     seen: set[str] = set()
-    out: list[dict[str, Any]] = []
+    parsed: list[InputTensor] = []
+    total = 0
     for i, t in enumerate(inputs):
         where = f"inputs[{i}]"
         if not isinstance(t, dict):
@@ -83,9 +176,7 @@ def check_infer_request(body: Any) -> list[dict[str, Any]]:
             raise OipError(f"{where}: given twice")
         seen.add(name)
         shape = t.get("shape")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise OipError(
                 f"{where}: 'shape' must be a list of non-negative integers, got {shape!r}"
             )
@@ -94,21 +185,74 @@ def check_infer_request(body: Any) -> list[dict[str, Any]]:
             raise OipError(
                 f"{where}: unknown datatype {datatype!r} (known: {', '.join(DATATYPES)})"
             )
+        size = _parameters(t, where).get(BINARY_DATA_SIZE)
         data = t.get("data")
-        if not isinstance(data, list):
-            raise OipError(f"{where}: 'data' must be a list")
-        flat: list[Any] = []
-        _flatten(data, flat)
-        need = math.prod(shape)
-        if len(flat) != need:
+        if size is not None:
+            if not _is_int(size) or size < 0:
+                raise OipError(f"{where}: {BINARY_DATA_SIZE} must be an integer >= 0")
+            if binary_bytes is None:
+                raise OipError(
+                    f"{where}: parameters.{BINARY_DATA_SIZE} is given but the request has no "
+                    "'Inference-Header-Content-Length' header: a body with binary tensor data "
+                    "needs it (the length of the JSON part, in bytes)"
+                )
+            if data is not None:
+                raise OipError(f"{where}: give either 'data' or {BINARY_DATA_SIZE}, not both")
+            need = math.prod(shape) * NP_DTYPES[datatype].itemsize
+            if datatype != "BYTES" and size != need:
+                raise OipError(
+                    f"{where}: {BINARY_DATA_SIZE} is {size} bytes but shape {fmt_shape(shape)} of "
+                    f"{datatype} needs {need}"
+                )
+            total += size
+        else:
+            if not isinstance(data, list | np.ndarray):
+                raise OipError(f"{where}: 'data' must be a list")
+            need = math.prod(shape)
+            flat = isinstance(data, list) and (not data or not isinstance(data[0], list))
+            if flat and len(data) != need:  # a flat list is counted here, in O(1)
+                raise OipError(
+                    f"{where}: 'data' has {len(data)} elements but shape "
+                    f"{fmt_shape(shape)} needs {need}"
+                )
+        parsed.append(InputTensor(name, tuple(shape), datatype, size, data))
+    if binary_bytes is not None and total != binary_bytes:
+        raise OipError(
+            f"the body has {binary_bytes} bytes of binary tensor data after its JSON header, "
+            f"but the inputs' {BINARY_DATA_SIZE} add up to {total}"
+        )
+    return InferHeader(rid, tuple(parsed), _requested(doc), params, binary_output)
+
+
+def _requested(doc: dict[str, Any]) -> tuple[RequestedOutput, ...] | None:
+    outs = doc.get("outputs")
+    if outs is None:
+        return None
+    if not isinstance(outs, list):
+        raise OipError("'outputs' must be a list of {name, parameters}")
+    seen: set[str] = set()
+    result = []
+    for i, o in enumerate(outs):
+        name = o.get("name") if isinstance(o, dict) else None
+        if not isinstance(name, str) or not name:
+            raise OipError(f"outputs[{i}]: 'name' must be a non-empty string")
+        if name in seen:
+            raise OipError(f"output {name!r}: requested twice")
+        seen.add(name)
+        p = _parameters(o, f"output {name!r}")
+        if p.get("classification"):
             raise OipError(
-                f"{where}: 'data' has {len(flat)} elements but shape {shape} needs {need}"
+                f"output {name!r}: the classification extension is not supported; "
+                "request the tensor itself"
             )
-        for x in flat:
-            if not _kind_ok(datatype, x):
-                raise OipError(f"{where}: element {x!r} is not a valid {datatype} value")
-        out.append({"name": name, "shape": shape, "datatype": datatype, "data": flat})
-    return out
+        binary = p.get(BINARY_DATA)
+        if binary is not None and not isinstance(binary, bool):
+            raise OipError(f"output {name!r}: parameters.{BINARY_DATA} must be true or false")
+        result.append(RequestedOutput(name, binary))
+    return tuple(result)
+
+
+# -- the handler's view --------------------------------------------------------------------------
 
 
 def _spec_fields(spec: Any) -> tuple[str, list[int], str]:
@@ -117,8 +261,9 @@ def _spec_fields(spec: Any) -> tuple[str, list[int], str]:
     return str(spec.name), [int(d) for d in spec.shape], str(spec.datatype)
 
 
-def input_spec_dicts(specs: Iterable[Any] | None) -> list[dict[str, Any]]:
-    """The handler's input spec as OIP metadata dicts (``name``, ``datatype``, ``shape``)."""
+def spec_dicts(specs: Iterable[Any] | None) -> list[dict[str, Any]]:
+    """A handler's ``input_spec()`` / ``output_spec()`` as OIP metadata (``name``,
+    ``datatype``, ``shape``; -1 is a dimension of any size)."""
     out = []
     for s in specs or ():
         name, shape, datatype = _spec_fields(s)
@@ -126,99 +271,66 @@ def input_spec_dicts(specs: Iterable[Any] | None) -> list[dict[str, Any]]:
     return out
 
 
-def decode_inputs(inputs: list[dict[str, Any]], specs: Sequence[Any] | None) -> Any:
-    """Check structurally valid ``inputs`` (see ``check_infer_request``) against the handler's
-    input spec and build the handler's input: a tensor when there is one input, a dict
-    name → tensor otherwise (BYTES inputs stay lists of str). Raises ``OipError``."""
-    import torch
+input_spec_dicts = spec_dicts
 
-    if specs:
-        declared = {(_spec_fields(s))[0]: _spec_fields(s) for s in specs}
-        names = [t["name"] for t in inputs]
-        unknown = [n for n in names if n not in declared]
-        if unknown:
-            raise OipError(f"unknown input {unknown[0]!r} (the model takes: {', '.join(declared)})")
-        missing = [n for n in declared if n not in names]
-        if missing:
-            raise OipError(f"missing input {missing[0]!r} (the model takes: {', '.join(declared)})")
-        for t in inputs:
-            _, shape, datatype = declared[t["name"]]
-            if t["datatype"] != datatype:
-                raise OipError(
-                    f"input {t['name']!r}: datatype must be {datatype}, got {t['datatype']}"
-                )
-            ok = len(shape) == len(t["shape"]) and all(
-                d == -1 or d == g for d, g in zip(shape, t["shape"], strict=True)
-            )
-            if not ok:
-                raise OipError(
-                    f"input {t['name']!r}: shape must be {shape} (-1: any), got {t['shape']}"
-                )
-    tensors: dict[str, Any] = {}
-    for t in inputs:
-        if t["datatype"] == "BYTES":
-            tensors[t["name"]] = t["data"]
-            continue
-        dtype = getattr(torch, _TORCH_DTYPES[t["datatype"]])
-        try:
-            tensors[t["name"]] = torch.tensor(t["data"], dtype=dtype).reshape(t["shape"])
-        except (RuntimeError, OverflowError, TypeError) as e:
+
+def check_inputs(arrays: Mapping[str, np.ndarray], header: InferHeader, specs: Any) -> None:
+    """The inputs against the handler's ``input_spec``: the same names, datatypes, and shapes
+    (-1: any size). No spec: anything goes. Raises ``OipError``."""
+    if not specs:
+        return
+    declared = {f[0]: f for f in map(_spec_fields, specs)}
+    unknown = [n for n in arrays if n not in declared]
+    if unknown:
+        raise OipError(f"unknown input {unknown[0]!r} (the model takes: {', '.join(declared)})")
+    missing = [n for n in declared if n not in arrays]
+    if missing:
+        raise OipError(f"missing input {missing[0]!r} (the model takes: {', '.join(declared)})")
+    for t in header.inputs:
+        _, shape, datatype = declared[t.name]
+        if t.datatype != datatype:
+            raise OipError(f"input {t.name!r}: datatype must be {datatype}, got {t.datatype}")
+        ok = len(shape) == len(t.shape) and all(
+            d == -1 or d == g for d, g in zip(shape, t.shape, strict=True)
+        )
+        if not ok:
             raise OipError(
-                f"input {t['name']!r}: cannot build a {t['datatype']} tensor: {e}"
-            ) from None
-    if len(tensors) == 1:
-        return next(iter(tensors.values()))
-    return tensors
+                f"input {t.name!r}: shape must be {fmt_shape(shape)} (-1: any), "
+                f"got {fmt_shape(t.shape)}"
+            )
 
 
-_FROM_TORCH: Final[dict[str, str]] = {
-    "torch.bool": "BOOL", "torch.uint8": "UINT8", "torch.int8": "INT8", "torch.int16": "INT16",
-    "torch.int32": "INT32", "torch.int64": "INT64", "torch.float16": "FP16",
-    "torch.bfloat16": "FP32", "torch.float32": "FP32", "torch.float64": "FP64",
-}  # fmt: skip
-
-
-def _to_output(name: str, value: Any) -> dict[str, Any]:
-    import torch
-
-    if not isinstance(value, torch.Tensor):
-        if hasattr(value, "__array__"):
-            value = torch.as_tensor(value)
-        elif isinstance(value, str | bytes):
-            text = value.decode() if isinstance(value, bytes) else value
-            return {"name": name, "shape": [1], "datatype": "BYTES", "data": [text]}
-        elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            return {"name": name, "shape": [len(value)], "datatype": "BYTES", "data": value}
-        else:
-            try:
-                value = torch.as_tensor(value)
-            except (TypeError, ValueError, RuntimeError) as e:
-                raise OipError(f"output {name!r} is not a tensor: {e}") from None
-    value = value.detach().cpu()
-    datatype = _FROM_TORCH.get(str(value.dtype), "FP32")
-    if str(value.dtype) == "torch.bfloat16":
-        value = value.float()
-    return {
-        "name": name,
-        "shape": list(value.shape),
-        "datatype": datatype,
-        "data": value.reshape(-1).tolist(),
-    }
-
-
-def encode_outputs(output: Any) -> list[dict[str, Any]]:
-    """The handler's output for one request as OIP output tensors (a dict gives one tensor
-    per key, anything else one tensor named ``output0``)."""
-    if isinstance(output, Mapping):
-        return [_to_output(str(k), v) for k, v in output.items()]
-    return [_to_output("output0", output)]
+def check_outputs(header: InferHeader, specs: Any) -> None:
+    """Requested outputs against the handler's ``output_spec`` (none declared: checked once
+    the handler answered, ``select_outputs``). Raises ``OipError``."""
+    if not specs or header.outputs is None:
+        return
+    names = [f[0] for f in map(_spec_fields, specs)]
+    for o in header.outputs:
+        if o.name not in names:
+            raise OipError(f"unknown output {o.name!r} (the model gives: {', '.join(names)})")
 
 
 __all__ = [
+    "BINARY_DATA",
+    "BINARY_DATA_OUTPUT",
+    "BINARY_DATA_SIZE",
     "DATATYPES",
+    "ENVELOPE",
+    "HEADER_LENGTH",
+    "NP_DTYPES",
+    "TRANSPORT_GRPC",
+    "TRANSPORT_HTTP",
+    "InferHeader",
+    "InputTensor",
     "OipError",
-    "check_infer_request",
-    "decode_inputs",
-    "encode_outputs",
+    "RequestedOutput",
+    "check_inputs",
+    "check_outputs",
+    "fmt_shape",
     "input_spec_dicts",
+    "parse_header",
+    "spec_dicts",
+    "unwrap",
+    "wrap",
 ]

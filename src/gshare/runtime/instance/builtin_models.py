@@ -30,8 +30,10 @@ batch of items (one more leading dimension). Accepted payload forms:
 
 Outputs of the built-ins (all classifiers): ``{"label": int, "score": float}`` for one item
 (the arg-max class and its softmax probability), ``{"label": [int...], "score": [float...]}``
-for a batch payload. An invalid payload raises ``InputError`` naming its index, the expected
-shape and what was given (the instance answers it as a bad request).
+for a batch payload — over the Open Inference Protocol (always a batch) the outputs ``label``
+(INT64 [n]) and ``score`` (FP32 [n]) of ``output_spec()``. An invalid payload raises
+``InputError`` naming its index, the expected shape and what was given (the instance answers
+it as a bad request).
 """
 
 from __future__ import annotations
@@ -233,6 +235,10 @@ class TorchClassifier:
                 out.append({"label": labels[pos], "score": scores[pos]})
             pos += n
         return out
+
+    def output_spec(self) -> list[TensorSpec]:
+        """The OIP outputs: a request of n items gets n labels and n scores."""
+        return [TensorSpec("label", (-1,), "INT64"), TensorSpec("score", (-1,), "FP32")]
 
     def _param_dtype(self) -> torch.dtype:
         assert self.module is not None

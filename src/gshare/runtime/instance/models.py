@@ -14,6 +14,7 @@ An instance process serves a function through an object with two methods::
         # optional:
         def example_input(self) -> Any: ...            # one valid payload (profiler, warm-up)
         def input_spec(self) -> list[TensorSpec]: ...  # Open Inference Protocol v2 inputs
+        def output_spec(self) -> list[TensorSpec]: ... # ... and outputs (model metadata)
         def initial_weights(self) -> dict[str, torch.Tensor]: ...  # weights without a file
 
 * ``load`` is called once, before any ``predict``, with the function's weights — the tensors of
@@ -24,6 +25,10 @@ An instance process serves a function through an object with two methods::
 * ``predict`` gets a batch of decoded request payloads (the instance batches up to
   ``batching.max_batch`` requests) and returns one JSON-serialisable output per payload (a
   ``dict`` becomes one Open Inference Protocol output tensor per key).
+* ``predict(self, inputs, parameters)`` — a handler whose ``predict`` has a ``parameters``
+  argument also gets, per payload, the request's Open Inference Protocol ``parameters`` (a
+  dict; ``{}`` for other requests). ``input_spec`` / ``output_spec`` are what OIP clients see
+  in the model metadata; an OIP request is checked against ``input_spec`` (none: any inputs).
 * A spec names the class as ``handler: "package.module:Class"`` (importable on ``sys.path``)
   or ``handler: "path/to/file.py:Class"``; the class is instantiated without arguments.
   ``examples/keyword_sentiment.py`` with ``examples/keyword-sentiment.yaml`` is a complete one.
@@ -32,7 +37,12 @@ An instance process serves a function through an object with two methods::
 
 Payloads (what ``predict`` receives, by request encoding — ``instance.protocol``): raw bytes
 (``ENC_RAW``), a parsed JSON document (``ENC_JSON``), or for the Open Inference Protocol a
-``torch.Tensor`` shaped like ``input_spec()`` with its leading batch dimension (``ENC_OIP``).
+``torch.Tensor`` shaped like ``input_spec()`` with its leading batch dimension (``ENC_OIP``;
+a dict name → tensor when the request has several inputs; a BYTES input is a flat list of
+``str``, ``bytes`` for elements that are not UTF-8). Its output for an OIP request becomes the
+response's output tensors: a dict gives one per key (tensors, arrays, lists, scalars; Python
+floats are FP32, strings BYTES), anything else one named ``output0``; the request's requested
+outputs are picked from them.
 
 Test-only size override: ``tiny=True`` (or the environment variable ``GSHARE_TINY_MODELS=1``,
 so that runtime tests can start real instance processes cheaply) builds every built-in from a

@@ -25,9 +25,14 @@ function's input format), ``OP_CONTROL`` (payload: JSON command, e.g. ``{"cmd":
 "set_batching", "max_batch": 4, "max_wait_ms": 500}``; answered with a JSON object).
 
 Encodings: ``ENC_RAW`` (bytes, handed to the handler as ``bytes``), ``ENC_JSON`` (a JSON
-document, decoded with ``json.loads``), ``ENC_OIP`` (an Open Inference Protocol v2 request
-body whose structure the gateway validated; the instance checks names, shapes and datatypes
-against the handler's ``input_spec`` and turns the tensors into ``torch`` tensors).
+document, decoded with ``json.loads``), ``ENC_OIP`` (an Open Inference Protocol v2 request as
+the client sent it — HTTP JSON, HTTP with binary tensor data, or a serialized gRPC
+``ModelInferRequest`` — behind ``gateway.oip``'s envelope: transport, JSON header length, model
+version; the instance validates and decodes the tensors, checks them against the handler's
+``input_spec`` and hands it ``torch`` tensors). Responses to ``ENC_OIP`` requests are
+``ENC_JSON`` (an OIP JSON response), ``ENC_OIP_BINARY`` (u32 length of the JSON header, the
+JSON header, then the outputs' binary data: the binary tensor data extension) or
+``ENC_PROTOBUF`` (a serialized ``ModelInferResponse``).
 
 Statuses: ``ST_OK``; ``ST_BAD_INPUT`` (the input was rejected: a 4xx for the client);
 ``ST_FUNCTION_ERROR`` (the handler raised: a 5xx); ``ST_MEMORY_LIMIT`` (the instance went
@@ -63,6 +68,8 @@ OP_EXAMPLE: Final[int] = 3
 ENC_RAW: Final[int] = 0
 ENC_JSON: Final[int] = 1
 ENC_OIP: Final[int] = 2
+ENC_OIP_BINARY: Final[int] = 3
+ENC_PROTOBUF: Final[int] = 4
 
 ST_OK: Final[int] = 0
 ST_BAD_INPUT: Final[int] = 1
@@ -137,7 +144,9 @@ class FrameReader:
             end = pos + 4 + length
             if end > n:
                 break
-            out.append(bytes(buf[pos + 4 : end]))
+            # one copy, through a view: a bytearray slice would be a second large buffer,
+            # and a fresh allocation of a large frame costs page faults, not just a memcpy
+            out.append(bytes(memoryview(buf)[pos + 4 : end]))
             pos = end
         if pos:
             del buf[:pos]
@@ -178,6 +187,8 @@ def set_nodelay(transport: Any) -> None:
 __all__ = [
     "ENC_JSON",
     "ENC_OIP",
+    "ENC_OIP_BINARY",
+    "ENC_PROTOBUF",
     "ENC_RAW",
     "OP_CONTROL",
     "OP_EXAMPLE",

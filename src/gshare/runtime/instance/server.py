@@ -117,6 +117,8 @@ class _Item:
     payload: bytes
     writer: _Conn
     arrived: float
+    ctx: Any = None
+    """An OIP request's context (``gateway.oip_codec.OipCall``), from ``_decode`` to ``_encode``."""
 
 
 class _Conn(asyncio.Protocol):
@@ -240,6 +242,11 @@ class InstanceServer:
         if hasattr(self.handler, "input_spec"):
             with contextlib.suppress(Exception):
                 self.input_spec = list(self.handler.input_spec() or [])
+        self.output_spec: list[Any] = []
+        if hasattr(self.handler, "output_spec"):
+            with contextlib.suppress(Exception):
+                self.output_spec = list(self.handler.output_spec() or [])
+        self._takes_parameters = _takes_parameters(self.handler)
         # 3. token client, and the preemption points inside a burst.
         from gshare.runtime.tokens import TokenClient
 
@@ -423,28 +430,28 @@ class InstanceServer:
         if item.enc == P.ENC_JSON:
             return json.loads(item.payload)
         if item.enc == P.ENC_OIP:
-            from gshare.runtime.gateway.oip import decode_inputs
+            from gshare.runtime.gateway.oip_codec import decode_request
 
-            body = json.loads(item.payload)
-            return decode_inputs(body["inputs"], self.input_spec)
+            item.ctx, payload = decode_request(item.payload, self.input_spec, self.output_spec)
+            return payload
         raise ValueError(f"unknown payload encoding {item.enc}")
 
     def _encode(self, item: _Item, output: Any) -> tuple[int, bytes]:
         if item.enc == P.ENC_OIP:
-            from gshare.runtime.gateway.oip import encode_outputs
+            from gshare.runtime.gateway.oip_codec import encode_response
 
-            body = json.loads(item.payload)
-            resp: dict[str, Any] = {
-                "model_name": self.launch.function,
-                "model_version": "1",
-                "outputs": encode_outputs(output),
-            }
-            if "id" in body:
-                resp["id"] = body["id"]
-            return P.ENC_JSON, json.dumps(resp).encode()
+            return encode_response(item.ctx, self.launch.function, output)
         if isinstance(output, bytes | bytearray | memoryview):
             return P.ENC_RAW, bytes(output)
         return P.ENC_JSON, json.dumps(output, default=_json_default).encode()
+
+    def _predict(self, inputs: list[Any], items: list[_Item]) -> Any:
+        """``handler.predict``, with each request's OIP ``parameters`` (``{}`` for other
+        encodings) when the handler takes a ``parameters`` argument (``models.Handler``)."""
+        if not self._takes_parameters:
+            return self.handler.predict(inputs)
+        params = [dict(it.ctx.header.parameters) if it.ctx is not None else {} for it in items]
+        return self.handler.predict(inputs, parameters=params)
 
     def _batch_loop(self) -> None:
         self._worker_ident = threading.get_ident()
@@ -506,7 +513,7 @@ class InstanceServer:
         results: list[tuple[bool, Any]] = []
         try:
             try:
-                outputs = self.handler.predict(inputs)
+                outputs = self._predict(inputs, good)
                 if len(outputs) != len(inputs):
                     raise RuntimeError(
                         f"predict returned {len(outputs)} outputs for {len(inputs)} inputs"
@@ -520,9 +527,9 @@ class InstanceServer:
             # released before a memory-limit abort frees the memory and the batch is re-run)
             self._after_failure()
             if not results:  # isolate the failing request(s)
-                for x in inputs:
+                for x, it in zip(inputs, good, strict=True):
                     try:
-                        results.append((True, self.handler.predict([x])[0]))
+                        results.append((True, self._predict([x], [it])[0]))
                     except Exception:
                         results.append((False, self._failure()))
                     self._after_failure()
@@ -547,11 +554,7 @@ class InstanceServer:
                     enc, data = self._encode(it, value)
                     status = P.ST_OK
                 except Exception as e:
-                    status, enc, data = (
-                        P.ST_FUNCTION_ERROR,
-                        P.ENC_RAW,
-                        f"cannot encode the output: {e}".encode(),
-                    )
+                    status, enc, data = _encode_error(e)
             else:
                 status, enc, data = value
             out.append(
@@ -720,6 +723,28 @@ def _input_error(e: Exception) -> str:
     if isinstance(e, json.JSONDecodeError):
         return f"malformed JSON body: {e}"
     return f"the function cannot decode the input: {type(e).__name__}: {e}"
+
+
+def _encode_error(e: Exception) -> tuple[int, int, bytes]:
+    """The (status, encoding, message) of an output that cannot be encoded: a bad request when
+    the request asked for what the handler did not give (``OipError``), else a 5xx."""
+    from gshare.runtime.gateway.oip import OipError
+
+    if isinstance(e, OipError):
+        return P.ST_BAD_INPUT, P.ENC_RAW, str(e).encode()
+    return P.ST_FUNCTION_ERROR, P.ENC_RAW, f"cannot encode the output: {e}".encode()
+
+
+def _takes_parameters(handler: Any) -> bool:
+    """Whether ``handler.predict`` has a ``parameters`` argument (it then gets the requests'
+    OIP parameters)."""
+    import inspect
+
+    try:
+        p = inspect.signature(handler.predict).parameters.get("parameters")
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
 
 
 def _function_error() -> tuple[int, int, bytes]:

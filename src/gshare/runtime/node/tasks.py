@@ -36,22 +36,24 @@ def put_weights(store_root: str | None, spec: dict[str, Any]) -> str | None:
 
 
 def describe_handler(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
-    """Import the handler and report its OIP inputs, or the import error (a bad ``handler``
-    fails the deployment, not the first call)."""
+    """Import the handler and report its OIP inputs and outputs (``input_spec()``,
+    ``output_spec()``), or the import error (a bad ``handler`` fails the deployment, not the
+    first call)."""
     for p in extra_sys_path:
         if p not in sys.path:
             sys.path.insert(0, p)
     try:
-        from gshare.runtime.gateway.oip import input_spec_dicts
+        from gshare.runtime.gateway.oip import spec_dicts
         from gshare.runtime.instance.loading import make_handler
         from gshare.spec import load_function_spec
 
         handler = make_handler(load_function_spec(spec))
-        inputs: list[dict[str, Any]] = []
-        if hasattr(handler, "input_spec"):
-            with contextlib.suppress(Exception):
-                inputs = input_spec_dicts(handler.input_spec())
-        return {"ok": True, "inputs": inputs, "example": hasattr(handler, "example_input")}
+        io: dict[str, list[dict[str, Any]]] = {"inputs": [], "outputs": []}
+        for key, method in (("inputs", "input_spec"), ("outputs", "output_spec")):
+            if hasattr(handler, method):
+                with contextlib.suppress(Exception):
+                    io[key] = spec_dicts(getattr(handler, method)())
+        return {"ok": True, **io, "example": hasattr(handler, "example_input")}
     except Exception as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
 
