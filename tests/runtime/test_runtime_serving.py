@@ -711,5 +711,35 @@ def test_memory_limit_grows_by_steps_instead_of_killing(served: ServeProcess) ->
     )
     metrics = httpx.get(served.url + "/metrics").text
     assert 'gshare_memory_kills_avoided_total{function="acts"}' in metrics
+    assert 'gshare_memory_reserved_mb{function="acts"}' in metrics
     assert 'gshare_memory_refusals_total{function="acts"} 1.0' in metrics
     c.delete("acts")
+
+
+def test_memory_auto_is_sized_from_measured_requests(served: ServeProcess) -> None:
+    """``mem_mb: auto``: the instance starts with no reservation and grows by the default step;
+    the controller solves (init, step) from the measured peaks and the function reports it."""
+    c = served.client()
+    c.deploy(
+        {
+            "name": "auto-mem",
+            "handler": "gshare.runtime.demo_handlers:Activations",
+            "device": "cpu",
+            "resources": {"sm_pct": 50, "quota_request": 0.5, "quota_limit": 1.0, "mem_mb": "auto"},
+            "batching": {"max_batch": 1, "max_wait_ms": 0},
+            "min_instances": 1,
+            "max_instances": 1,
+        }
+    )
+    for mb in (8, 16, 24, 32, 40, 48, 56, 64, 72, 80):
+        assert c.invoke("auto-mem", {"mb": mb, "hold_ms": 30})["mb"] == mb
+    sized = wait_until(
+        lambda: (m := c.get("auto-mem")["memory"]) and m["measured_batches"] >= 8 and m,
+        30,
+        "the sizing to be solved",
+    )
+    assert sized["auto"] and sized["step_mb"] >= 8
+    assert any("memory sizing: init" in ln for ln in c.logs("auto-mem"))
+    inst = c.get("auto-mem")["instances"][0]
+    assert inst["restarts"] == 0 and inst["memory"]["grows"] >= 1
+    c.delete("auto-mem")

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
-
 from gshare.policy.memory import MemoryPlan
+from gshare.policy.sizing import Demand, SizingError, solve_sizing
 from gshare.runtime.messages import MemoryUsage
 from gshare.spec import FunctionSpec, MemSteps
 
@@ -36,6 +35,10 @@ COST_FACTOR = 1.0
 """BulkX's cost factor of a scale-up step relative to reserved memory (``policy.sizing``)."""
 WASTE_THRESHOLD = 0.1
 """BulkX's bound on the waste of over-allocation (``policy.sizing``)."""
+STEP_COST_MB = 16.0
+"""The price of one scale-up in MiB of reservation (``policy.sizing``'s ``step_cost_mb``):
+live, a grow costs a round trip to the ledger and a watchdog period, so the literal objective's
+one-MiB steps would be the wrong answer (docs/journal/sizing.md)."""
 
 
 @dataclass
@@ -101,13 +104,15 @@ class FunctionMemory:
         if self.new_since_solve < RESOLVE_AFTER or not self.history:
             return None
         self.new_since_solve = 0
-        from gshare.policy.sizing import Demand, solve_sizing
-
-        s: Any = solve_sizing(
-            [Demand(peak, max(exec_s, 1e-6)) for peak, exec_s in self.history],
-            COST_FACTOR,
-            WASTE_THRESHOLD,
-        )
+        try:
+            s = solve_sizing(
+                [Demand(peak, max(exec_s, 1e-6)) for peak, exec_s in self.history],
+                COST_FACTOR,
+                WASTE_THRESHOLD,
+                step_cost_mb=STEP_COST_MB,
+            )
+        except SizingError:
+            return None
         plan = MemoryPlan(max(0.0, s.init_mb), max(MIN_STEP_MB, s.step_mb), 0.0)
         if plan == self.solved:
             return None
