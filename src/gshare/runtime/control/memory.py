@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
 from gshare.policy.memory import MemoryPlan
 from gshare.policy.sizing import Demand, SizingError, solve_sizing
 from gshare.runtime.messages import MemoryUsage
