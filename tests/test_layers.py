@@ -51,6 +51,7 @@ LAYERS: tuple[tuple[str, int, str], ...] = (
     ("gshare.resources", 0, ""),
     ("gshare.profiles", 0, ""),
     ("gshare.spec", 0, ""),
+    ("gshare.documents", 0, ""),
     ("gshare.workflows", 0, ""),
     ("gshare.policy", 1, ""),
     ("gshare.sim", 2, "sim"),

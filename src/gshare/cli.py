@@ -131,9 +131,12 @@ STATE_OPTION = typer.Option(
 
 
 def _client(url: str | None, token: str | None, state: Path | None) -> Any:
-    from gshare.runtime.client import Client
+    from gshare.runtime.client import Client, ClientError
 
-    return Client(url, token, state_dir=state)
+    try:
+        return Client(url, token, state_dir=state)
+    except ClientError as e:
+        raise CliError(str(e)) from None
 
 
 def _call(fn: Any, *args: Any, **kw: Any) -> Any:
@@ -322,6 +325,8 @@ def invoke_cmd(
         text = data if raw is None else raw.decode("utf-8", errors="replace")
         try:
             json.loads(text)
+        except RecursionError:
+            raise CliError("--data is nested too deeply to be JSON a function accepts") from None
         except ValueError as e:
             where = "--data" if raw is None else f"--data {data}"
             raise CliError(f"{where} is not valid JSON: {e}") from None
@@ -331,9 +336,7 @@ def invoke_cmd(
         ctype = "application/json" if file.endswith(".json") else "application/octet-stream"
     else:
         body, ctype = b"null", "application/json"
-    from gshare.runtime.client import Client
-
-    with Client(url) as c:
+    with _client(url, None, None) as c:
         r = _call(c.invoke_raw, name, body, ctype)
     if r.headers.get("content-type", "").startswith("application/json"):
         print(r.text)

@@ -61,6 +61,7 @@ from pydantic import (
     model_validator,
 )
 
+from gshare.documents import DocumentError, load_yaml
 from gshare.resources import GpuShare
 
 BUILTIN_MODELS: Final[tuple[str, ...]] = ("resnet50", "bert-base", "bert-large", "vit-base", "mlp")
@@ -404,17 +405,16 @@ def load_function_spec(
     ):
         p = Path(source)
         try:
-            text = p.read_text()
+            text: str | bytes = p.read_bytes()
         except OSError as e:
             raise SpecError(f"cannot read function spec {str(p)!r}: {e.strerror}") from None
         where, base = str(p), p.resolve().parent
     else:
         text, where, base = source, "", None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        first = " ".join(str(e).split())
-        raise SpecError(f"{where + ': ' if where else ''}not valid YAML ({first})") from None
+        data = load_yaml(text)
+    except DocumentError as e:
+        raise SpecError(f"{where + ': ' if where else ''}the function spec {e}") from None
     try:
         return parse_function_spec(data, base_dir=base)
     except SpecError as e:

@@ -136,3 +136,41 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     assert r.returncode == 1 and "no control-API token" in r.stderr and r.stderr.count("\n") == 1
     r = gshare("profile", "x", "--sm", "a,b", "--url", "http://127.0.0.1:9", "--token", "t")
     assert r.returncode == 2 and "--sm: expected a comma-separated list" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("binary.yaml", b"\x00\x01\x02\xff\xfe", "not UTF-8"),
+        ("utf16.yaml", "name: x\nmodel: mlp\n".encode("utf-16"), "not UTF-8"),
+        ("deep.yaml", ("a: " + "[" * 2000 + "]" * 2000).encode(), "nested more than"),
+        ("twice.yaml", b"name: x\nname: y\nmodel: mlp\n", "appears twice"),
+    ],
+)
+def test_cli_hostile_spec_files_are_one_line(
+    tmp_path: Path, name: str, content: bytes, fragment: str
+) -> None:
+    """Specs that used to print a traceback (issue 15, item 8): one line naming the problem."""
+    f = tmp_path / name
+    f.write_bytes(content)
+    r = gshare("deploy", str(f), "--url", "http://127.0.0.1:9", "--token", "t")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("gshare: error:") and fragment in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_bad_url_deep_data_and_corrupt_state_are_one_line(tmp_path: Path) -> None:
+    for url in ("::::", "http://[::1", "ftp://host"):
+        r = gshare("list", "--url", url, "--token", "t")
+        assert r.returncode == 2 and "is not a valid server URL" in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    r = gshare("invoke", "echo", "--data", f"@{deep}", "--url", "http://x:9")
+    assert r.returncode == 2 and "nested too deeply" in r.stderr and r.stderr.count("\n") == 1
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "gshare.db").write_bytes(b"this is not a database" * 100)
+    r = gshare("serve", "--state", str(state), "--port", "0")
+    assert r.returncode == 1 and "state database" in r.stderr and "unreadable" in r.stderr
+    assert "Traceback" not in r.stderr

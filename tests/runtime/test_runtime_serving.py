@@ -743,3 +743,41 @@ def test_memory_auto_is_sized_from_measured_requests(served: ServeProcess) -> No
     inst = c.get("auto-mem")["instances"][0]
     assert inst["restarts"] == 0 and inst["memory"]["grows"] >= 1
     c.delete("auto-mem")
+
+
+# -- hostile documents (issue 15, items 4 and 9) ---------------------------------------------------
+
+_BOMB = "\n".join(
+    ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype", "fragment"),
+    [
+        ('{"name": ' + "[" * 3000 + "]" * 3000 + "}", "application/json", "nested more than"),
+        ("name: " + "[" * 3000 + "]" * 3000, "application/yaml", "nested more than"),
+        (_BOMB, "application/yaml", "expands to more than"),
+        ("name: a\nname: b\nmodel: mlp\n", "application/yaml", "appears twice"),
+        ("\x00\x01binary", "application/yaml", "NUL"),
+    ],
+)
+def test_hostile_spec_documents_get_a_400_and_the_next_request_is_served(
+    served: ServeProcess, echo: str, body: str, ctype: str, fragment: str
+) -> None:
+    headers = {"authorization": f"Bearer {served.token}", "content-type": ctype}
+    with httpx.Client(base_url=served.url, timeout=60) as h:  # one keep-alive connection
+        r = h.post("/system/functions", content=body.encode(), headers=headers)
+        assert r.status_code == 400, r.text
+        assert set(r.json()) == {"error"} and fragment in r.json()["error"]
+        assert h.post("/function/echo", json=[1]).json() == [1]
+        assert h.get("/system/functions", headers=headers).status_code == 200
+
+
+def test_logs_tail_out_of_range_is_a_400(served: ServeProcess, echo: str) -> None:
+    headers = {"authorization": f"Bearer {served.token}"}
+    r = httpx.get(
+        served.url + "/system/logs", params={"name": "echo", "tail": 2**63}, headers=headers
+    )
+    assert r.status_code == 400 and "tail must be <=" in r.json()["error"]

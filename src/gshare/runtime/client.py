@@ -63,6 +63,14 @@ class Client:
         timeout_s: float = 300.0,
     ) -> None:
         self.url = (url or os.environ.get("GSHARE_URL") or DEFAULT_URL).rstrip("/")
+        try:
+            parsed = httpx.URL(self.url)
+        except (httpx.InvalidURL, TypeError, ValueError) as e:
+            raise ClientError(f"{self.url!r} is not a valid server URL ({e})") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ClientError(
+                f"{self.url!r} is not a valid server URL: expected http://HOST[:PORT] or https://..."
+            )
         self._token = token or os.environ.get("GSHARE_TOKEN") or None
         self._state_dir = state_dir
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s)

@@ -32,6 +32,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import tempfile
 import threading
@@ -127,6 +128,11 @@ def run_server(opts: ServeOptions) -> None:
         token = ensure_token(state_dir)
     except OSError as e:
         raise ServeError(f"cannot use state directory {state_dir}: {e.strerror or e}") from None
+    except sqlite3.DatabaseError as e:
+        raise ServeError(
+            f"the state database {state_dir / 'gshare.db'} is unreadable ({e}); move it away to "
+            "start with an empty state, or point --state at another directory"
+        ) from None
     sock = _bind(opts.host, opts.port)
     if opts.grpc_port:  # fail in a second, before Ray starts (the gRPC server binds it later)
         try:

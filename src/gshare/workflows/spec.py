@@ -38,7 +38,6 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -49,6 +48,7 @@ from pydantic import (
     model_validator,
 )
 
+from gshare.documents import DocumentError, load_yaml
 from gshare.workflows.dag import kahn_order
 from gshare.workflows.functions import FUNCTIONS
 
@@ -344,16 +344,16 @@ def load_workflow(
     ):
         p = Path(path_or_text)
         try:
-            text = p.read_text()
+            text: str | bytes = p.read_bytes()
         except OSError as e:
             raise WorkflowSpecError(f"cannot read workflow file {str(p)!r}: {e.strerror}") from None
         source = str(p)
     else:
         text, source = path_or_text, "<text>"
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise WorkflowSpecError(f"{source}: not valid YAML ({e})") from None
+        data = load_yaml(text)
+    except DocumentError as e:
+        raise WorkflowSpecError(f"{source}: the workflow spec {e}") from None
     try:
         return parse_workflow(data, known_functions=known_functions)
     except WorkflowSpecError as e:

@@ -44,6 +44,9 @@ from gshare.runtime.instance import protocol as P
 
 log = logging.getLogger("gshare.gateway")
 
+MAX_LOG_TAIL = 100_000
+"""Most lines ``/system/logs`` returns at once."""
+
 
 class ControlPlane:
     """What the HTTP layer needs from the controller (implemented by ``ControlApi``)."""
@@ -249,6 +252,8 @@ def mount_control_api(
             raise HttpError(400, "query parameter 'name' is required")
         if tail < 0:
             raise HttpError(400, f"tail must be >= 0, got {tail}")
+        if tail > MAX_LOG_TAIL:
+            raise HttpError(400, f"tail must be <= {MAX_LOG_TAIL}, got {tail}")
         return {"name": name, "lines": control.logs(name, tail)}
 
     @app.post("/system/profile/{name}")
