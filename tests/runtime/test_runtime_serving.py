@@ -781,3 +781,34 @@ def test_logs_tail_out_of_range_is_a_400(served: ServeProcess, echo: str) -> Non
         served.url + "/system/logs", params={"name": "echo", "tail": 2**63}, headers=headers
     )
     assert r.status_code == 400 and "tail must be <=" in r.json()["error"]
+
+
+def test_concurrent_control_operations_on_one_name_are_serialised(served: ServeProcess) -> None:
+    """Issue 15, item 7: 8 concurrent creates of one new name give one 201 and seven 409s; an
+    update racing a delete never brings the deleted function back."""
+    headers = {"authorization": f"Bearer {served.token}"}
+    spec = {"name": "racy", "handler": "gshare.runtime.demo_handlers:Echo", "device": "cpu"}
+
+    def create(_: int) -> int:
+        return httpx.post(
+            served.url + "/system/functions", json=spec, headers=headers, timeout=120
+        ).status_code
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        codes = sorted(ex.map(create, range(8)))
+    assert codes == [201] + [409] * 7, codes
+    for _ in range(3):
+        with cf.ThreadPoolExecutor(2) as ex:
+            upd = ex.submit(
+                httpx.put, served.url + "/system/functions", json=spec, headers=headers, timeout=120
+            )
+            time.sleep(0.01)
+            dele = ex.submit(
+                httpx.delete, served.url + "/system/functions/racy", headers=headers, timeout=120
+            )
+            u, d = upd.result().status_code, dele.result().status_code
+        assert d == 200 and u in (200, 404), (u, d)
+        names = [f["name"] for f in served.client().list()]
+        assert "racy" not in names  # the delete came last, whatever the order
+        assert create(0) == 201
+    served.client().delete("racy")

@@ -24,6 +24,7 @@ class ControlApi(ControlPlane):
 
     def __init__(self, controller: Controller) -> None:
         self.c = controller
+        self._locks: dict[str, asyncio.Lock] = {}
 
     def ready(self) -> bool:
         return self.c.ready()
@@ -37,7 +38,6 @@ class ControlApi(ControlPlane):
     async def deploy(
         self, body: bytes, content_type: str, *, update: bool | None
     ) -> dict[str, Any]:
-        c = self.c
         is_json = "json" in content_type
         try:  # bounded, and off the event loop (a hostile document must not stall serving)
             data = await asyncio.to_thread(load_json if is_json else load_yaml, body)
@@ -47,6 +47,21 @@ class ControlApi(ControlPlane):
             spec = await asyncio.to_thread(parse_function_spec, data)
         except SpecError as e:
             raise HttpError(400, f"invalid function spec: {e}") from None
+        async with self._name_lock(spec.name):
+            return await self._deploy_locked(spec, update)
+
+    def _name_lock(self, name: str) -> asyncio.Lock:
+        """The lock that serialises the control operations of one function name: a create,
+        update or delete checks and changes the name's state as one step, so concurrent creates
+        of one name give one 201 and 409s, and a delete cannot be undone by an update that was
+        already past its check."""
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    async def _deploy_locked(self, spec: FunctionSpec, update: bool | None) -> dict[str, Any]:
+        c = self.c
         exists = spec.name in c.functions
         if update is False and exists:
             raise HttpError(409, f"function {spec.name!r} already exists (update it with PUT)")
@@ -88,6 +103,10 @@ class ControlApi(ControlPlane):
             raise HttpError(503, "the node agent did not answer in time") from None
 
     async def delete(self, name: str) -> None:
+        async with self._name_lock(name):
+            await self._delete_locked(name)
+
+    async def _delete_locked(self, name: str) -> None:
         c = self.c
         if name not in c.functions:
             raise HttpError(404, f"function {name!r} is not deployed")
