@@ -812,3 +812,37 @@ def test_concurrent_control_operations_on_one_name_are_serialised(served: ServeP
         assert "racy" not in names  # the delete came last, whatever the order
         assert create(0) == 201
     served.client().delete("racy")
+
+
+def test_delete_under_load_drains_running_requests(served: ServeProcess) -> None:
+    """Issue 15, item 6: deleting a function answers the requests its instance is running (a
+    drain), not a misleading 502 "crashed"; requests after the delete get 404 (or 410 while it
+    drains)."""
+    c = served.client()
+    c.deploy(
+        {
+            "name": "busy-del",
+            "handler": "gshare.runtime.demo_handlers:Sleep",
+            "device": "cpu",
+            "batching": {"max_batch": 4, "max_wait_ms": 50},
+            "min_instances": 1,
+            "max_instances": 1,
+        }
+    )
+    wait_until(lambda: c.get("busy-del")["available_replicas"] == 1, 120, "ready")
+    with cf.ThreadPoolExecutor(4) as ex:
+        running = [
+            ex.submit(
+                httpx.post,
+                served.url + "/function/busy-del",
+                json={"sleep_ms": 1500},
+                timeout=60,
+            )
+            for _ in range(4)
+        ]
+        time.sleep(0.5)  # the batch is running at the instance
+        c.delete("busy-del")
+        codes = sorted(f.result().status_code for f in running)
+    assert codes == [200, 200, 200, 200], codes
+    r = httpx.post(served.url + "/function/busy-del", json={}, timeout=30)
+    assert r.status_code in (404, 410) and "crashed" not in r.text

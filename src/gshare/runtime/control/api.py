@@ -18,6 +18,9 @@ from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.messages import LiveState
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
 
+DELETE_DRAIN_S = 10.0
+"""How long a delete waits for the requests its instances are running (then they get 410)."""
+
 
 class ControlApi(ControlPlane):
     """The control API of one server (module doc)."""
@@ -110,6 +113,11 @@ class ControlApi(ControlPlane):
         c = self.c
         if name not in c.functions:
             raise HttpError(404, f"function {name!r} is not deployed")
+        # Drain: no new request, the queued ones get 410, the running ones may finish.
+        c.gateway.close_function(name)
+        deadline = c.clock() + DELETE_DRAIN_S
+        while c.gateway.inflight_total(name) and c.clock() < deadline:
+            await asyncio.sleep(0.05)
         c.unregister(name)
         c.state.delete_function(name)
         if c.profiler is not None:

@@ -166,6 +166,8 @@ class FunctionRoute:
     """EWMA of the measured busy time per request (exec_ms / batch), for the controller's
     throughput estimate when the function is not profiled."""
     rr: int = 0
+    closed: bool = False
+    """Being deleted: new requests get 410, the ones at instances finish (``close_function``)."""
     recent_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_LATENCIES))
     """Latencies of the most recent successful requests (the status page's p50/p99)."""
 
@@ -269,6 +271,21 @@ class Gateway:
         if r and instance_id in r.channels:
             r.channels[instance_id].draining = True
 
+    def close_function(self, name: str) -> None:
+        """The function is being deleted: new requests get 410, queued ones are failed with 410
+        now, the ones already at its instances run on (the controller waits for them, then
+        ``remove_function``)."""
+        r = self.routes.get(name)
+        if r is None:
+            return
+        r.closed = True
+        self._fail_queue(r, 410, f"function {name!r} was deleted while the request waited")
+
+    def inflight_total(self, function: str) -> int:
+        """Requests of ``function`` sent to its instances and not answered yet."""
+        r = self.routes.get(function)
+        return sum(len(ch.inflight) for ch in r.channels.values()) if r else 0
+
     def inflight(self, function: str, instance_id: str) -> int:
         r = self.routes.get(function)
         ch = r.channels.get(instance_id) if r else None
@@ -364,6 +381,8 @@ class Gateway:
             raise HttpError(404, f"function {function!r} is not deployed")
         if self.closing:
             raise HttpError(503, "the server is shutting down")
+        if r.closed:
+            raise HttpError(410, f"function {function!r} is being deleted")
         if len(r.queue) >= MAX_QUEUE:
             raise HttpError(
                 429, f"function {function!r} has {len(r.queue)} requests queued; try again later"
@@ -488,6 +507,12 @@ class Gateway:
         if self.closing:
             for p in lost:
                 self._finish_error(p, 503, "the server is shutting down")
+            return
+        if r is None or r.closed:  # deleted: say so, not "crashed"
+            for p in lost:
+                self._finish_error(
+                    p, 410, f"function {p.function!r} was deleted while the request ran"
+                )
             return
         retry: list[Pending] = []
         for p in lost:
