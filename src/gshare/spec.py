@@ -74,6 +74,8 @@ MAX_INSTANCES: Final[int] = 1024
 """Largest accepted ``max_instances`` (a guard against typos, not a platform limit)."""
 MAX_KEEP_ALIVE_S: Final[float] = 86_400.0
 """Largest accepted keep-alive: one day."""
+MAX_MEM_MB: Final[int] = 1 << 20
+"""Largest accepted memory size (1 TiB): a guard against typos."""
 MAX_BATCH: Final[int] = 256
 MAX_WAIT_MS: Final[float] = 10_000.0
 
@@ -94,10 +96,11 @@ FIELD_RULES: Final[Mapping[str, str]] = {
     "resources.sm_pct": "a number in (0, 100]",
     "resources.quota_request": "a number in (0, 1]",
     "resources.quota_limit": "a number in [quota_request, 1]",
-    "resources.mem_mb": "an integer >= 0, 'auto', or a mapping with init, step, max (MiB)",
-    "resources.mem_mb.init": "an integer >= 0 (MiB)",
-    "resources.mem_mb.step": "an integer >= 1 (MiB)",
-    "resources.mem_mb.max": "an integer >= init (MiB)",
+    "resources.mem_mb": f"an integer in [0, {MAX_MEM_MB}], 'auto', or a mapping with init, step, "
+    "max (MiB)",
+    "resources.mem_mb.init": f"an integer in [0, {MAX_MEM_MB}] (MiB)",
+    "resources.mem_mb.step": f"an integer in [1, {MAX_MEM_MB}] (MiB)",
+    "resources.mem_mb.max": f"an integer in [init, {MAX_MEM_MB}] (MiB)",
     "batching": "a mapping with max_batch, max_wait_ms",
     "batching.max_batch": f"an integer in [1, {MAX_BATCH}]",
     "batching.max_wait_ms": f"a number in [0, {MAX_WAIT_MS:.0f}]",
@@ -131,9 +134,9 @@ class MemSteps(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    init: Int = Field(ge=0)
-    step: Int = Field(ge=1)
-    max: Int = Field(ge=1)
+    init: Int = Field(ge=0, le=MAX_MEM_MB)
+    step: Int = Field(ge=1, le=MAX_MEM_MB)
+    max: Int = Field(ge=1, le=MAX_MEM_MB)
 
     @model_validator(mode="after")
     def _max_ok(self) -> MemSteps:
@@ -149,7 +152,7 @@ def _mem_tag(v: Any) -> str:
 
 
 MemField = Annotated[
-    Annotated[Annotated[Int, Field(ge=0)], Tag("fixed")]
+    Annotated[Annotated[Int, Field(ge=0, le=MAX_MEM_MB)], Tag("fixed")]
     | Annotated[Literal["auto"], Tag("auto")]
     | Annotated[MemSteps, Tag("steps")],
     Discriminator(_mem_tag),

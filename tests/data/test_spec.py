@@ -120,12 +120,12 @@ INVALID: list[tuple[dict[str, Any], str, str]] = [
     (
         spec(resources={**SHARE, "mem_mb": {"init": -1, "step": 1, "max": 20}}),
         "resources.mem_mb.init",
-        "an integer >= 0 (MiB), got -1",
+        "an integer in [0, 1048576] (MiB), got -1",
     ),
     (
         spec(resources={**SHARE, "mem_mb": {"init": 10, "step": 0, "max": 20}}),
         "resources.mem_mb.step",
-        "an integer >= 1 (MiB), got 0",
+        "an integer in [1, 1048576] (MiB), got 0",
     ),
     (
         spec(resources={**SHARE, "mem_mb": {"init": 30, "step": 5, "max": 20}}),
@@ -137,7 +137,8 @@ INVALID: list[tuple[dict[str, Any], str, str]] = [
         "resources.mem_mb.min",
         "unknown field (allowed: init, step, max)",
     ),
-    (spec(resources={**SHARE, "mem_mb": 1.5}), "resources.mem_mb", "an integer >= 0"),
+    (spec(resources={**SHARE, "mem_mb": 1.5}), "resources.mem_mb", "an integer in [0, "),
+    (spec(resources={**SHARE, "mem_mb": 1 << 40}), "resources.mem_mb", "got 1099511627776"),
     (
         spec(resources={**SHARE, "gpus": 1}),
         "resources.gpus",

@@ -846,3 +846,27 @@ def test_delete_under_load_drains_running_requests(served: ServeProcess) -> None
     assert codes == [200, 200, 200, 200], codes
     r = httpx.post(served.url + "/function/busy-del", json={}, timeout=30)
     assert r.status_code in (404, 410) and "crashed" not in r.text
+
+
+def test_deploy_with_a_missing_weights_file_is_refused(served: ServeProcess) -> None:
+    """Issue 15, item 13: accepted before, and every call then failed."""
+    with pytest.raises(ClientError) as ei:
+        served.client().deploy(
+            {"name": "noweights", "model": "mlp", "weights": "/nonexistent/w.safetensors"}
+        )
+    assert ei.value.status == 400 and "missing or unreadable" in str(ei.value)
+    assert "noweights" not in [f["name"] for f in served.client().list()]
+
+
+def test_metrics_forget_a_deleted_function(served: ServeProcess) -> None:
+    """Issue 15, item 13: ``/metrics`` kept a deleted function's series for ever."""
+    c = served.client()
+    c.deploy({"name": "gone-soon", "handler": "gshare.runtime.demo_handlers:Echo", "device": "cpu"})
+    assert c.invoke("gone-soon", [1]) == [1]
+    assert 'function="gone-soon"' in httpx.get(served.url + "/metrics").text
+    c.delete("gone-soon")
+    wait_until(
+        lambda: 'function="gone-soon"' not in httpx.get(served.url + "/metrics").text,
+        10,
+        "the series to go",
+    )

@@ -134,6 +134,17 @@ class Metrics:
             registry=r,
         )
 
+    def forget_function(self, function: str) -> None:
+        """Drop every series of a deleted function (so ``/metrics`` does not keep them)."""
+        for m in list(vars(self).values()):
+            names = getattr(m, "_labelnames", ())
+            if not names or names[0] != "function":
+                continue
+            for key in list(getattr(m, "_metrics", {})):
+                if key and key[0] == function:
+                    with contextlib.suppress(KeyError):
+                        m.remove(*key)
+
     def forget_instance(self, function: str, instance: str) -> None:
         for g in (self.achieved_share, self.requested_share):
             with contextlib.suppress(KeyError):

@@ -223,6 +223,7 @@ class Gateway:
             return
         for key in [k for k in self._children if k[0] == name]:
             del self._children[key]
+        self.metrics.forget_function(name)
         self._fail_queue(r, 410, f"function {name!r} was deleted while the request waited")
         for ch in list(r.channels.values()):
             self._close_channel(ch)

@@ -11,6 +11,7 @@ at load time (no ray, no torch), so a forked child starts at once.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Any
 
@@ -47,7 +48,12 @@ def describe_handler(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[st
         from gshare.runtime.instance.loading import make_handler
         from gshare.spec import load_function_spec
 
-        handler = make_handler(load_function_spec(spec))
+        fs = load_function_spec(spec)
+        if fs.weights is not None:  # read where the instances will read it: on this node
+            w = fs.weights
+            if not os.path.isfile(w) or not os.access(w, os.R_OK):
+                return {"ok": False, "error": f"the weights file {w!r} is missing or unreadable"}
+        handler = make_handler(fs)
         io: dict[str, list[dict[str, Any]]] = {"inputs": [], "outputs": []}
         for key, method in (("inputs", "input_spec"), ("outputs", "output_spec")):
             if hasattr(handler, method):
