@@ -174,3 +174,36 @@ def test_cli_bad_url_deep_data_and_corrupt_state_are_one_line(tmp_path: Path) ->
     r = gshare("serve", "--state", str(state), "--port", "0")
     assert r.returncode == 1 and "state database" in r.stderr and "unreadable" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_a_killed_node_agent_is_replaced_and_service_resumes(start_gshare: StartGshare) -> None:
+    """Issue 15, item 1: ``kill -9`` of the node agent (it holds the token servers and the
+    instance template) used to leave the server without capacity for good: every request
+    waited 120 s and got 504. Now the server starts a new agent on the node, the controller
+    starts the function's instances on it, and requests are served again."""
+    import os
+
+    srv = start_gshare()
+    c = srv.client()
+    c.deploy(
+        {
+            "name": "survivor",
+            "handler": "gshare.runtime.demo_handlers:Echo",
+            "device": "cpu",
+            "min_instances": 1,
+        }
+    )
+    wait_until(lambda: c.get("survivor")["available_replicas"] == 1, 120, "ready")
+    old_pid = c.info()["nodes"][0]["pid"]
+    os.kill(old_pid, signal.SIGKILL)
+
+    def new_agent() -> bool:
+        node = c.info()["nodes"][0]
+        return bool(node["alive"] and node["pid"] != old_pid)
+
+    wait_until(new_agent, 90, "a new node agent")
+    wait_until(lambda: c.get("survivor")["available_replicas"] == 1, 120, "a new instance")
+    assert c.invoke("survivor", {"back": True}) == {"back": True}
+    logs = "\n".join(c.logs("survivor"))
+    assert "lost with node" in logs

@@ -355,6 +355,12 @@ class _Runtime:
             while True:
                 await asyncio.sleep(NODE_SCAN_S)
                 try:
+                    for nid in controller.dead_agents():  # replace a dead agent (issue 15, 1)
+                        old = self.agents.pop(nid, None)
+                        if old is not None:
+                            log.warning("the agent of node %s died; starting a new one", nid[:8])
+                            with contextlib.suppress(Exception):
+                                ray.kill(old, no_restart=True)
                     for nid, info in (await asyncio.to_thread(self.new_agents)).items():
                         controller.add_agent(RayAgentHandle(nid, self.agents[nid]), info)
                         log.info(

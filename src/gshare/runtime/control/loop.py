@@ -206,11 +206,19 @@ class Controller:
     # -- setup -----------------------------------------------------------------------------------
 
     def add_agent(self, handle: AgentHandle, info: NodeInfo) -> None:
-        """Register a node agent and its devices (the server calls it at start and when a
-        node joins)."""
+        """Register a node agent and its devices (the server calls it at start, when a node
+        joins, and when it replaced a dead agent of a node: the node keeps its devices)."""
+        replaced = handle.node_id in self.agents
         self.agents[handle.node_id] = AgentRef(handle.node_id, handle, info)
+        if replaced:
+            log.warning("node %s has a new agent", handle.node_id[:8])
+            return
         for i, name in enumerate(info.devices):
             self.devices.append(Device(len(self.devices), handle.node_id, i, name))
+
+    def dead_agents(self) -> list[str]:
+        """Nodes whose agent died (``AgentGone``): the server starts a new one on each."""
+        return [nid for nid, a in self.agents.items() if not a.alive]
 
     async def start(self) -> None:
         """Restore the deployed functions from the state and start the loop."""
