@@ -614,3 +614,28 @@ def test_memory_channel_grows_within_the_device_and_counts(short_tmp: Path) -> N
         s.close()
     finally:
         srv.stop()
+
+
+def test_a_client_registered_with_a_secret_cannot_be_taken_over(short_tmp: Path) -> None:
+    """Issue 15, item 2: ids are predictable; a process of the same user that knows one must
+    not get that instance's tokens (nor block it with "already connected")."""
+    srv = TokenServer(str(short_tmp / "s.sock"), TokenConfig(), memory_mb=100)
+    srv.start()
+    try:
+        srv.add_client(spec("victim", 50), secret="s3cret")
+        for creds in (None, "wrong"):
+            with pytest.raises(TokenRuntimeError, match="bad credentials") as ei:
+                TokenClient(srv.socket_path, "victim", secret=creds)
+            assert ei.value.code == 5
+            with pytest.raises(TokenRuntimeError, match="bad credentials"):
+                MemoryChannel(srv.socket_path, "victim", secret=creds)
+        real = TokenClient(srv.socket_path, "victim", secret="s3cret")  # not blocked
+        assert real.acquire() > 0
+        real.release(1.0)
+        mem = MemoryChannel(srv.socket_path, "victim", secret="s3cret")
+        mem.close()
+        real.close()
+        srv.add_client(spec("open", 50))  # registered without a secret: the id suffices
+        TokenClient(srv.socket_path, "open").close()
+    finally:
+        srv.stop()

@@ -91,6 +91,9 @@ class InstanceLaunch:
     sm_offset_pct: float = 0.0
     """Start of the instance's SM band (the placement rectangle's y)."""
     token_socket: str = ""
+    token_secret: str = ""
+    """This instance's credential on the token socket (the agent draws it; never in the
+    environment, so other processes of the user cannot read it from ``/proc``)."""
     uds_path: str = ""
     listen_tcp: bool = False
     """Also listen on TCP (the gateway runs on another node)."""
@@ -250,7 +253,9 @@ class InstanceServer:
         # 3. token client, and the preemption points inside a burst.
         from gshare.runtime.tokens import TokenClient
 
-        self.tokens = TokenClient(launch.token_socket, launch.instance_id)
+        self.tokens = TokenClient(
+            launch.token_socket, launch.instance_id, secret=launch.token_secret or None
+        )
         self._in_burst = False
         self._worker_ident = -1
         self._seg_start = self._busy_s = self._rewait_s = 0.0
@@ -596,7 +601,9 @@ class InstanceServer:
             try:
                 if self._mem_channel is None:
                     self._mem_channel = MemoryChannel(
-                        self.launch.token_socket, self.launch.instance_id
+                        self.launch.token_socket,
+                        self.launch.instance_id,
+                        secret=self.launch.token_secret or None,
                     )
                 r = self._mem_channel.resize(limit_mb, steps)
                 return r.granted, r.limit_mb, r.refusal
@@ -657,7 +664,11 @@ class InstanceServer:
             with contextlib.suppress(Exception):
                 self.tokens.close()
             try:
-                self.tokens = TokenClient(self.launch.token_socket, self.launch.instance_id)
+                self.tokens = TokenClient(
+                    self.launch.token_socket,
+                    self.launch.instance_id,
+                    secret=self.launch.token_secret or None,
+                )
                 return self.tokens.acquire()
             except (TokenRuntimeError, ConnectionError):
                 if time.monotonic() > deadline:

@@ -52,6 +52,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import threading
 import time
@@ -360,6 +361,7 @@ class NodeAgent:
                 )
         filled = replace(
             base,
+            token_secret=base.token_secret or secrets.token_hex(16),
             device=device,
             device_index=idx,
             token_socket=self.token_servers[idx].socket_path,
@@ -396,7 +398,8 @@ class NodeAgent:
                         quota_request=launch.quota_request,
                         quota_limit=launch.quota_limit,
                         priority=launch.priority,
-                    )
+                    ),
+                    secret=launch.token_secret,
                 )
             for suffix in (".exit", ".ready"):
                 with contextlib.suppress(FileNotFoundError):
@@ -478,7 +481,8 @@ class NodeAgent:
             ts = self.token_servers[m.launch.device_index]
         ts.remove_client(instance_id)
         ts.add_client(
-            ClientSpec(instance_id, m.launch.sm_pct, quota_request, quota_limit, m.launch.priority)
+            ClientSpec(instance_id, m.launch.sm_pct, quota_request, quota_limit, m.launch.priority),
+            secret=m.launch.token_secret,
         )
 
     def _store(self) -> Any:

@@ -22,7 +22,6 @@ from gshare.runtime.tokens.protocol import (
     FRAME,
     FRAME_SIZE,
     HELLO_MEMORY_CHANNEL,
-    MAX_ID_BYTES,
     MEMORY_OVER_MAX,
     MEMORY_REFUSALS,
     OP_ACQUIRE,
@@ -37,6 +36,7 @@ from gshare.runtime.tokens.protocol import (
     SEQ_MASK,
     TokenRuntimeError,
     error_for,
+    hello_text,
 )
 
 log = logging.getLogger(__name__)
@@ -63,12 +63,9 @@ class TokenClient:
         *,
         split_bursts: bool = False,
         busy_clock: Callable[[], float] = time.perf_counter,
+        secret: str | None = None,
     ) -> None:
-        raw = client_id.encode("utf-8")
-        if not 0 < len(raw) <= MAX_ID_BYTES:
-            raise ValueError(
-                f"client_id must be 1..{MAX_ID_BYTES} bytes of UTF-8, got {client_id!r}"
-            )
+        raw = hello_text(client_id, secret)
         self.socket_path = socket_path
         self.client_id = client_id
         self.window_ms = 0.0
@@ -381,10 +378,15 @@ class MemoryChannel:
     (the instance's memory watchdog). Raises like ``TokenClient`` (``UnknownClientError``,
     ``ConnectionError``, ``TimeoutError``)."""
 
-    def __init__(self, socket_path: str, client_id: str, timeout_s: float = 5.0) -> None:
-        raw = client_id.encode("utf-8")
-        if not 0 < len(raw) <= MAX_ID_BYTES:
-            raise ValueError(f"client_id must be 1..{MAX_ID_BYTES} bytes of UTF-8")
+    def __init__(
+        self,
+        socket_path: str,
+        client_id: str,
+        timeout_s: float = 5.0,
+        *,
+        secret: str | None = None,
+    ) -> None:
+        raw = hello_text(client_id, secret)
         self.client_id = client_id
         self._seq = 0
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

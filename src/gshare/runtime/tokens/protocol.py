@@ -49,7 +49,8 @@ followed by ``length`` bytes of UTF-8 text::
 
     client -> server
       0x01 HELLO    flags = protocol version (| 0x80: the memory channel, below),
-                    length = len(client_id) in 1..255, text = client_id
+                    length = len(text) in 1..MAX_HELLO_BYTES, text = client_id, or
+                    client_id NUL secret when the agent registered the client with a secret
       0x02 ACQUIRE  seq = n                       -> GRANT(seq = n) when the token is dispatched
       0x03 RELEASE  seq = n, value = busy_ms, flags bit 0 = completed     (no reply on success)
       0x04 MEMORY   seq = n, value = the memory limit wanted (MiB), flags = its steps (0..127)
@@ -68,6 +69,14 @@ has flag 0x80, and sends only MEMORY on it (its watchdog thread, so that a grow 
 behind a token). The limit is the device's ``policy.memory.DeviceMemory`` ledger's: the agent
 reserved the instance's starting limit; a MEMORY grows it when the device has the memory free
 and always shrinks it.
+
+Identity: the agent registers each instance with a random secret (``add_client(spec,
+secret)``) and hands it to that instance only (in its launch, not its environment); a HELLO
+without it, or with another, is refused with error 5 (bad credentials), so a process that
+learnt an instance id (they are predictable and listed in ``/metrics``) cannot take over its
+tokens. A client registered without a secret (tests, benches) is identified by its id alone.
+Busy times stay self-reported: an instance can under-report its own use (the runtime's
+frontends measure it; a tenant's handler code runs inside that frontend).
 
 Error codes: 1 unknown client, 2 connection not identified (no HELLO yet), 3 bad state
 (ACQUIRE while waiting or holding, RELEASE without a token, second HELLO, client id already
@@ -112,6 +121,9 @@ ERR_UNKNOWN_CLIENT = 1
 ERR_NOT_IDENTIFIED = 2
 ERR_BAD_STATE = 3
 ERR_BAD_VALUE = 4
+ERR_BAD_CREDENTIALS = 5
+MAX_HELLO_BYTES = 512
+"""Longest HELLO text: the client id (at most ``MAX_ID_BYTES``), NUL and its secret."""
 
 HELLO_MEMORY_CHANNEL = 0x80
 """HELLO flag: this connection is the client's memory channel."""
@@ -146,7 +158,16 @@ def error_for(code: int, message: str) -> TokenRuntimeError:
     return TokenRuntimeError(message, code)
 
 
+def hello_text(client_id: str, secret: str | None) -> bytes:
+    """The text of a HELLO; ``ValueError`` for an id that is not 1..``MAX_ID_BYTES`` bytes."""
+    raw = client_id.encode("utf-8")
+    if not 0 < len(raw) <= MAX_ID_BYTES or b"\0" in raw:
+        raise ValueError(f"client_id must be 1..{MAX_ID_BYTES} bytes of UTF-8, got {client_id!r}")
+    return raw + b"\0" + secret.encode("ascii") if secret else raw
+
+
 __all__ = [
+    "hello_text",
     "FRAME",
     "FRAME_SIZE",
     "HELLO_MEMORY_CHANNEL",

@@ -4,6 +4,7 @@ wire protocol, who calls what and what must hold)."""
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 import math
 import os
@@ -27,6 +28,7 @@ from gshare.policy.tokens import (
     TokenScheduler,
 )
 from gshare.runtime.tokens.protocol import (
+    ERR_BAD_CREDENTIALS,
     ERR_BAD_STATE,
     ERR_BAD_VALUE,
     ERR_NOT_IDENTIFIED,
@@ -36,7 +38,7 @@ from gshare.runtime.tokens.protocol import (
     FRAME_SIZE,
     HELLO_MEMORY_CHANNEL,
     MAX_ERROR_BYTES,
-    MAX_ID_BYTES,
+    MAX_HELLO_BYTES,
     MEMORY_OVER_MAX,
     OP_ACQUIRE,
     OP_ERROR,
@@ -144,6 +146,7 @@ class TokenServer:
         self._lock = threading.Lock()
         self._by_client: dict[str, _Conn] = {}
         self._memory_conns: dict[str, _Conn] = {}
+        self._secrets: dict[str, bytes] = {}
         self._by_fd: dict[int, _Conn] = {}
         self._records: deque[TokenRecord] | None = (
             deque(maxlen=record_tokens) if record_tokens > 0 else None
@@ -236,10 +239,15 @@ class TokenServer:
 
     # -- clients (node agent, any thread) -----------------------------------------------------
 
-    def add_client(self, spec: ClientSpec) -> None:
-        """Register an instance before it connects. Raises ``TokenError`` (duplicate id, SM
-        share above the global limit)."""
+    def add_client(self, spec: ClientSpec, secret: str | None = None) -> None:
+        """Register an instance before it connects; with ``secret`` its HELLOs must carry it
+        (``protocol``: identity). Raises ``TokenError`` (duplicate id, SM share above the
+        global limit)."""
         with self._lock:
+            if secret:
+                self._secrets[spec.client_id] = secret.encode("ascii")
+            else:
+                self._secrets.pop(spec.client_id, None)
             now_ms = self._now_ms()
             self._deliver(self._sched.add_client(spec, now_ms), now_ms)
         self._wake()
@@ -417,17 +425,24 @@ class TokenServer:
             elif (
                 op == OP_HELLO
                 and flags & ~HELLO_MEMORY_CHANNEL == PROTOCOL_VERSION
-                and 0 < length <= MAX_ID_BYTES
+                and 0 < length <= MAX_HELLO_BYTES
             ):
                 if n - off < FRAME_SIZE + length:
                     break
                 raw = data[off + FRAME_SIZE : off + FRAME_SIZE + length]
                 off += FRAME_SIZE + length
+                cid_raw, _, secret = bytes(raw).partition(b"\0")
                 try:
-                    client_id = raw.decode("utf-8")
+                    client_id = cid_raw.decode("utf-8")
                 except UnicodeDecodeError:
                     self._malformed(conn, "client id is not UTF-8")
                     return
+                if not self._credentials_ok(client_id, secret):
+                    self._send_error(
+                        conn, ERR_BAD_CREDENTIALS, seq, f"bad credentials for {client_id!r}"
+                    )
+                    log.warning("token server: refused a HELLO as %r (bad credentials)", client_id)
+                    continue
                 self._on_hello(conn, seq, client_id, bool(flags & HELLO_MEMORY_CHANNEL))
             else:
                 self._malformed(conn, f"bad frame op=0x{op:02x} flags={flags} length={length}")
@@ -498,6 +513,10 @@ class TokenServer:
             FRAME.pack(OP_MEMORY_REPLY, code, F64.size, seq, grant.limit_mb)
             + F64.pack(grant.free_mb),
         )
+
+    def _credentials_ok(self, client_id: str, secret: bytes) -> bool:
+        want = self._secrets.get(client_id)
+        return want is None or hmac.compare_digest(want, secret)
 
     def _bound(self, conn: _Conn, seq: int) -> str | None:
         cid = conn.client_id
