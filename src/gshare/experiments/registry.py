@@ -29,6 +29,9 @@ EXPERIMENT_MODULES = (
     "gshare.experiments.esg_overhead",
     "gshare.experiments.esg_ablation",
     "gshare.experiments.esg_trace",
+    "gshare.experiments.fikit_pairs",
+    "gshare.experiments.fikit_low",
+    "gshare.experiments.fikit_overhead",
 )
 
 
