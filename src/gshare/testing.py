@@ -281,8 +281,8 @@ class ServeProcess:
             raise RuntimeError("this ServeProcess was already started")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            (self.state_dir / SERVER_FILE).unlink()  # an earlier server's: never mistaken for ours
+        # An earlier server's server.json stays: a server that was killed is reclaimed by the
+        # next start from it, and _ready only believes the one naming our pid.
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [

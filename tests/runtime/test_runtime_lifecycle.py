@@ -207,3 +207,54 @@ def test_a_killed_node_agent_is_replaced_and_service_resumes(start_gshare: Start
     assert c.invoke("survivor", {"back": True}) == {"back": True}
     logs = "\n".join(c.logs("survivor"))
     assert "lost with node" in logs
+
+
+@pytest.mark.slow
+def test_a_start_reclaims_what_a_killed_server_left(
+    tmp_path: Path, start_gshare: StartGshare
+) -> None:
+    """Issue 15, item 10: after ``kill -9`` of ``gshare serve`` its processes (Ray's, the
+    agent, the template, instances), run directory, shared-memory store and ``server.json``
+    were never reclaimed. The next start on the same state directory reclaims them all, and a
+    second server on a state directory in use is refused."""
+    import json
+    import os
+    import time
+
+    state = tmp_path / "state"
+    first = start_gshare(state_dir=state)
+    c = first.client()
+    c.deploy(
+        {
+            "name": "e",
+            "handler": "gshare.runtime.demo_handlers:Echo",
+            "device": "cpu",
+            "min_instances": 1,
+        }
+    )
+    wait_until(lambda: c.get("e")["available_replicas"] == 1, 120, "ready")
+    doc = json.loads((state / "server.json").read_text())
+    r = run_cli("serve", "--port", "0", state_dir=state, timeout_s=60)
+    assert r.returncode == 1 and "another gshare server" in r.stderr  # in use: refused
+
+    def session_procs() -> list[int]:
+        out = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("GSHARE_SESSION") == doc["session"]:
+                    out.append(p.pid)
+            except psutil.Error:
+                continue
+        return out
+
+    assert len(session_procs()) >= 3  # Ray, the agent, the template, the instance ...
+    os.kill(doc["pid"], signal.SIGKILL)
+    time.sleep(1.0)
+    assert session_procs() and os.path.isdir(doc["run_dir"])  # left behind
+    second = start_gshare(state_dir=state)
+    assert not session_procs()
+    assert not os.path.exists(doc["run_dir"])
+    assert doc["store_root"] is None or not os.path.exists(doc["store_root"])
+    c2 = second.client()
+    wait_until(lambda: c2.get("e")["available_replicas"] == 1, 120, "restored and ready")
+    assert c2.invoke("e", [7]) == [7]

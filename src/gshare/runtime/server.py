@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -79,6 +80,64 @@ class ServeOptions:
     grpc_port: int | None = None
     """Also serve the KServe v2 / Triton gRPC API (``gateway.grpc_server``) on this port of
     ``host`` (0: any free port, written to ``server.json`` as ``grpc``); None: no gRPC."""
+
+
+SESSION_ENV = "GSHARE_SESSION"
+"""The environment variable that marks every process of one server (its session id)."""
+
+
+def reclaim_stale_server(state_dir: Path) -> None:
+    """Before a start: refuse when another live server uses ``state_dir``; when the last one
+    was killed without stopping (``kill -9``), reclaim what it left — its processes (found by
+    ``SESSION_ENV``: Ray's, the node agents, templates, instances), its run directory, its
+    shared-memory model store and ``server.json``. Called by ``run_server``."""
+    import psutil
+
+    path = state_dir / SERVER_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    pid = doc.get("pid") if isinstance(doc, dict) else None
+    if isinstance(pid, int) and pid != os.getpid() and psutil.pid_exists(pid):
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(psutil.Process(pid).cmdline())
+            if "gshare" in cmd:
+                raise ServeError(
+                    f"another gshare server (pid {pid}, {doc.get('url')}) uses the state "
+                    f"directory {state_dir}; stop it first, or use --state"
+                )
+    session = doc.get("session") if isinstance(doc, dict) else None
+    victims: list[Any] = []
+    if isinstance(session, str) and session:
+        me = os.getuid()
+        for p in psutil.process_iter(["uids"]):
+            try:
+                if p.pid == os.getpid() or p.info["uids"] is None or p.info["uids"].real != me:
+                    continue
+                if p.environ().get(SESSION_ENV) == session:
+                    p.kill()
+                    victims.append(p)
+            except psutil.Error:
+                continue
+        psutil.wait_procs(victims, timeout=10)  # gone before their files are removed
+    uid = os.getuid()
+    for key, prefix in (
+        ("run_dir", os.path.join(tempfile.gettempdir(), f"gshare-{uid}") + os.sep),
+        ("store_root", f"/dev/shm/gshare-{uid}-"),
+    ):
+        target = doc.get(key) if isinstance(doc, dict) else None
+        if isinstance(target, str) and target.startswith(prefix):  # only what we create
+            shutil.rmtree(target, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    log.warning(
+        "reclaimed what a server that did not stop left (pid %s, session %s): %d processes, "
+        "its run directory and model store",
+        pid,
+        session,
+        len(victims),
+    )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -133,6 +192,7 @@ def run_server(opts: ServeOptions) -> None:
             f"the state database {state_dir / 'gshare.db'} is unreadable ({e}); move it away to "
             "start with an empty state, or point --state at another directory"
         ) from None
+    reclaim_stale_server(state_dir)
     sock = _bind(opts.host, opts.port)
     if opts.grpc_port:  # fail in a second, before Ray starts (the gRPC server binds it later)
         try:
@@ -174,7 +234,17 @@ def run_server(opts: ServeOptions) -> None:
         )
         server = _UvicornServer(config)
         server.should_exit = stop.is_set()
-        (state_dir / SERVER_FILE).write_text(json.dumps({"url": url, "pid": os.getpid()}))
+        (state_dir / SERVER_FILE).write_text(
+            json.dumps(
+                {
+                    "url": url,
+                    "pid": os.getpid(),
+                    "session": runtime.session,
+                    "run_dir": runtime.run_dir,
+                    "store_root": runtime.store_root,
+                }
+            )
+        )
         print(
             f"gshare: serving on {url} (state {state_dir}, {len(runtime.agents)} node(s))",
             file=sys.stderr,
@@ -240,6 +310,9 @@ class _Runtime:
         self.token = token
         self.state_dir = state_dir
         self.session = uuid.uuid4().hex[:8]
+        # Every process of this server (Ray's, the agents', templates, instances) inherits it,
+        # so the next start can find them if this one is killed (reclaim_stale_server).
+        os.environ[SESSION_ENV] = self.session
         uid = os.getuid()
         self.run_dir = os.path.join(tempfile.gettempdir(), f"gshare-{uid}", self.session)
         self.store_root = (
