@@ -34,6 +34,9 @@ from gshare.sim.kernels.stream import HookCosts, Jitter, TaskRecord
 HIGH_PRIORITY = 9
 LOW_PRIORITY = 1
 
+INF = ("resnet50_4_fwd", "resnet101_4_fwd", "mobilenetv2_4_fwd")
+"""The shipped inference passes (batch 4): the services of the experiments."""
+
 COMMON_PARAMS: dict[str, Any] = {
     "timeslice_ms": 1.024,
     "switch_ms": 0.025,

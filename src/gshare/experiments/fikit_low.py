@@ -25,6 +25,7 @@ import numpy as np
 from gshare.experiments.fikit_common import (
     COMMON_PARAMS,
     HIGH_PRIORITY,
+    INF,
     LOW_PRIORITY,
     PAPER,
     Bench,
@@ -36,8 +37,6 @@ from gshare.experiments.fikit_common import (
 from gshare.experiments.registry import register
 from gshare.experiments.results import ExperimentResult
 from gshare.sim.kernels.scenario import Arrivals, Mode, Service, run_scenario
-
-INF = ("resnet50_4_fwd", "resnet101_4_fwd", "mobilenetv2_4_fwd")
 
 EXCLUSIVE_FULL: dict[str, Any] = {
     **COMMON_PARAMS,

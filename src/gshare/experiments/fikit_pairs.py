@@ -26,6 +26,7 @@ from typing import Any
 from gshare.experiments.fikit_common import (
     COMMON_PARAMS,
     HIGH_PRIORITY,
+    INF,
     LOW_PRIORITY,
     PAPER,
     Bench,
@@ -38,7 +39,6 @@ from gshare.experiments.registry import register
 from gshare.experiments.results import ExperimentResult
 from gshare.sim.kernels.scenario import Arrivals, Mode, ScenarioResult, Service, run_scenario
 
-INF = ("resnet50_4_fwd", "resnet101_4_fwd", "mobilenetv2_4_fwd")
 TRAIN = ("resnet50_32_fb1", "resnet101_32_fb1", "mobilenetv2_32_fb1", "bert_8_fb1",
          "transformer_xl_8_fb1")  # fmt: skip
 BEST_EFFORT_PAIRS = [[h, low] for h in INF for low in TRAIN]
