@@ -241,4 +241,80 @@ class MemoryGovernor:
         self.plan = plan
 
 
-__all__ = ["MemoryGovernor", "MemoryLimitExceeded"]
+class CudaMemory:
+    """The same sizing on a CUDA device (never run here: no GPU; see the README's Status).
+
+    The model memory is what PyTorch's caching allocator holds for the process; the limit is
+    its per-process memory fraction (``partition.set_cuda_memory_fraction``), so an allocation
+    over it raises ``torch.cuda.OutOfMemoryError`` inside ``predict`` instead of being sampled.
+    Per batch ``begin_batch`` resets the allocator's peak and ``end_batch`` records
+    ``max_memory_allocated`` (the CUDA allocator's peak) to ``<socket>.mem``. ``grow_after_oom``
+    — called by the batching thread when ``predict`` ran out of memory — asks the ledger for
+    the next step (``policy.memory.grow_limit`` from the peak it reached) and sets the new
+    fraction; the batch is then re-run. ``shrink`` returns to ``init`` when idle."""
+
+    def __init__(
+        self,
+        device: str,
+        plan: MemoryPlan,
+        history_path: str,
+        *,
+        ask: Callable[[float, int], tuple[bool, float, str]],
+    ) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = device
+        self.plan = plan
+        self.limit_mb = plan.init_mb
+        self.history_path = history_path
+        self._ask = ask
+        self.total_mb = float(torch.cuda.get_device_properties(device).total_memory) / _MB
+        self.grows = 0
+        self._apply()
+        with contextlib.suppress(OSError):
+            open(history_path, "wb").close()
+
+    def _apply(self) -> None:
+        from gshare.runtime.node.partition import set_cuda_memory_fraction
+
+        set_cuda_memory_fraction(min(1.0, max(self.limit_mb, 1.0) / self.total_mb), self.device)
+
+    def begin_batch(self) -> None:
+        self.torch.cuda.reset_peak_memory_stats(self.device)
+
+    def end_batch(self, exec_s: float) -> None:
+        peak = float(self.torch.cuda.max_memory_allocated(self.device)) / _MB
+        with contextlib.suppress(OSError), open(self.history_path, "ab") as f:
+            f.write(SAMPLE.pack(peak, max(0.0, exec_s)))
+
+    def grow_after_oom(self) -> str | None:
+        """After an out-of-memory error: grow by the steps the peak needs; None when granted
+        (re-run the batch), else why not (the request fails with a memory-limit error)."""
+        need = max(self.limit_mb, float(self.torch.cuda.max_memory_allocated(self.device)) / _MB)
+        if self.plan.fixed:
+            return f"the request needs more than the memory limit {self.limit_mb:.0f} MiB"
+        decision = grow_limit(
+            self.limit_mb, need + 1e-6, self.plan.init_mb, self.plan.step_mb, self.plan.cap_mb
+        )
+        if decision.limit_mb is None:
+            return f"the request needs more than the function's max {self.plan.cap_mb:.0f} MiB"
+        granted, held, reason = self._ask(decision.limit_mb, decision.steps)
+        if not granted:
+            return f"its limit {self.limit_mb:.0f} MiB cannot grow: {reason}"
+        self.limit_mb = held
+        self.grows += 1
+        self.torch.cuda.empty_cache()
+        self._apply()
+        return None
+
+    def shrink(self) -> None:
+        if self.limit_mb > self.plan.init_mb:
+            granted, held, _ = self._ask(self.plan.init_mb, 0)
+            if granted:
+                self.limit_mb = held
+                self.torch.cuda.empty_cache()
+                self._apply()
+
+
+__all__ = ["CudaMemory", "MemoryGovernor", "MemoryLimitExceeded"]
