@@ -32,6 +32,7 @@ EXPERIMENT_MODULES = (
     "gshare.experiments.fikit_pairs",
     "gshare.experiments.fikit_low",
     "gshare.experiments.fikit_overhead",
+    "gshare.experiments.bulkx_sizing",
 )
 
 
