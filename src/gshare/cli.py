@@ -197,6 +197,15 @@ def serve_cmd(
             "this port (0: any free port; default: no gRPC)."
         ),
     ),
+    priority_sharing: str = typer.Option(
+        "fikit",
+        "--priority-sharing",
+        help=(
+            "How a device shares between functions of different priority: fikit (the higher "
+            "class preempts at the next op, lower classes fill its idle gaps; tokens within a "
+            "class) or tokens (priorities only order the token queue)."
+        ),
+    ),
     device_mem_mb: float | None = typer.Option(
         None,
         "--device-mem-mb",
@@ -225,6 +234,7 @@ def serve_cmd(
                 launcher=launcher,
                 device_mem_mb=device_mem_mb,
                 grpc_port=grpc_port,
+                priority_sharing=priority_sharing,
             )
         )
     except ServeError as e:
@@ -262,6 +272,8 @@ def list_cmd(
     table = Table(
         "name",
         "model/handler",
+        "priority",
+        "phase",
         "invocations",
         "ready/replicas",
         "rps (pred)",
@@ -281,6 +293,8 @@ def list_cmd(
         table.add_row(
             f["name"],
             str(f["image"]),
+            str(f.get("priority", "-")),
+            str((f.get("fikit") or {}).get("phase", "-")),
             str(f["invocationCount"]),
             f"{f['availableReplicas']}/{f['replicas']}",
             f"{f['observed_rps']:.1f} ({f['predicted_rps']:.1f})",

@@ -128,6 +128,11 @@ class TokenConfig:
     past ``cap - limit_margin_ms``, so an overrun of up to this long keeps its window within the
     limit; it costs such a client that much of its cap. Must be below ``min_token_ms``. See the
     NOTE on the limit margin."""
+    reserve_for_lower_priority: bool = True
+    """Guarantee reservation also for clients of lower priority (the default). False under
+    FIKIT's class plan (``policy.priority.classes``: a quota is guaranteed against clients of
+    the same and lower classes only): a client's token is never shortened for the guarantee of
+    a client of lower priority, which gets no token while a higher class is active anyway."""
 
     def __post_init__(self) -> None:
         if self.window_ms <= 0:
@@ -421,6 +426,8 @@ class TokenScheduler:
         for d in self.clients.values():
             if d is c or c.spec.sm_pct + d.spec.sm_pct <= cfg.sm_global_limit_pct + 1e-9:
                 continue  # itself, or it can run side by side with c
+            if not cfg.reserve_for_lower_priority and d.spec.priority < c.spec.priority:
+                continue  # FIKIT's class plan: lower classes are owed nothing by higher ones
             recently = now_ms - d.last_seen_ms < cfg.window_ms
             if not (d.waiting or d.token is not None or d.used_ms > 0 or recently):
                 continue  # idle for a window: nothing reserved

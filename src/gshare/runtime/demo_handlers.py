@@ -18,6 +18,11 @@ import nothing heavy, so an instance of them starts fast.
   inputs ``INPUT0`` and ``INPUT1`` of shape [n, 16] → ``OUTPUT0`` = sum and ``OUTPUT1`` =
   difference, both times the request parameter ``scale`` (default 1): declared tensors for the
   model metadata, request parameters, requested outputs (the OIP conformance tests).
+* ``Kernels`` — ``{"kernels": N, "kernel_ms": K, "gap_ms": G}`` runs N torch module calls
+  (default 10), each keeping the CPU busy K ms (default 2), with G ms of idle host time (a sleep)
+  between them (default 0): a model whose ops — the instance's preemption points, FIKIT's
+  kernels — and inter-op gaps are known, for the priority tests and benches (a host that
+  synchronises between kernels leaves gaps a lower priority class can fill).
 * ``Gate`` — ``{"dir": PATH, "id": ID}`` creates ``PATH/started-ID-PID`` when the request
   starts running, then holds it until the file ``PATH/open`` exists (at most ``timeout_s``,
   default 120) and answers ``{"id": ID, "pid": PID}``: a test sees which request runs where,
@@ -168,6 +173,39 @@ class AddSub:
         return {"INPUT0": torch.ones(1, self.WIDTH), "INPUT1": torch.ones(1, self.WIDTH)}
 
 
+class Kernels:
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        import torch
+
+        class Busy(torch.nn.Module):
+            def forward(self, x: Any, ms: float) -> Any:
+                end = time.perf_counter() + ms / 1000.0
+                while time.perf_counter() < end:
+                    pass
+                return x
+
+        self.torch = torch
+        self.op = Busy()
+        self.x = torch.zeros(1)
+
+    def example_input(self) -> Any:
+        return {"kernels": 4, "kernel_ms": 1}
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        out = []
+        for x in inputs:
+            n = int(_field(x, "kernels", 10.0))
+            kernel_ms = _field(x, "kernel_ms", 2.0)
+            gap_s = _field(x, "gap_ms", 0.0) / 1000.0
+            with self.torch.no_grad():
+                for i in range(n):
+                    if i and gap_s:
+                        time.sleep(gap_s)
+                    self.op(self.x, kernel_ms)
+            out.append({"kernels": n, "pid": os.getpid()})
+        return out
+
+
 class Gate:
     def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
         pass
@@ -199,4 +237,4 @@ class Gate:
         return [{"id": rid, "pid": pid} for _, rid in held]
 
 
-__all__ = ["Activations", "AddSub", "Echo", "Gate", "MemoryHog", "Sleep", "Spin"]
+__all__ = ["Activations", "AddSub", "Echo", "Gate", "Kernels", "MemoryHog", "Sleep", "Spin"]

@@ -78,6 +78,27 @@ class MemoryUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class FikitUsage:
+    """An instance's FIKIT state from its device's board (``runtime.tokens.board``; counters
+    since the instance was registered)."""
+
+    phase: str
+    """``measuring`` / ``sharing`` (``policy.priority.TaskPhase``), or ``off``."""
+    runs: int = 0
+    """Runs in its kernel profile (T)."""
+    preemptions: int = 0
+    """Ops it held because a higher priority class was active (task switching)."""
+    fills: int = 0
+    """Ops it ran inside a higher class's predicted idle gaps."""
+    measure_s: float = 0.0
+    """Wall time of its measured batches (the measurement phase)."""
+    gaps: int = 0
+    """Idle gaps it published (top class, sharing phase)."""
+    wait_s: float = 0.0
+    """Time its held ops waited for a higher class."""
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceStatus:
     """One instance in a node agent's report."""
 
@@ -103,6 +124,8 @@ class InstanceStatus:
     """Private resident memory."""
     memory: MemoryUsage | None = None
     """Its memory limit and measured peaks (None: the instance has no memory limit)."""
+    fikit: FikitUsage | None = None
+    """Its FIKIT state (None: its device shares by tokens alone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +199,7 @@ __all__ = [
     "AgentGone",
     "AgentHandle",
     "ConfigSource",
+    "FikitUsage",
     "InstanceState",
     "InstanceStatus",
     "LiveState",

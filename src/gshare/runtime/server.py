@@ -77,6 +77,9 @@ class ServeOptions:
     template per node, or one Ray actor each."""
     device_mem_mb: float | None = None
     """Memory of each node's CPU device for instances' memory limits (None: 90 % of RAM)."""
+    priority_sharing: str = "fikit"
+    """How a device combines functions of different priority (``node.agent.PRIORITY_SHARING``):
+    ``fikit`` (FIKIT across priority classes, tokens within one) or ``tokens``."""
     grpc_port: int | None = None
     """Also serve the KServe v2 / Triton gRPC API (``gateway.grpc_server``) on this port of
     ``host`` (0: any free port, written to ``server.json`` as ``grpc``); None: no gRPC."""
@@ -176,6 +179,10 @@ def run_server(opts: ServeOptions) -> None:
         )
     if opts.launcher not in LAUNCHERS:
         raise ServeError(f"unknown launcher {opts.launcher!r} (known: {', '.join(LAUNCHERS)})")
+    if opts.priority_sharing not in ("fikit", "tokens"):
+        raise ServeError(
+            f"unknown priority sharing {opts.priority_sharing!r} (known: fikit, tokens)"
+        )
     logging.basicConfig(
         level=getattr(logging, opts.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -383,6 +390,7 @@ class _Runtime:
                 self.store_root,
                 self.opts.launcher,
                 self.opts.device_mem_mb,
+                self.opts.priority_sharing,
             )
         if not started:
             return {}

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from gshare.documents import DocumentError, load_json, load_yaml
-from gshare.runtime.control.loop import Controller, LiveInstance
+from gshare.runtime.control.loop import Controller, FunctionState, LiveInstance
 from gshare.runtime.gateway.app import ControlPlane
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.messages import LiveState
@@ -163,6 +163,8 @@ class ControlApi(ControlPlane):
             "configs": len(fs.configs.configs),
             "last_decision": fs.last_reason,
             "memory": _memory_view(fs),
+            "priority": fs.spec.priority,
+            "fikit": _fikit_view(fs, insts),
             "instances": [_instance_view(i) for i in sorted(insts, key=lambda i: i.instance_id)],
         }
 
@@ -259,6 +261,27 @@ def _memory_view(fs: Any) -> dict[str, Any] | None:
     }
 
 
+def _fikit_view(fs: FunctionState, insts: list[LiveInstance]) -> dict[str, Any]:
+    """The function's FIKIT phase (``policy.priority.TaskPhase``): ``measuring`` while one of its
+    instances measures, ``sharing`` once they share (or a kept profile lets the next one start
+    sharing), ``-`` when its device shares by tokens alone or nothing ran yet; its instances'
+    counters summed."""
+    usages = [i.fikit for i in insts if i.fikit is not None]
+    if any(u.phase == "measuring" for u in usages):
+        phase = "measuring"
+    elif any(u.phase == "sharing" for u in usages) or fs.kernel_runs > 0:
+        phase = "sharing"
+    else:
+        phase = "-"
+    return {
+        "phase": phase,
+        "profile_runs": fs.kernel_runs,
+        "preemptions": sum(u.preemptions for u in usages),
+        "fills": sum(u.fills for u in usages),
+        "measure_s": round(sum(u.measure_s for u in usages), 3),
+    }
+
+
 def _instance_view(i: LiveInstance) -> dict[str, Any]:
     return {
         "id": i.instance_id,
@@ -287,6 +310,17 @@ def _instance_view(i: LiveInstance) -> dict[str, Any]:
             "steps": i.memory.steps,
             "refusals": i.memory.refusals,
             "last_peak_mb": round(i.memory.samples[-1][0], 1) if i.memory.samples else None,
+        },
+        "fikit": None
+        if i.fikit is None
+        else {
+            "phase": i.fikit.phase,
+            "runs": i.fikit.runs,
+            "preemptions": i.fikit.preemptions,
+            "fills": i.fikit.fills,
+            "gaps": i.fikit.gaps,
+            "measure_s": round(i.fikit.measure_s, 3),
+            "wait_s": round(i.fikit.wait_s, 3),
         },
         "uds_path": i.uds_path,
     }

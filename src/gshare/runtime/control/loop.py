@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -54,13 +55,14 @@ from gshare.profiles import ProfileTable
 from gshare.resources import GpuShare
 from gshare.runtime.control.configs import FunctionConfigs, configs_for, share_for
 from gshare.runtime.control.memory import FunctionMemory
-from gshare.runtime.control.state import StateStore
+from gshare.runtime.control.state import StateStore, kernel_code_key
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.instance.server import InstanceLaunch, launch_to_dict
 from gshare.runtime.messages import (
     AgentGone,
     AgentHandle,
     ConfigSource,
+    FikitUsage,
     InstanceState,
     LiveState,
     MemoryUsage,
@@ -139,6 +141,8 @@ class LiveInstance:
     """The gateway route it serves (the function's; a private one for profiling)."""
     memory: MemoryUsage | None = None
     """Its memory limit and measured peaks, from its node's last status."""
+    fikit: FikitUsage | None = None
+    """Its FIKIT phase and counters, from its node's last status (None: tokens alone)."""
 
     def __post_init__(self) -> None:
         self.route = self.route or self.function
@@ -166,6 +170,9 @@ class FunctionState:
     last_shortfall_s: float = -1e18
     memory: FunctionMemory = field(default_factory=FunctionMemory)
     """Resource-centric memory sizing (``runtime.control.memory``)."""
+    kernel_runs: int = 0
+    """Runs of the FIKIT kernel profile kept for it in the state database (0: none yet)."""
+    kernel_fetching: bool = False
 
 
 class Controller:
@@ -464,10 +471,14 @@ class Controller:
         else:
             sm_offset = 0.0
         spec = fs.spec
+        spec_dump = spec.model_dump(mode="json")
+        kernel_profile = self.state.kernel_profile(name, kernel_code_key(spec_dump))
+        if kernel_profile is not None:
+            fs.kernel_runs = int(kernel_profile.get("runs", 0))
         launch = InstanceLaunch(
             instance_id=iid,
             function=name,
-            spec=spec.model_dump(mode="json"),
+            spec=spec_dump,
             sm_pct=share.sm_pct,
             quota_request=share.quota_request,
             quota_limit=share.quota_limit,
@@ -482,6 +493,7 @@ class Controller:
             sm_offset_pct=min(100.0, max(0.0, sm_offset)),
             listen_tcp=device.node_id != self.gateway_node_id,
             extra_sys_path=self.extra_sys_path,
+            kernel_profile=kernel_profile,
         )
         inst = LiveInstance(iid, name, cfg, share, device, self.clock(), profiling=profiling)
         self.instances[iid] = inst
@@ -590,6 +602,8 @@ class Controller:
             inst.pid, inst.rss_mb, inst.cores = st.pid, st.rss_mb, st.cores
             if st.memory is not None and fs is not None and not inst.profiling:
                 self._observe_memory(fs, inst, st.memory)
+            if st.fikit is not None and fs is not None and not inst.profiling:
+                await self._observe_fikit(fs, inst, st.fikit)
             inst.uds_path, inst.tcp_port = st.uds_path, st.tcp_port
             if st.restarts > inst.restarts:
                 self.gateway.metrics.restarts.labels(inst.function).inc(st.restarts - inst.restarts)
@@ -675,6 +689,56 @@ class Controller:
             mt.memory_steps.labels(inst.function).inc(steps)
         if refusals:
             mt.memory_refusals.labels(inst.function).inc(refusals)
+
+    async def _observe_fikit(
+        self, fs: FunctionState, inst: LiveInstance, usage: FikitUsage
+    ) -> None:
+        """An instance's FIKIT report: the counters' growth into the metrics, and once the
+        function's first instance is in the sharing phase, its kernel profile into the state
+        database (the instance's ``kernel_profile`` command)."""
+        prev = inst.fikit
+        inst.fikit = usage
+        mt = self.gateway.metrics
+        for counter, new, old in (
+            (mt.fikit_preemptions, usage.preemptions, prev.preemptions if prev else 0),
+            (mt.fikit_fills, usage.fills, prev.fills if prev else 0),
+            (mt.fikit_measure, usage.measure_s, prev.measure_s if prev else 0.0),
+        ):
+            delta = new - old if new >= old else new  # below: the slot was re-registered
+            if delta > 0:
+                counter.labels(inst.function).inc(delta)
+        if (
+            usage.phase == "sharing"
+            and fs.kernel_runs == 0
+            and not fs.kernel_fetching
+            and inst.state is LiveState.READY
+        ):
+            fs.kernel_fetching = True
+            await self._store_kernel_profile(fs, inst)
+
+    async def _store_kernel_profile(self, fs: FunctionState, inst: LiveInstance) -> None:
+        name = fs.spec.name
+        try:
+            raw = await self.gateway.control(
+                inst.route, inst.instance_id, {"cmd": "kernel_profile", "profile": True}
+            )
+            doc = json.loads(raw)
+            profile = doc.get("profile")
+            if isinstance(profile, dict) and int(profile.get("runs", 0)) > 0:
+                code = kernel_code_key(fs.spec.model_dump(mode="json"))
+                self.state.put_kernel_profile(name, code, profile, int(profile["runs"]))
+                fs.kernel_runs = int(profile["runs"])
+                self._event(
+                    name,
+                    f"FIKIT: kernel profile measured ({fs.kernel_runs} runs, "
+                    f"{doc.get('kernels', 0)} op ids, {doc.get('fillable', 0)} followed by a "
+                    f"gap >= 0.1 ms); sharing phase",
+                    instance=inst.instance_id,
+                )
+        except Exception as e:
+            log.warning("%s: cannot fetch the kernel profile of %s: %s", name, inst.instance_id, e)
+        finally:
+            fs.kernel_fetching = False
 
     async def _resize_memory(self, fs: FunctionState) -> None:
         """Re-solve an ``auto`` function's memory sizing and push it to its instances."""

@@ -7,6 +7,10 @@ Everything lives in one state directory (``--state``, default ``~/.gshare``, mod
   ``gshare profile``: function, sm_pct, quota_pct, batch → latency_ms; the autoscaler reads it
   through ``ProfileTable``) and ``events`` (per-function log lines: deployments, scale
   decisions, instance starts, crashes and restarts; ``gshare logs NAME`` shows them);
+  ``kernel_profiles`` (FIKIT: a function's kernel profile — SK and SG per op id — measured by
+  its first instances, ``policy.priority.KernelProfile.to_records``; kept with the code it
+  measured, ``kernel_code_key``, so an update of the model or handler measures again, and kept
+  across restarts and deletes like the profile rows);
 * ``token`` — the bearer token of the control API (``/system/...``), generated at the first
   start, file mode 0600. The CLI reads it from here when ``--token`` is not given.
 
@@ -67,6 +71,13 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_function ON events (function, id);
+CREATE TABLE IF NOT EXISTS kernel_profiles (
+    function TEXT PRIMARY KEY,
+    code_key TEXT NOT NULL,
+    runs INTEGER NOT NULL,
+    profile_json TEXT NOT NULL,
+    measured_s REAL NOT NULL
+);
 """
 
 
@@ -267,6 +278,35 @@ class StateStore:
         rows = self.profile_rows(function)
         return ProfileTable(rows) if rows else None
 
+    # -- FIKIT kernel profiles ---------------------------------------------------------------------
+
+    def put_kernel_profile(
+        self, function: str, code_key: str, profile: dict[str, Any], runs: int
+    ) -> None:
+        """Keep a function's measured kernel profile (replacing an older one)."""
+        with self._tx() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO kernel_profiles"
+                " (function, code_key, runs, profile_json, measured_s) VALUES (?, ?, ?, ?, ?)",
+                (function, code_key, int(runs), json.dumps(profile), time.time()),
+            )
+
+    def kernel_profile(self, function: str, code_key: str) -> dict[str, Any] | None:
+        """The kernel profile kept for ``function`` when it was measured on the same code
+        (``code_key``), else None."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT code_key, profile_json FROM kernel_profiles WHERE function = ?",
+                (function,),
+            ).fetchone()
+        if row is None or row[0] != code_key:
+            return None
+        try:
+            doc = json.loads(row[1])
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
     # -- events ----------------------------------------------------------------------------------
 
     def add_event(
@@ -297,6 +337,12 @@ class StateStore:
         return [Event(*r) for r in reversed(rows)]
 
 
+def kernel_code_key(spec: dict[str, Any]) -> str:
+    """What a kernel profile was measured on: the spec's model, handler, weights and device
+    (another of them: other ops, measured again)."""
+    return json.dumps({k: spec.get(k) for k in ("model", "handler", "weights", "device")})
+
+
 def _stored(row: tuple[Any, ...]) -> StoredFunction:
     return StoredFunction(
         name=row[0],
@@ -314,6 +360,7 @@ __all__ = [
     "StateStore",
     "StoredFunction",
     "ensure_token",
+    "kernel_code_key",
     "read_token",
     "resolve_state_dir",
 ]

@@ -134,6 +134,27 @@ class Metrics:
             registry=r,
         )
 
+        self.fikit_preemptions = Counter(
+            "gshare_fikit_preemptions",
+            "Ops (torch module calls) the function's instances held because a higher priority "
+            "class was active on their device (FIKIT task switching)",
+            ["function"],
+            registry=r,
+        )
+        self.fikit_fills = Counter(
+            "gshare_fikit_fill_kernels",
+            "Ops the function's instances ran inside a higher class's predicted idle gaps "
+            "(FIKIT BestPrioFit fills)",
+            ["function"],
+            registry=r,
+        )
+        self.fikit_measure = Counter(
+            "gshare_fikit_measure_seconds",
+            "Wall time of the function's measured batches (FIKIT measurement phase)",
+            ["function"],
+            registry=r,
+        )
+
     def forget_function(self, function: str) -> None:
         """Drop every series of a deleted function (so ``/metrics`` does not keep them)."""
         for m in list(vars(self).values()):

@@ -36,6 +36,13 @@ runs. A burst therefore overruns its token by at most one module's forward, and 
 instances interleave at layer granularity. Handlers that do not use torch modules are
 preempted only between batches.
 
+Priority classes (FIKIT, ``instance.fikit``; when the device's board is in FIKIT mode): the
+same preemption point reads the board's top active class (one 8-byte load); below it, the
+instance gives its token back and holds the op — as a fill into a higher class's predicted idle
+gap when BestPrioFit picks it, else until its class may run (the token server holds its
+ACQUIRE). Its first T batches are measured (each leaf module's span: the function's kernel
+profile, kept by the controller; ``kernel_profile`` in the launch skips it).
+
 Memory limit (``mem_mb`` > 0 or resource-centric sizing, CPU; ``instance.memory``): the limit is
 on the memory the instance's model uses, as on a GPU where it caps the allocator and excludes
 the CUDA context: the process's private resident memory (the shared model weights do not count)
@@ -110,6 +117,9 @@ class InstanceLaunch:
     extra_sys_path: tuple[str, ...] = ()
     """Folders to put on ``sys.path`` before importing a ``handler: module:Class``."""
     env: dict[str, str] = field(default_factory=dict)
+    kernel_profile: dict[str, Any] | None = None
+    """The function's FIKIT kernel profile from the state database (``KernelProfile.to_records``;
+    None: the instance measures its first batches, ``instance.fikit``)."""
 
 
 @dataclass
@@ -265,6 +275,11 @@ class InstanceServer:
             from torch.nn.modules.module import register_module_forward_pre_hook
 
             self._hook = register_module_forward_pre_hook(self._token_hook)
+        # FIKIT across priority classes, when the device's board says so (instance.fikit).
+        self._fikit: Any = None
+        self._fikit_filling = False
+        if "torch" in _sys.modules:
+            self._fikit = _open_fikit(launch)
         # 4. data path.
         self._loop = asyncio.new_event_loop()
         self._servers: list[asyncio.AbstractServer] = []
@@ -376,6 +391,13 @@ class InstanceServer:
             elif name == "drain":
                 self.draining = True
                 reply = {"ok": True}
+            elif name == "kernel_profile":
+                fk = self._fikit
+                reply = (
+                    {"phase": "off"}
+                    if fk is None
+                    else fk.report(with_profile=bool(cmd.get("profile", False)))
+                )
             elif name == "stats":
                 with self._cond:
                     reply = {
@@ -460,6 +482,8 @@ class InstanceServer:
 
     def _batch_loop(self) -> None:
         self._worker_ident = threading.get_ident()
+        if self._fikit is not None:
+            self._fikit.worker_ident = self._worker_ident
         while not self._stop.is_set():
             batch = self._take_batch()
             if batch is None:
@@ -503,10 +527,22 @@ class InstanceServer:
             self._send(out)
             return
         t_ask = time.perf_counter()
-        if not self.tokens.reusable():  # token reuse: a held token whose rest fits the batch
+        fk = self._fikit
+        self._fikit_filling = False
+        if fk is not None:
+            fk.begin_batch()
+        give_way = fk is not None and fk.must_yield()  # FIKIT: a higher class is active
+        if give_way and fk.fills_possible():
+            # give the token back now; the first preemption point holds the first op (a gap
+            # fill, or the token once this class may run)
             self.tokens.release_if_held(completed=False)
-            self._acquire()
-        self.tokens.begin_burst()
+            self._fikit_filling = True
+        else:
+            # token reuse: a held token whose rest fits the batch (not while giving way)
+            if give_way or not self.tokens.reusable():
+                self.tokens.release_if_held(completed=False)
+                self._acquire()
+            self.tokens.begin_burst()
         t0 = time.perf_counter()
         self._seg_start = t0
         self._busy_s = 0.0
@@ -516,6 +552,7 @@ class InstanceServer:
         if mem is not None:
             mem.begin_batch()
         results: list[tuple[bool, Any]] = []
+        first_ok = False
         try:
             try:
                 outputs = self._predict(inputs, good)
@@ -524,6 +561,7 @@ class InstanceServer:
                         f"predict returned {len(outputs)} outputs for {len(inputs)} inputs"
                     )
                 results = [(True, o) for o in outputs]
+                first_ok = True
             except Exception:
                 failed = self._failure()
                 if len(inputs) == 1:
@@ -542,6 +580,8 @@ class InstanceServer:
             self._in_burst = False
             if mem is not None:
                 mem.end_batch(time.perf_counter() - t0)
+            if fk is not None:
+                fk.end_batch(ok=first_ok)
         seg_s = time.perf_counter() - self._seg_start
         if self.tokens.in_burst:
             self.tokens.end_burst()  # the token is kept for the next batch (see _batch_loop)
@@ -637,6 +677,15 @@ class InstanceServer:
         mem = self._mem
         if mem is not None:
             mem.check()  # a refused memory grow aborts the batch here
+        fk = self._fikit
+        if fk is not None:  # FIKIT: task switching and gap fills (instance.fikit)
+            if fk.must_yield():
+                self._fikit_hold(fk, module, args)
+            else:
+                self._fikit_filling = False
+            fk.before_op(module, args)
+            if self._fikit_filling:
+                return  # dispatched into a higher class's gap: runs without a token
         if self.tokens.token_left_ms() > 0.0:
             return
         now = time.perf_counter()
@@ -645,6 +694,21 @@ class InstanceServer:
         self.tokens.release_if_held(completed=False)
         self._acquire()
         if not self.tokens.in_burst:  # a new client after a reconnect
+            self.tokens.begin_burst()
+        t1 = time.perf_counter()
+        self._rewait_s += t1 - now
+        self._seg_start = t1
+        if fk is not None:
+            fk.held(t1 - now)
+
+    def _fikit_hold(self, fk: Any, module: Any, args: Any) -> None:
+        """A higher class is active: give the token back and hold this op (``FikitHost.hold``)
+        until it is dispatched as a gap fill or this class may run again (a token)."""
+        now = time.perf_counter()
+        self._busy_s += now - self._seg_start
+        self.tokens.release_if_held(completed=False)
+        self._fikit_filling = bool(fk.hold(module, args, self._acquire))
+        if not self._fikit_filling and not self.tokens.in_burst:
             self.tokens.begin_burst()
         t1 = time.perf_counter()
         self._rewait_s += t1 - now
@@ -708,6 +772,9 @@ class InstanceServer:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._fikit is not None:
+            with contextlib.suppress(Exception):
+                self._fikit.close()
         if self._mem is not None:
             self._mem.stop()
         with self._cond:
@@ -724,6 +791,27 @@ class InstanceServer:
             self._loop.call_soon_threadsafe(close)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.launch.uds_path)
+
+
+def _open_fikit(launch: InstanceLaunch) -> Any:
+    """The instance's ``FikitHost`` when its device's board is in FIKIT mode, else None (token
+    sharing alone; also when the board cannot be used: a warning says why)."""
+    try:
+        from gshare.runtime.tokens.board import open_board
+
+        board = open_board(launch.token_socket, launch.instance_id)
+        if board is None:
+            return None
+        from gshare.runtime.instance.fikit import FikitHost
+
+        return FikitHost(
+            board, launch.function, launch.kernel_profile, device=launch.device, pid=os.getpid()
+        )
+    except Exception as e:  # FIKIT is an optimisation: never fail a start over it
+        import sys
+
+        print(f"gshare: FIKIT is off for {launch.instance_id}: {e!r}", file=sys.stderr)
+        return None
 
 
 def _input_error(e: Exception) -> str:

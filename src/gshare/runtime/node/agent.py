@@ -36,7 +36,12 @@ tasks. Both run the same ``InstanceServer``; the agent supervises both the same 
 
 Token servers run ``policy.tokens.LIVE_TOKEN_CONFIG`` (long uncontended tokens that instances
 reuse for back-to-back batches; a small margin below each client's per-window limit), with the
-fields of ``token_config`` overridden.
+fields of ``token_config`` overridden. With ``priority_sharing="fikit"`` (the default, ``gshare
+serve --priority-sharing``) each also keeps its device's FIKIT board (``tokens.board``, beside
+its socket in the run directory) and the class plan (``policy.priority.plan_classes``; a
+quota is then guaranteed against the same and lower priority classes only:
+``reserve_for_lower_priority=False``); ``status`` reports each instance's FIKIT phase and
+counters from the board.
 
 Crash handling: a monitor thread checks the instances' processes every
 ``MONITOR_PERIOD_S``. An instance whose process died (killed, crashed, or exited over its
@@ -68,6 +73,7 @@ from gshare.policy.tokens import ClientSpec
 from gshare.runtime.instance.memory import SAMPLE
 from gshare.runtime.instance.server import InstanceActor, InstanceLaunch, launch_to_dict
 from gshare.runtime.messages import (
+    FikitUsage,
     InstanceState,
     InstanceStatus,
     MemoryUsage,
@@ -77,6 +83,7 @@ from gshare.runtime.messages import (
 )
 from gshare.runtime.node import tasks as node_tasks
 from gshare.runtime.node.launcher import LAUNCHERS, Launcher
+from gshare.runtime.tokens.board import board_path
 
 log = logging.getLogger("gshare.agent")
 
@@ -91,6 +98,11 @@ MEM_SAMPLES_KEPT = 256
 """Most recent per-batch memory measurements kept per instance for ``status``."""
 CPU_MEMORY_FRACTION = 0.9
 """Share of the node's RAM that CPU instances' memory limits may reserve by default."""
+PRIORITY_SHARING = ("fikit", "tokens")
+"""How a device combines functions of different ``priority`` (``gshare serve
+--priority-sharing``): ``fikit`` — FIKIT orders the priority classes, tokens share the device
+within a class (``policy.priority.plan_classes``; a board per device, ``tokens.board``);
+``tokens`` — priorities only order the token queue."""
 
 
 def _last_line(e: BaseException) -> str:
@@ -137,8 +149,15 @@ class NodeAgent:
         store_root: str | None = None,
         launcher: str = "fork",
         device_mem_mb: float | None = None,
+        priority_sharing: str = "fikit",
     ) -> None:
         logging.basicConfig(level=logging.INFO)
+        if priority_sharing not in PRIORITY_SHARING:
+            raise ValueError(
+                f"priority_sharing must be one of {', '.join(PRIORITY_SHARING)}, "
+                f"got {priority_sharing!r}"
+            )
+        self.priority_sharing = priority_sharing
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         self.node_id = node_id
@@ -160,11 +179,18 @@ class NodeAgent:
         from gshare.runtime.tokens import LIVE_TOKEN_CONFIG, TokenServer
 
         cfg = replace(LIVE_TOKEN_CONFIG, **(token_config or {}))
+        if priority_sharing == "fikit":  # a quota is guaranteed against the same class and below
+            cfg = replace(cfg, reserve_for_lower_priority=False)
         self.device_memory_mb = [self._device_memory_mb(d, device_mem_mb) for d in self.devices]
         self.token_servers = []
         for i, _ in enumerate(self.devices):
+            sock = str(self.run_dir / f"tokens{i}.sock")
             ts = TokenServer(
-                str(self.run_dir / f"tokens{i}.sock"), cfg, memory_mb=self.device_memory_mb[i]
+                sock,
+                cfg,
+                memory_mb=self.device_memory_mb[i],
+                board=board_path(sock),
+                priority_classes=priority_sharing == "fikit",
             )
             ts.start()
             self.token_servers.append(ts)
@@ -234,6 +260,7 @@ class NodeAgent:
                 "mps": self.mps,
                 "run_dir": str(self.run_dir),
                 "launcher": self.launcher_kind,
+                "priority_sharing": self.priority_sharing,
             },
         )
 
@@ -291,6 +318,7 @@ class NodeAgent:
                     restarts=m.total_restarts,
                     rss_mb=round(m.rss_mb, 1),
                     memory=self._memory_usage(iid, m, ledgers),
+                    fikit=self._fikit_usage(iid, m),
                 )
                 for iid, m in self._instances.items()
             )
@@ -303,6 +331,18 @@ class NodeAgent:
         )
         return NodeStatus(
             self.node_id, self.node_ip, time.monotonic(), instances, tokens, device_memory
+        )
+
+    def _fikit_usage(self, iid: str, m: _Managed) -> FikitUsage | None:
+        """The instance's FIKIT counters from its device's board (None: tokens alone)."""
+        if self.priority_sharing != "fikit":
+            return None
+        idx = m.launch.device_index
+        u = self.token_servers[idx].board_usage(iid) if idx < len(self.token_servers) else None
+        if u is None:
+            return None
+        return FikitUsage(
+            u.phase, u.runs, u.preemptions, u.fills, u.measure_s, u.gaps, round(u.wait_s, 6)
         )
 
     @staticmethod

@@ -86,6 +86,16 @@ next ``acquire`` and is logged there (the server's state is authoritative). Anyt
 unknown op, a non-zero length on ACQUIRE/RELEASE, a bad version, an id that is not UTF-8 --
 is malformed and closes the connection.
 
+Priority classes (FIKIT, ``TokenServer(priority_classes=True)``: the agent's default, ``gshare
+serve --priority-sharing fikit``): the server keeps ``policy.priority.plan_classes`` over its
+clients (active: asking, holding a token, or within a window of a RELEASE with
+``completed=False`` — such a client asks again at once). An ACQUIRE of a client below the top
+active class is held — no GRANT, no error — until its class may run, then handed to the token
+scheduler like any other; a grant for a client that a higher class overtook meanwhile is given
+back and its request held again. The top class is published on the device's board
+(``tokens.board``), where a token holder below it reads it at its next preemption point and
+gives its token back (RELEASE, ``completed=False``): the wire protocol is unchanged.
+
 Limits: the server never takes a token back (a device burst cannot be pre-empted; an overrun
 is charged as debt by the policy), so an instance that hangs while holding one blocks its SM
 band until its connection drops -- the agent's liveness check must kill such an instance. A

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gshare.policy.memory import DeviceMemory, MemoryGrant, MemoryRefusal, Reservation
+from gshare.policy.priority import ClassPlan, ClientClass, plan_classes
 from gshare.policy.tokens import (
     ClientSpec,
     ClientView,
@@ -26,6 +27,13 @@ from gshare.policy.tokens import (
     TokenConfig,
     TokenError,
     TokenScheduler,
+)
+from gshare.runtime.tokens.board import (
+    MODE_FIKIT,
+    MODE_TOKENS,
+    BoardError,
+    BoardWriter,
+    SlotUsage,
 )
 from gshare.runtime.tokens.protocol import (
     ERR_BAD_CREDENTIALS,
@@ -132,6 +140,8 @@ class TokenServer:
         *,
         record_tokens: int = 0,
         memory_mb: float | None = None,
+        board: str | None = None,
+        priority_classes: bool = False,
     ) -> None:
         if len(os.fsencode(socket_path)) > 107:
             raise ValueError(f"socket path too long for AF_UNIX (max 107 bytes): {socket_path}")
@@ -168,6 +178,19 @@ class TokenServer:
         self._wake_w: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self.priority_classes = priority_classes
+        """FIKIT across priority classes (``policy.priority.plan_classes``): a client below the
+        top active class gets no token (its ACQUIRE is held until its class may run), and the
+        top class is published on the board. False: priorities only order the token queue."""
+        self._board: BoardWriter | None = None
+        if board is not None:
+            self._board = BoardWriter(board, MODE_FIKIT if priority_classes else MODE_TOKENS)
+        self._plan: ClassPlan | None = None
+        self._held: dict[str, float] = {}
+        """Clients whose ACQUIRE the class plan holds back, and since when (ms)."""
+        self._resuming: dict[str, float] = {}
+        """Clients that gave a token back with work left (``completed=False``) and will ask
+        again at once, and when (ms): still active for the class plan, for one window."""
 
     # -- lifecycle (node agent) ---------------------------------------------------------------
 
@@ -250,6 +273,12 @@ class TokenServer:
                 self._secrets.pop(spec.client_id, None)
             now_ms = self._now_ms()
             self._deliver(self._sched.add_client(spec, now_ms), now_ms)
+            if self._board is not None:
+                try:
+                    self._board.assign(spec.client_id, spec.priority)
+                except BoardError as e:  # the client shares by tokens alone
+                    log.warning("token server: %s", e)
+            self._replan(now_ms)
         self._wake()
 
     def remove_client(self, client_id: str) -> None:
@@ -273,7 +302,12 @@ class TokenServer:
                 conn.grant = None
                 conn.client_id = None
                 conn.removed_id = client_id
+            self._held.pop(client_id, None)
+            self._resuming.pop(client_id, None)
+            if self._board is not None:
+                self._board.free(client_id)
             self._deliver(grants, now_ms)
+            self._replan(now_ms)
         self._wake()
 
     def reserve_memory(self, client_id: str, limit_mb: float) -> MemoryGrant:
@@ -333,15 +367,26 @@ class TokenServer:
                     if now_ms >= self._sched.next_wakeup_ms() and self._any_waiting():
                         self._deliver(self._sched.tick(now_ms), now_ms)
                     self._reap(now_ms)
+                    if self._resuming and (
+                        min(self._resuming.values()) + self.config.window_ms < now_ms
+                    ):
+                        self._replan(now_ms)
         except Exception:  # pragma: no cover - a bug; keep the traceback visible
             log.exception("token server loop on %s died", self.socket_path)
             raise
 
     def _timeout_s(self) -> float | None:
-        """Seconds until the next window boundary while a client waits, else block."""
+        """Seconds until the next window boundary while a client waits, else block (or, with
+        priority classes, until the oldest ``completed=False`` release stops counting as
+        active)."""
+        expiry_s: float | None = None
+        if self._resuming:
+            end_ms = min(self._resuming.values()) + self.config.window_ms
+            expiry_s = max(0.0, (end_ms - self._now_ms()) / 1000.0) + 1e-4
         if not self._any_waiting():
-            return None
-        return max(0.0, (self._sched.next_wakeup_ms() - self._now_ms()) / 1000.0)
+            return expiry_s
+        tick_s = max(0.0, (self._sched.next_wakeup_ms() - self._now_ms()) / 1000.0)
+        return tick_s if expiry_s is None else min(tick_s, expiry_s)
 
     def _any_waiting(self) -> bool:
         return any(c.waiting for c in self._sched.clients.values())
@@ -539,6 +584,11 @@ class TokenServer:
             return
         now_ms = self._now_ms()
         conn.pending_seq = seq
+        self._resuming.pop(cid, None)
+        if self.priority_classes:
+            self._held[cid] = now_ms  # the class plan decides whether it goes on (_replan)
+            self._replan(now_ms)
+            return
         try:
             grants = self._sched.request(cid, now_ms)
         except TokenError as e:
@@ -562,7 +612,12 @@ class TokenServer:
             return
         now_ms = self._now_ms()
         conn.grant = None
+        if completed or not self.priority_classes:
+            self._resuming.pop(cid, None)
+        else:
+            self._resuming[cid] = now_ms
         self._finish(cid, grant, busy_ms, now_ms, completed=completed, dropped=False)
+        self._replan(now_ms)
 
     def _finish(
         self,
@@ -596,6 +651,61 @@ class TokenServer:
             )
         self._deliver(grants, now_ms)
 
+    # -- FIKIT's class plan (under the lock) ---------------------------------------------------
+
+    def _replan(self, now_ms: float) -> None:
+        """After an event that may change who is active: ``policy.priority.plan_classes`` over
+        the registered clients (active = asking, holding a token, or resuming after a
+        ``completed=False`` release within a window); publish its top class on the board (the
+        instances below it yield at their next preemption point) and pass the held ACQUIREs of
+        the clients it lets ask to the token scheduler, oldest first. No-op without
+        ``priority_classes``."""
+        if not self.priority_classes:
+            return
+        window = self.config.window_ms
+        for cid, t in list(self._resuming.items()):
+            if now_ms - t > window:
+                del self._resuming[cid]
+        clients: list[ClientClass] = []
+        for cid, st in self._sched.clients.items():
+            conn = self._by_client.get(cid)
+            holds = conn is not None and conn.grant is not None
+            asking = conn is not None and conn.pending_seq is not None
+            active = holds or asking or cid in self._resuming
+            clients.append(ClientClass(cid, st.spec.priority, active, holds))
+        plan = self._plan = plan_classes(clients)
+        if self._board is not None:
+            self._board.set_top(plan.top_priority)
+        for cid in sorted(self._held, key=self._held.__getitem__):
+            if not plan.may_request_token(cid):
+                continue
+            del self._held[cid]
+            conn = self._by_client.get(cid)
+            if conn is None or conn.dead or conn.pending_seq is None:
+                continue
+            try:
+                grants = self._sched.request(cid, now_ms)
+            except TokenError as e:
+                seq, conn.pending_seq = conn.pending_seq, None
+                self._send_error(conn, ERR_BAD_STATE, seq, str(e))
+                continue
+            self._deliver(grants, now_ms)
+
+    def class_plan(self) -> ClassPlan | None:
+        """The last class plan (None without ``priority_classes`` or before any event)."""
+        with self._lock:
+            return self._plan
+
+    def held_requests(self) -> frozenset[str]:
+        """Clients whose ACQUIRE the class plan holds back now."""
+        with self._lock:
+            return frozenset(self._held)
+
+    def board_usage(self, client_id: str) -> SlotUsage | None:
+        """A client's FIKIT counters from the board (None: no board or no slot)."""
+        with self._lock:
+            return self._board.usage_of(client_id) if self._board is not None else None
+
     # -- delivery and connection upkeep (under the lock) --------------------------------------
 
     def _deliver(self, grants: list[Grant], now_ms: float) -> None:
@@ -605,6 +715,16 @@ class TokenServer:
             g = grants[i]
             i += 1
             conn = self._by_client.get(g.client_id)
+            if (
+                conn is not None
+                and not conn.dead
+                and conn.pending_seq is not None
+                and self._plan is not None
+                and not self._plan.may_request_token(g.client_id)
+            ):  # a higher class became active since it asked: no token, hold its request again
+                self._held[g.client_id] = now_ms
+                grants.extend(self._sched.release(g.client_id, 0.0, now_ms, completed=False))
+                continue
             if conn is not None and not conn.dead and conn.pending_seq is not None:
                 FRAME.pack_into(
                     self._out, 0, OP_GRANT, 1 if g.elastic else 0, 0, conn.pending_seq, g.quota_ms
@@ -644,9 +764,12 @@ class TokenServer:
 
     def _reap(self, now_ms: float) -> None:
         """Close dead connections; a token they hold is released with the time it ran."""
+        replan = False
         while True:
             dead = [c for c in self._by_fd.values() if c.dead]
             if not dead:
+                if replan:
+                    self._replan(now_ms)
                 return
             for conn in dead:
                 self._close(conn)
@@ -662,6 +785,9 @@ class TokenServer:
                 grant = conn.grant
                 conn.grant = None
                 conn.pending_seq = None
+                self._held.pop(cid, None)
+                self._resuming.pop(cid, None)
+                replan = True
                 state = self._sched.clients.get(cid)
                 if grant is not None and state is not None and state.token is grant:
                     elapsed_ms = max(0.0, now_ms - grant.start_ms)
