@@ -170,6 +170,24 @@ def serve_cmd(
         min=0.1,
         help="Longest a request waits for its answer (504 beyond).",
     ),
+    read_timeout_s: float = typer.Option(
+        30.0,
+        "--read-timeout-s",
+        min=0.1,
+        help="Longest a request's headers and body may take to arrive (the connection is closed).",
+    ),
+    max_connections: int = typer.Option(
+        4096, "--max-connections", min=1, help="Most HTTP connections open at once."
+    ),
+    max_wait_slo: float = typer.Option(
+        1.0,
+        "--max-wait-slo",
+        min=0.0,
+        help=(
+            "Shed a request (429) when its predicted latency exceeds this many SLOs of its "
+            "function (functions with slo_ms; 0: only the queue cap sheds)."
+        ),
+    ),
     placer: str = typer.Option(
         "mra", "--placer", help="Placement policy (policy.placement.PLACERS)."
     ),
@@ -228,6 +246,9 @@ def serve_cmd(
                 state=str(state) if state is not None else None,
                 max_body_mb=max_body_mb,
                 request_timeout_s=request_timeout_s,
+                read_timeout_s=read_timeout_s,
+                max_connections=max_connections,
+                max_wait_slo_factor=max_wait_slo,
                 placer=placer,
                 autoscaler=autoscaler,
                 period_s=period_s,

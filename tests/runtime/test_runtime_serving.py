@@ -555,6 +555,8 @@ def test_a_killed_template_takes_its_instances_and_both_come_back(served: ServeP
 
 
 def test_memory_limit_restarts_the_instance_and_fails_its_requests(served: ServeProcess) -> None:
+    """Growth past ``mem_mb`` that the kernel's cap lets through (under mem_mb + SLACK_MB) is
+    seen by the watchdog: the instance fails its requests and is restarted."""
     c = served.client()
     c.deploy(
         {
@@ -566,8 +568,8 @@ def test_memory_limit_restarts_the_instance_and_fails_its_requests(served: Serve
             "max_instances": 1,
         }
     )
-    assert c.invoke("hog", {"hold_mb": 8})["held_mb"] == 8
-    r = post(served, "/function/hog", json={"hold_mb": 700})
+    assert c.invoke("hog", {"hold_mb": 300})["held_mb"] == 300
+    r = post(served, "/function/hog", json={"hold_mb": 280})  # 580 MiB: over 500, under 628
     assert r.status_code == 503
     msg = r.json()["error"]
     assert "exceeded its memory limit" in msg and "mem_mb 500 MiB" in msg
@@ -575,6 +577,51 @@ def test_memory_limit_restarts_the_instance_and_fails_its_requests(served: Serve
     wait_until(lambda: status(served, "hog")["instances"][0]["restarts"] >= 1, 30, "the restart")
     assert c.invoke("hog", {"hold_mb": 8})["held_mb"] == 8
     c.delete("hog")
+
+
+def test_one_large_allocation_is_refused_by_the_os_cap(served: ServeProcess) -> None:
+    """Issue 15, item 3: a single 1,536 MiB allocation in a function limited to 64 MiB used to
+    complete between two watchdog samples. The kernel refuses it now (``instance.oscap``): that
+    request gets a 503 naming the limit, the instance is not restarted and serves the next one,
+    and where the machine allows a memory cgroup the instance runs in one capped at the plan."""
+    from gshare.runtime.instance.oscap import SLACK_MB, session_cgroup_dir
+
+    c = served.client()
+    c.deploy(
+        {
+            "name": "bigalloc",
+            "handler": "gshare.runtime.demo_handlers:MemoryHog",
+            "device": "cpu",
+            "resources": {"sm_pct": 50, "quota_request": 0.5, "quota_limit": 1.0, "mem_mb": 64},
+            "min_instances": 1,
+            "max_instances": 1,
+        }
+    )
+    assert c.invoke("bigalloc", {"hold_mb": 4})["held_mb"] == 4
+    inst = status(served, "bigalloc")["instances"][0]
+    proc = psutil.Process(inst["pid"])
+    rss_before = proc.memory_info().rss
+    r = post(served, "/function/bigalloc", json={"hold_mb": 1536})
+    assert r.status_code == 503, r.text
+    assert "mem_mb 64 MiB" in r.json()["error"]
+    assert proc.memory_info().rss - rss_before < 256 << 20  # nothing near 1.5 GiB was touched
+    assert c.invoke("bigalloc", {"hold_mb": 4})["held_mb"] == 8
+    after = status(served, "bigalloc")["instances"][0]
+    assert after["pid"] == inst["pid"] and after["restarts"] == 0
+    session = proc.environ().get("GSHARE_SESSION", "")
+    found = session_cgroup_dir(session)
+    if found is not None and os.access(found[1].parent, os.W_OK):  # we may make cgroups
+        kind, parent = found
+        limit_file = "memory.max" if kind.value == "cgroup-v2" else "memory.limit_in_bytes"
+        limit = int((parent / str(proc.pid) / limit_file).read_text())
+        assert limit == int((64 + SLACK_MB) * (1 << 20))
+        assert any(
+            line.endswith(f"/gshare-{session}/{proc.pid}")
+            for line in Path(f"/proc/{proc.pid}/cgroup").read_text().splitlines()
+        )
+    c.delete("bigalloc")
+    if found is not None:  # reaped: its cgroup is gone
+        wait_until(lambda: not (found[1] / str(proc.pid)).exists(), 30, "the cgroup's removal")
 
 
 # -- autoscaling ----------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gshare.runtime.instance.oscap import SESSION_ENV
 from gshare.runtime.messages import NodeInfo
 
 log = logging.getLogger("gshare.server")
@@ -80,13 +81,16 @@ class ServeOptions:
     priority_sharing: str = "fikit"
     """How a device combines functions of different priority (``node.agent.PRIORITY_SHARING``):
     ``fikit`` (FIKIT across priority classes, tokens within one) or ``tokens``."""
+    read_timeout_s: float = 30.0
+    """Longest a request's headers and body may take to arrive (``gateway.http_protocol``)."""
+    max_connections: int = 4096
+    """Most HTTP connections open at once; more are closed at once (``gateway.http_protocol``)."""
+    max_wait_slo_factor: float = 1.0
+    """A request of a function with an SLO is shed with 429 when its predicted latency exceeds
+    this many SLOs (``policy.admission``; 0: never shed before the queue cap)."""
     grpc_port: int | None = None
     """Also serve the KServe v2 / Triton gRPC API (``gateway.grpc_server``) on this port of
     ``host`` (0: any free port, written to ``server.json`` as ``grpc``); None: no gRPC."""
-
-
-SESSION_ENV = "GSHARE_SESSION"
-"""The environment variable that marks every process of one server (its session id)."""
 
 
 def reclaim_stale_server(state_dir: Path) -> None:
@@ -124,6 +128,9 @@ def reclaim_stale_server(state_dir: Path) -> None:
             except psutil.Error:
                 continue
         psutil.wait_procs(victims, timeout=10)  # gone before their files are removed
+        from gshare.runtime.instance.oscap import remove_session_cgroups
+
+        remove_session_cgroups(session)  # the instances' memory cgroups
     uid = os.getuid()
     for key, prefix in (
         ("run_dir", os.path.join(tempfile.gettempdir(), f"gshare-{uid}") + os.sep),
@@ -169,6 +176,7 @@ def run_server(opts: ServeOptions) -> None:
     from gshare.policy.autoscale import AUTOSCALERS
     from gshare.policy.placement import PLACERS
     from gshare.runtime.control.state import StateStore, ensure_token, resolve_state_dir
+    from gshare.runtime.gateway.http_protocol import guarded_protocol
     from gshare.runtime.node.launcher import LAUNCHERS
 
     if opts.placer not in PLACERS:
@@ -237,7 +245,7 @@ def run_server(opts: ServeOptions) -> None:
             lifespan="on",
             timeout_graceful_shutdown=5,
             loop="uvloop",
-            http="httptools",
+            http=guarded_protocol(opts.read_timeout_s, opts.max_connections),
         )
         server = _UvicornServer(config)
         server.should_exit = stop.is_set()
@@ -412,6 +420,7 @@ class _Runtime:
         node_id = ray.get_runtime_context().get_node_id()
         self.gateway = Gateway(
             max_body_bytes=int(self.opts.max_body_mb * (1 << 20)),
+            max_latency_slo_factor=self.opts.max_wait_slo_factor,
             request_timeout_s=self.opts.request_timeout_s,
             node_id=node_id,
         )

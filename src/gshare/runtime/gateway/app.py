@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -88,6 +89,18 @@ class ControlPlane:
 def _is_json(content_type: str) -> bool:
     ct = content_type.split(";", 1)[0].strip().lower()
     return ct == "application/json" or ct.endswith("+json")
+
+
+def _looks_like_json(body: bytes) -> bool:
+    """A body sent without a Content-Type that is a JSON object or array."""
+    head = body[:64].lstrip()
+    if not head or head[:1] not in (b"{", b"["):
+        return False
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def build_app(
@@ -330,12 +343,18 @@ class InvokeFastPath:
             return
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         enc = P.ENC_RAW
-        if _is_json(h.get(b"content-type", b"").decode("latin-1")):
+        ctype = h.get(b"content-type")
+        if ctype is None:
+            # no Content-Type: a JSON document is JSON (raw bytes read as a float32 tensor
+            # would answer garbage); anything else is raw bytes
+            if _looks_like_json(body):
+                enc = P.ENC_JSON
+        elif _is_json(ctype.decode("latin-1")):
             parse_json(body)
             enc = P.ENC_JSON
         p = gw.submit(name, P.OP_INVOKE, enc, body)
         try:
-            status, renc, data, m = await gw.wait(p)
+            status, renc, data, m = await gw.wait(p, receive)
         except HttpError as e:
             gw.record(name, e.status, p, None)
             self.oip.stats.observe(name, e.status, time.perf_counter() - p.arrived, None)

@@ -73,6 +73,19 @@ class Metrics:
             ["function"],
             registry=r,
         )
+        self.shed = Counter(
+            "gshare_requests_shed",
+            "Requests refused with 429 at arrival: reason slo (predicted to miss the SLO, "
+            "policy.admission) or queue_cap",
+            ["function", "reason"],
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "gshare_requests_cancelled",
+            "Requests whose client disconnected before the answer (dropped if not started)",
+            ["function"],
+            registry=r,
+        )
         self.queued = Gauge(
             "gshare_queue_length", "Requests waiting for an instance", ["function"], registry=r
         )

@@ -83,7 +83,9 @@ async def serve_infer(
                 f"Inference-Header-Content-Length {raw.decode(errors='replace')!r} must be the "
                 f"length of the body's JSON part: between 1 and the body's {size} bytes",
             )
-    renc, data, m = await oip.call(name, P.ENC_OIP, wrap(TRANSPORT_HTTP, header_len, v, chunks))
+    renc, data, m = await oip.call(
+        name, P.ENC_OIP, wrap(TRANSPORT_HTTP, header_len, v, chunks), receive
+    )
     extra = timing_headers(m)
     if renc == P.ENC_OIP_BINARY:
         (json_len,) = struct.unpack_from("<I", data)

@@ -140,16 +140,17 @@ class OipService:
         return current
 
     async def call(
-        self, function: str, enc: int, payload: bytes
+        self, function: str, enc: int, payload: bytes, receive: Any = None
     ) -> tuple[int, bytes, tuple[float, float, float, int]]:
         """Run one request on ``function`` through the gateway's queues (``Gateway.submit``):
         its answer ``(encoding, data, measurements)``, or ``HttpError`` with the status the
         instance (or the gateway: 404, 429, 503, 504) gave. Counted in the Prometheus metrics
-        and the Triton statistics."""
+        and the Triton statistics. ``receive``: the HTTP request's, to cancel it when its
+        client goes away (``Gateway.wait``)."""
         gw = self.gw
         p = gw.submit(function, P.OP_INVOKE, enc, payload)
         try:
-            status, renc, data, m = await gw.wait(p)
+            status, renc, data, m = await gw.wait(p, receive)
         except HttpError as e:
             gw.record(function, e.status, p, None)
             self.stats.observe(function, e.status, time.perf_counter() - p.arrived, None)

@@ -43,6 +43,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gshare.policy.admission import (
+    DEFAULT_MAX_LATENCY_SLO_FACTOR,
+    Admit,
+    ServiceEstimate,
+    admit,
+)
 from gshare.policy.routing import Candidate, choose_instance
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.metrics import Metrics
@@ -57,7 +63,13 @@ DEFAULT_REQUEST_TIMEOUT_S = 120.0
 RECENT_LATENCIES = 1_000
 """Latencies kept per function for the status page's quantiles."""
 MAX_QUEUE = 10_000
-"""Requests queued per function beyond which new ones get 429."""
+"""Requests queued per function beyond which new ones get 429 (any function; one with an SLO
+is shed far earlier by ``policy.admission``)."""
+DISCONNECT_WATCH_S = 0.05
+"""A request not answered after this long starts watching its client's connection: one that
+went away is cancelled (dropped from the queue, or at its instance if not started)."""
+CLIENT_GONE = 499
+"""The status recorded for a request whose client disconnected before its answer (nginx's)."""
 
 
 # -- requests and instance connections ----------------------------------------------------------
@@ -77,6 +89,10 @@ class Pending:
     crashed_on: list[str] = field(default_factory=list)
     req_id: int = 0
     channel: InstanceChannel | None = None
+    watcher: asyncio.Task[None] | None = None
+    """Watches the client's connection once the request waits (``DISCONNECT_WATCH_S``)."""
+    cancelled: bool = False
+    """The client went away: the answer, if one comes, is dropped."""
 
 
 class InstanceChannel(asyncio.Protocol):
@@ -165,6 +181,8 @@ class FunctionRoute:
     exec_ms_per_item: float | None = None
     """EWMA of the measured busy time per request (exec_ms / batch), for the controller's
     throughput estimate when the function is not profiled."""
+    service: ServiceEstimate = field(default_factory=ServiceEstimate)
+    """The measured service interval while backlogged (``policy.admission``)."""
     rr: int = 0
     closed: bool = False
     """Being deleted: new requests get 410, the ones at instances finish (``close_function``)."""
@@ -182,8 +200,11 @@ class Gateway:
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         node_id: str = "",
         clock: Callable[[], float] = time.monotonic,
+        max_latency_slo_factor: float = DEFAULT_MAX_LATENCY_SLO_FACTOR,
     ) -> None:
         self.clock = clock
+        self.max_latency_slo_factor = max_latency_slo_factor
+        """``policy.admission``: shed a request predicted to take more than this many SLOs."""
         """Seconds; the clock of ``idle_since_s`` (the controller's keep-alive clock)."""
         self.max_body_bytes = max_body_bytes
         self.request_timeout_s = request_timeout_s
@@ -384,14 +405,29 @@ class Gateway:
             raise HttpError(503, "the server is shutting down")
         if r.closed:
             raise HttpError(410, f"function {function!r} is being deleted")
+        r.arrivals += 1  # demand, shed or not: the autoscaler sizes for it
+        r.last_arrival_s = self.clock()
         if len(r.queue) >= MAX_QUEUE:
+            self.metrics.shed.labels(function, "queue_cap").inc()
             raise HttpError(
                 429, f"function {function!r} has {len(r.queue)} requests queued; try again later"
             )
+        if r.slo_ms:
+            d = admit(
+                len(r.queue) + self.inflight_total(function),
+                r.service,
+                r.slo_ms,
+                self.max_latency_slo_factor,
+            )
+            if d.verdict is Admit.SHED:
+                self.metrics.shed.labels(function, "slo").inc()
+                raise HttpError(
+                    429,
+                    f"function {function!r} is overloaded: a request now would take about "
+                    f"{d.predicted_ms:.0f} ms, over its SLO of {r.slo_ms:g} ms; try again later",
+                )
         loop = asyncio.get_running_loop()
         p = Pending(function, op, enc, payload, time.perf_counter(), loop.create_future())
-        r.arrivals += 1
-        r.last_arrival_s = self.clock()
         ch = self._pick(r) if not r.queue else None
         if ch is not None:
             ch.send(p)
@@ -443,15 +479,63 @@ class Gateway:
                 return
             ch.send(r.queue.popleft())
 
-    async def wait(self, p: Pending) -> tuple[int, int, bytes, tuple[float, float, float, int]]:
+    async def wait(
+        self, p: Pending, receive: Callable[[], Any] | None = None
+    ) -> tuple[int, int, bytes, tuple[float, float, float, int]]:
         """The instance's answer to ``p``; ``HttpError`` 504 after ``request_timeout_s`` (a
-        timer, not ``wait_for``: no extra task per request on the hot path)."""
+        timer, not ``wait_for``: no extra task per request on the hot path). With the ASGI
+        ``receive`` of the request (its body already read), a request still waiting after
+        ``DISCONNECT_WATCH_S`` watches its client, and is cancelled if the client goes away
+        (``HttpError`` 499, recorded as such; nothing is sent)."""
         fut = p.future
-        timer = asyncio.get_running_loop().call_later(self.request_timeout_s, self._expire, p)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.request_timeout_s, self._expire, p)
+        watch = (
+            loop.call_later(DISCONNECT_WATCH_S, self._start_watch, p, receive)
+            if receive is not None
+            else None
+        )
         try:
             return await fut
+        except asyncio.CancelledError:  # the caller's task was cancelled (a gRPC client left)
+            self.cancel(p)
+            raise
         finally:
             timer.cancel()
+            if watch is not None:
+                watch.cancel()
+            if p.watcher is not None and not p.watcher.done():
+                p.watcher.cancel()
+
+    def _start_watch(self, p: Pending, receive: Callable[[], Any]) -> None:
+        if not p.future.done():
+            p.watcher = asyncio.get_running_loop().create_task(self._watch(p, receive))
+
+    async def _watch(self, p: Pending, receive: Callable[[], Any]) -> None:
+        while not p.future.done():
+            msg = await receive()
+            if msg.get("type") == "http.disconnect":
+                self.cancel(p)
+                return
+
+    def cancel(self, p: Pending) -> None:
+        """The client of ``p`` went away: drop it from the queue, or ask its instance to drop
+        it if it has not started (``OP_CANCEL``; a started one runs to the end and its answer
+        is dropped). Its future fails with ``CLIENT_GONE``."""
+        if p.future.done() or p.cancelled:
+            return
+        p.cancelled = True
+        ch = p.channel
+        if ch is not None:
+            if ch.transport is not None and not ch.closed:
+                ch.transport.write(P.encode_request(p.req_id, P.OP_CANCEL, P.ENC_RAW, b""))
+        else:
+            r = self.routes.get(p.function)
+            if r is not None:
+                with contextlib.suppress(ValueError):
+                    r.queue.remove(p)
+        self.metrics.cancelled.labels(p.function).inc()
+        p.future.set_exception(HttpError(CLIENT_GONE, "the client closed the connection"))
 
     def _expire(self, p: Pending) -> None:
         if p.future.done():
@@ -490,7 +574,10 @@ class Gateway:
             return
         r = self.routes.get(p.function)
         if r is not None:
-            r.last_done_s = self.clock()
+            r.last_done_s = now = self.clock()
+            r.service.observe(now, bool(r.queue) or self.inflight_total(p.function) > 0)
+        if status == P.ST_CANCELLED:
+            return  # the client went away (``cancel``): its future has failed already
         if status == P.ST_OK:
             q_ms, tw_ms, ex_ms, batch = m
             if r is not None and batch > 0:

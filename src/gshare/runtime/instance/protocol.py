@@ -64,6 +64,10 @@ MAX_FRAME_BYTES: Final[int] = 1 << 30
 OP_INVOKE: Final[int] = 1
 OP_CONTROL: Final[int] = 2
 OP_EXAMPLE: Final[int] = 3
+OP_CANCEL: Final[int] = 4
+"""Drop request ``request_id`` (the frame's id) if it has not started: its caller went away.
+The instance answers the dropped request with ``ST_CANCELLED``; one already in a batch runs to
+the end and is answered as usual. The cancel frame itself gets no answer."""
 
 ENC_RAW: Final[int] = 0
 ENC_JSON: Final[int] = 1
@@ -77,6 +81,7 @@ ST_FUNCTION_ERROR: Final[int] = 2
 ST_MEMORY_LIMIT: Final[int] = 3
 ST_DRAINING: Final[int] = 4
 ST_INTERNAL: Final[int] = 5
+ST_CANCELLED: Final[int] = 6
 
 STATUS_NAMES: Final[dict[int, str]] = {
     ST_OK: "ok",
@@ -85,6 +90,7 @@ STATUS_NAMES: Final[dict[int, str]] = {
     ST_MEMORY_LIMIT: "memory limit",
     ST_DRAINING: "draining",
     ST_INTERNAL: "internal error",
+    ST_CANCELLED: "cancelled",
 }
 
 

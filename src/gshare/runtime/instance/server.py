@@ -60,6 +60,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import math
 import os
 import threading
 import time
@@ -72,6 +74,9 @@ from gshare.policy.batching import keep_token_for_next_batch, next_batch
 from gshare.policy.memory import MemoryPlan
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.memory import MemoryGovernor, MemoryLimitExceeded
+from gshare.runtime.instance.oscap import SLACK_MB, is_memory_error
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,9 @@ class _Conn(asyncio.Protocol):
             payload = f[P.REQ_FIXED :]
             if op == P.OP_CONTROL:
                 self.write(srv.control(req_id, payload))
+            elif op == P.OP_CANCEL:
+                if srv.cancel(self, req_id):
+                    self.write(P.encode_response(req_id, P.ST_CANCELLED, P.ENC_RAW, b"cancelled"))
             elif srv.draining:
                 self.write(P.encode_response(req_id, P.ST_DRAINING, P.ENC_RAW, b"draining"))
             else:
@@ -234,6 +242,15 @@ class InstanceServer:
             import psutil
 
             self.baseline_mb = _private_rss_mb(psutil.Process())  # torch is imported now
+        # the kernel's hard cap under the governor's soft limit (instance.oscap)
+        self.os_cap: Any = None
+        plan = MemoryPlan(launch.mem_mb, launch.mem_step_mb, launch.mem_max_mb)
+        if governed and math.isfinite(plan.cap_mb):
+            from gshare.runtime.instance.oscap import apply_memory_cap
+
+            self.os_cap = apply_memory_cap(plan.cap_mb)
+            if self.os_cap.detail:
+                log.warning("memory cap: %s", self.os_cap.detail)
 
         self.spec = load_function_spec(launch.spec)
         self.handler: Any = make_handler(self.spec)
@@ -362,6 +379,16 @@ class InstanceServer:
 
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(write_all)
+
+    def cancel(self, conn: _Conn, req_id: int) -> bool:
+        """Drop a queued request of ``conn`` (``OP_CANCEL``, on the IO thread); False when it
+        is not queued (running already, or answered)."""
+        with self._cond:
+            for it in self._queue:
+                if it.req_id == req_id and it.writer is conn:
+                    self._queue.remove(it)
+                    return True
+        return False
 
     def enqueue(self, items: list[_Item]) -> None:
         with self._cond:
@@ -621,6 +648,19 @@ class InstanceServer:
         if isinstance(exc, MemoryLimitExceeded):
             self._mem_aborted = True
             return P.ST_MEMORY_LIMIT, P.ENC_RAW, str(exc).encode()
+        if self.os_cap is not None and exc is not None and is_memory_error(exc):
+            self._mem_aborted = self._mem is not None
+            cap = self.os_cap
+            plan_mb = cap.cap_mb - SLACK_MB
+            return (
+                P.ST_MEMORY_LIMIT,
+                P.ENC_RAW,
+                (
+                    f"the request exceeded the function's memory limit: the operating system "
+                    f"({cap.kind.value}) refused an allocation past mem_mb {plan_mb:.0f} MiB "
+                    f"+ {SLACK_MB:.0f} MiB for the runtime"
+                ).encode(),
+            )
         return _function_error()
 
     def _after_failure(self) -> None:
@@ -853,9 +893,12 @@ def _function_error() -> tuple[int, int, bytes]:
 
     exc = sys.exc_info()[1]
     assert exc is not None
-    tb = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
-    text = f"{type(exc).__name__}: {exc}{where}"
+    # the traceback goes to the instance's log (``gshare logs``), not to the caller
+    log.warning(
+        "the function raised:\n%s",
+        "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    )
+    text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, ValueError | TypeError | KeyError | IndexError):
         return P.ST_BAD_INPUT, P.ENC_RAW, f"the function rejected the input: {text}".encode()
     return P.ST_FUNCTION_ERROR, P.ENC_RAW, f"the function raised {text}".encode()

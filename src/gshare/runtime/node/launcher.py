@@ -61,6 +61,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import IO, Any
 
+from gshare.runtime.instance.oscap import SESSION_ENV, remove_cgroup, remove_session_cgroups
+
 LAUNCHERS = ("fork", "ray")
 """How instance processes start (``gshare serve --launcher``): ``fork`` — forked from the
 node's pre-imported template (this module; the default); ``ray`` — each a Ray actor of its own
@@ -428,6 +430,7 @@ class _Template:
             if pid == 0:
                 return
             self.children.discard(pid)
+            remove_cgroup(os.environ.get(SESSION_ENV, ""), pid)  # instance.oscap
             self.send({"event": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
     def kill_children(self) -> None:
@@ -441,7 +444,8 @@ class _Template:
                     self.reap()
                 time.sleep(0.02)
             if not self.children:
-                return
+                break
+        remove_session_cgroups(os.environ.get(SESSION_ENV, ""))
 
     def serve(self, stdin: IO[str]) -> None:
         os.set_blocking(stdin.fileno(), False)
