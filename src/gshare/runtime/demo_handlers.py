@@ -71,6 +71,32 @@ class Sleep:
         return {"sleep_ms": 5}
 
 
+class Counted:
+    """Sleeps ``sleep_ms`` per batch and answers how many requests it has run so far (tests of
+    cancellation: a request dropped before it started is not counted)."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        pass
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        time.sleep(max(_field(x, "sleep_ms", 20.0) for x in inputs) / 1000.0)
+        self.runs += len(inputs)
+        return [{"runs": self.runs} for _ in inputs]
+
+
+class Failing:
+    """Raises a ``RuntimeError`` deep in its own code for every request."""
+
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        pass
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        raise RuntimeError("the model is broken")
+
+
 class Spin:
     def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
         pass

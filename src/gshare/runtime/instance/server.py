@@ -893,7 +893,8 @@ def _function_error() -> tuple[int, int, bytes]:
 
     exc = sys.exc_info()[1]
     assert exc is not None
-    # the traceback goes to the instance's log (``gshare logs``), not to the caller
+    # the traceback goes to the instance's log file (``i-ID.log`` in the server's run
+    # directory), not to the caller: source locations are not the caller's business
     log.warning(
         "the function raised:\n%s",
         "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
