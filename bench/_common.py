@@ -32,6 +32,7 @@ Keep the API small.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -49,6 +50,7 @@ __all__ = [
     "machine_load",
     "percentile",
     "print_table",
+    "read_http_response",
     "write_json",
 ]
 
@@ -162,3 +164,35 @@ def live_token_config(args: argparse.Namespace) -> Any:
         return replace(LIVE_TOKEN_CONFIG, **json.loads(args.token_config))
     except (ValueError, TypeError, TokenError) as e:
         raise SystemExit(f"--token-config: {e}") from None
+
+
+async def read_http_response(
+    reader: asyncio.StreamReader,
+) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response from ``reader``: (status, headers in lower case, body); bodies
+    with ``Content-Length`` or chunked (the load generators of ``gateway.py``, ``overload.py``)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split(b" ", 2)[1])
+    length = -1
+    chunked = False
+    headers: dict[str, str] = {}
+    for ln in lines[1:]:
+        k, _, v = ln.partition(b":")
+        k = k.strip().lower()
+        headers[k.decode()] = v.strip().decode("latin-1")
+        if k == b"content-length":
+            length = int(v.strip())
+        elif k == b"transfer-encoding" and b"chunked" in v.lower():
+            chunked = True
+    if chunked:
+        body = bytearray()
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                break
+            body += await reader.readexactly(size + 2)
+            del body[-2:]
+        return status, headers, bytes(body)
+    return status, headers, await reader.readexactly(max(0, length))

@@ -62,7 +62,14 @@ from typing import Any
 
 import numpy as np
 
-from _common import bench_parser, machine_load, percentile, print_table, write_json
+from _common import (
+    bench_parser,
+    machine_load,
+    percentile,
+    print_table,
+    read_http_response,
+    write_json,
+)
 from gshare.testing import ServeProcess, WaitTimeout, stop_process, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,34 +234,6 @@ def make_cases() -> list[Case]:
 # -- the load generator --------------------------------------------------------------------------
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    status = int(lines[0].split(b" ", 2)[1])
-    length = -1
-    chunked = False
-    headers: dict[str, str] = {}
-    for ln in lines[1:]:
-        k, _, v = ln.partition(b":")
-        k = k.strip().lower()
-        headers[k.decode()] = v.strip().decode("latin-1")
-        if k == b"content-length":
-            length = int(v.strip())
-        elif k == b"transfer-encoding" and b"chunked" in v.lower():
-            chunked = True
-    if chunked:
-        body = bytearray()
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                break
-            body += await reader.readexactly(size + 2)
-            del body[-2:]
-        return status, headers, bytes(body)
-    return status, headers, await reader.readexactly(max(0, length))
-
-
 def _request(port: int, case: Case) -> bytes:
     head = f"POST {case.path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
     for k, v in case.headers.items():
@@ -280,7 +259,7 @@ async def _http_worker(
             if t0 >= t_end:
                 break
             writer.write(req)
-            status, _, body = await _read_response(reader)
+            status, _, body = await read_http_response(reader)
             t1 = time.perf_counter()
             if status != 200 or body != expect:
                 errors.append(f"HTTP {status}: {body[:120]!r}")
@@ -336,7 +315,7 @@ async def first_answer(port: int, case: Case) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 24)
     try:
         writer.write(_request(port, case))
-        status, headers, body = await _read_response(reader)
+        status, headers, body = await read_http_response(reader)
     finally:
         writer.close()
     if status != 200:

@@ -180,7 +180,7 @@ def serve_cmd(
         4096, "--max-connections", min=1, help="Most HTTP connections open at once."
     ),
     max_wait_slo: float = typer.Option(
-        1.0,
+        0.75,
         "--max-wait-slo",
         min=0.0,
         help=(
@@ -192,7 +192,7 @@ def serve_cmd(
         "mra", "--placer", help="Placement policy (policy.placement.PLACERS)."
     ),
     autoscaler: str = typer.Option(
-        "fast-heuristic", "--autoscaler", help="Autoscaling policy (policy.autoscale.AUTOSCALERS)."
+        "gshare-burst", "--autoscaler", help="Autoscaling policy (policy.autoscale.AUTOSCALERS)."
     ),
     period_s: float = typer.Option(
         1.0, "--period-s", min=0.05, help="Controller reconcile period."

@@ -64,7 +64,7 @@ def test_admitted_backlog_is_bounded_by_the_slo() -> None:
     e = ServiceEstimate(interval_s=0.004)
     outstanding = 0
     for _ in range(1000):
-        if admit(outstanding, e, 20.0).verdict is Admit.ACCEPT:
+        if admit(outstanding, e, 20.0, 1.0).verdict is Admit.ACCEPT:
             outstanding += 1
     assert (outstanding) * 4.0 <= 20.0
     assert outstanding == 5

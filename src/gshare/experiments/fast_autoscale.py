@@ -15,7 +15,9 @@ Variants: gshare's default (Algorithm 1 + MRA, interference on, *co-located* pro
 configuration profiled on a GPU filled with neighbours, so the autoscaler knows what a packed
 instance sustains); the same with FaST-GShare's *solo* profiles (interference on and off — with
 interference on, solo profiles overstate packed throughput and the fleet is too small); MRA with
-defragmentation; the time-sharing placer; and the target-utilisation baseline autoscaler.
+defragmentation; the time-sharing placer; the target-utilisation baseline autoscaler; and
+gshare's default autoscaler (``gshare-burst``, ``policy.autoscale.BurstAutoscaler``) on the same
+ramp (``autoscale-traces`` compares the autoscalers on real traces).
 
 Summary: ``slo_violation_pct`` and ``mean_gpus`` of the headline variant (the first), plus every
 variant under ``variants``.
@@ -59,6 +61,7 @@ FULL = {
         ["fast-heuristic", "mra-defrag", True, "colocated"],
         ["fast-heuristic", "time-share", True, "colocated"],
         ["target-util", "mra", True, "colocated"],
+        ["gshare-burst", "mra", True, "colocated"],
     ],
 }
 QUICK = {

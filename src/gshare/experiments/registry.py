@@ -22,6 +22,7 @@ EXPERIMENT_MODULES = (
     "gshare.experiments.fast_spatial",
     "gshare.experiments.fast_packing",
     "gshare.experiments.fast_autoscale",
+    "gshare.experiments.autoscale_traces",
     "gshare.experiments.token_share",
     "gshare.experiments.token_fidelity",
     "gshare.experiments.packing_scale",

@@ -35,7 +35,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from gshare.policy.autoscale import Autoscaler, Instance, ScaleConfig, ScaleDecision
+from gshare.policy.autoscale import (
+    Autoscaler,
+    Instance,
+    LoadSignals,
+    ScaleConfig,
+    ScaleDecision,
+    reads_load_signals,
+)
 from gshare.policy.prewarm import keep_alive_deadline_ms
 from gshare.policy.rate import RatePredictor
 
@@ -72,6 +79,9 @@ class ControlParams:
     """EWMA weight of the newest rate sample."""
     rate_window: int = 3
     """The prediction is max(EWMA, max of the last ``rate_window`` samples) × headroom."""
+    hold_window: int = 60
+    """Periods of the long window whose peak rate ``gshare-burst`` holds capacity for
+    (``policy.rate.RatePredictor.hold``); other autoscalers do not read it."""
     start_backoff_s: float = 2.0
     """First back-off after a failed start; doubles per consecutive failure."""
     max_backoff_s: float = 60.0
@@ -90,7 +100,10 @@ class ControlParams:
         """The state of a function the controller has not seen yet (no rate history)."""
         return ControlState(
             RatePredictor.fresh(
-                alpha=self.rate_alpha, window=self.rate_window, headroom=self.headroom
+                alpha=self.rate_alpha,
+                window=self.rate_window,
+                headroom=self.headroom,
+                hold_window=self.hold_window,
             )
         )
 
@@ -206,14 +219,31 @@ def control_step(
     if obs.max_instances is not None:
         min_eff = min(min_eff, obs.max_instances)
 
-    scale = autoscaler(
-        obs.function,
-        predicted,
-        obs.running,
-        obs.configs,
-        min_instances=min_eff,
-        max_instances=obs.max_instances,
-    )
+    if reads_load_signals(autoscaler):  # gshare-burst: the burst signals too
+        signals = LoadSignals(
+            period_s=obs.interval_s,
+            last_rps=predictor.last_rps(),
+            peak_rps=predictor.peak_rps(),
+            outstanding=obs.outstanding,
+        )
+        scale = autoscaler(
+            obs.function,
+            predicted,
+            obs.running,
+            obs.configs,
+            min_instances=min_eff,
+            max_instances=obs.max_instances,
+            signals=signals,  # type: ignore[call-arg]
+        )
+    else:
+        scale = autoscaler(
+            obs.function,
+            predicted,
+            obs.running,
+            obs.configs,
+            min_instances=min_eff,
+            max_instances=obs.max_instances,
+        )
     add = scale.add if now_s >= state.backoff_until_s else ()
     decision = ControlDecision(
         function=obs.function,

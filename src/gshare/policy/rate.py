@@ -12,7 +12,10 @@ Predictors:
 * ``EwmaRate`` — exponentially weighted moving average of the per-interval rate;
 * ``WindowMaxRate`` — the maximum rate over the last ``k`` intervals (burst head-room: the
   fleet is sized for the recent peak, not the mean);
-* ``RatePredictor`` — what both controllers use: ``max(EWMA, window max) × headroom``.
+* ``RatePredictor`` — what both controllers use: ``max(EWMA, window max) × headroom``. It
+  also keeps a long *hold* window (``hold``, 60 periods by default) whose maximum
+  (``peak_rps``) and newest sample (``last_rps``) are the burst signals the ``gshare-burst``
+  autoscaler reads (``policy.autoscale.LoadSignals``); they do not change ``predicted_rps``.
 """
 
 from __future__ import annotations
@@ -121,15 +124,27 @@ class RatePredictor:
     window: WindowMaxRate = WindowMaxRate(k=3)
     headroom: float = 1.2
     """Multiplier on the estimate (burst head-room), >= 1."""
+    hold: WindowMaxRate = WindowMaxRate(k=60)
+    """Long window of per-interval rates (``peak_rps``, ``last_rps``); not part of
+    ``predicted_rps``."""
 
     def __post_init__(self) -> None:
         if not (self.headroom >= 1.0 and math.isfinite(self.headroom)):
             raise RateError(f"headroom must be finite and >= 1, got {self.headroom}")
 
     @classmethod
-    def fresh(cls, *, alpha: float = 0.5, window: int = 3, headroom: float = 1.2) -> RatePredictor:
+    def fresh(
+        cls,
+        *,
+        alpha: float = 0.5,
+        window: int = 3,
+        headroom: float = 1.2,
+        hold_window: int = 60,
+    ) -> RatePredictor:
         """A predictor with no history."""
-        return cls(EwmaRate(alpha=alpha), WindowMaxRate(k=window), headroom)
+        return cls(
+            EwmaRate(alpha=alpha), WindowMaxRate(k=window), headroom, WindowMaxRate(k=hold_window)
+        )
 
     def observed(self, count: float, interval_s: float) -> RatePredictor:
         """The predictor after ``count`` arrivals during ``interval_s`` seconds."""
@@ -137,7 +152,17 @@ class RatePredictor:
             self,
             ewma=observe(self.ewma, count, interval_s),
             window=observe(self.window, count, interval_s),
+            hold=observe(self.hold, count, interval_s),
         )
+
+    def peak_rps(self) -> float:
+        """The largest per-interval rate of the hold window (rps, no headroom; 0.0 before any
+        observation)."""
+        return predict(self.hold)
+
+    def last_rps(self) -> float:
+        """The rate of the newest interval (rps; 0.0 before any observation)."""
+        return self.hold.recent_rps[-1] if self.hold.recent_rps else 0.0
 
     def predicted_rps(self) -> float:
         """``max(EWMA, window max) × headroom`` (0.0 before any observation)."""
@@ -149,6 +174,7 @@ class RatePredictor:
             self,
             ewma=EwmaRate(alpha=self.ewma.alpha),
             window=WindowMaxRate(k=self.window.k),
+            hold=WindowMaxRate(k=self.hold.k),
         )
 
 

@@ -68,7 +68,7 @@ class ServeOptions:
     max_body_mb: float = 16.0
     request_timeout_s: float = 120.0
     placer: str = "mra"
-    autoscaler: str = "fast-heuristic"
+    autoscaler: str = "gshare-burst"  # policy.autoscale.DEFAULT_AUTOSCALER
     period_s: float = 1.0
     num_cpus: int | None = None
     object_store_mb: int = 256
@@ -85,7 +85,7 @@ class ServeOptions:
     """Longest a request's headers and body may take to arrive (``gateway.http_protocol``)."""
     max_connections: int = 4096
     """Most HTTP connections open at once; more are closed at once (``gateway.http_protocol``)."""
-    max_wait_slo_factor: float = 1.0
+    max_wait_slo_factor: float = 0.75
     """A request of a function with an SLO is shed with 429 when its predicted latency exceeds
     this many SLOs (``policy.admission``; 0: never shed before the queue cap)."""
     grpc_port: int | None = None

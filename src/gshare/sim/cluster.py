@@ -8,7 +8,7 @@ function, it
    ``max(EWMA, window max) × headroom``);
 2. applies keep-alive and scale to zero when the function has ``keep_alive_s`` (as
    ``gshare serve`` does), and the queued-demand floor;
-3. asks the autoscaler (``policy.autoscale``, FaST-GShare Algorithm 1 by default) which
+3. asks the autoscaler (``policy.autoscale``, ``gshare-burst`` by default) which
    configurations to add and which instances to remove;
 4. binds new instances to a GPU and a rectangle with the placer (``policy.placement``, Maximal
    Rectangles by default) and starts them (cold start ``cold_start_ms``); removed instances
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -72,16 +72,27 @@ class SimFunction:
     keep-alive; cold starts are then also stepped at once). None: no keep-alive."""
 
 
+LIVE_FORK_COLD_START_MS: Final[float] = 360.0
+"""Cold start of an instance as the live runtime measures it: ``bench/cold_start.py``, first
+request to a resnet50 function scaled to zero with ``--launcher fork`` (gshare serve's default),
+median of 7 trials: 0.36 s (README, live runtime benchmarks). That figure runs from the request
+to its answer (nudge, placement, fork from the template, model map, token registration, the first
+CPU inference), so taking all of it as the simulated instance's start delay is conservative."""
+
+
 @dataclass
 class ClusterConfig:
     max_gpus: int = 4
     period_ms: float = 1000.0
     """Controller reconcile period."""
-    cold_start_ms: float = 500.0
+    cold_start_ms: float = LIVE_FORK_COLD_START_MS
+    """Delay from an instance's start to its readiness (default: the live fork launcher's)."""
     control: ControlParams = field(default_factory=ControlParams)
     """Rate prediction, keep-alive and back-off knobs (``policy.control``)."""
     placer: str = "mra"
-    autoscaler: str = "fast-heuristic"
+    autoscaler: str | autoscale.Autoscaler = autoscale.DEFAULT_AUTOSCALER
+    """A registered name (``policy.autoscale.AUTOSCALERS``) or an autoscaler itself (an
+    experiment sweeping a knob, e.g. ``BurstAutoscaler(headroom=2)``)."""
     token_config: TokenConfig = field(default_factory=TokenConfig)
     token_reuse: bool = False
     """Instances keep their token for a batch ready at once (the live runtime's token reuse;
@@ -116,7 +127,11 @@ class SimCluster:
         self.log = RequestLog()
         self.gateway = Gateway(loop, self.log)
         self.placer = make_placer(config.placer, max_gpus=config.max_gpus)
-        self.scale = autoscale.get_autoscaler(config.autoscaler)
+        self.scale = (
+            autoscale.get_autoscaler(config.autoscaler)
+            if isinstance(config.autoscaler, str)
+            else config.autoscaler
+        )
         self.gpus: dict[int, SimGpu] = {}
         self.functions: dict[str, SimFunction] = {}
         self._live: dict[str, _Live] = {}
@@ -128,6 +143,8 @@ class SimCluster:
         """Cross-GPU moves applied (placers with defragmentation)."""
         self.capacity_shortfalls = 0
         """Instances the autoscaler asked for that no GPU had room for."""
+        self.instances_started = 0
+        """Instances launched (each one a cold start), migrations' replacements included."""
         self.gateway.on_cold = self._on_cold
         self._gpus_used_ms = 0.0
         self._last_t = loop.now_ms
@@ -267,6 +284,7 @@ class SimCluster:
             self.gateway.completed,
         )
         inst.on_stopped = self._on_stopped
+        self.instances_started += 1
         self._live[iid] = _Live(inst, autoscale.Instance(iid, fn.name, cfg), gpu_index)
         self.gateway.add_instance(inst)
 

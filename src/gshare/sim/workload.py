@@ -11,7 +11,10 @@ Generators return sorted arrival times in milliseconds (numpy arrays):
 * ``azure2021`` — replay of the shipped Azure Functions 2021 sample (arrival = end − duration);
 * ``azure_llm`` — replay of the shipped Azure LLM inference 2023 timestamps;
 * ``azure2019_minutes`` — Azure Functions 2019 per-minute invocation counts
-  (``HashOwner,HashApp,HashFunction,Trigger,1..1440``), spread as Poisson within each minute.
+  (``HashOwner,HashApp,HashFunction,Trigger,1..1440``), spread as Poisson within each minute;
+* ``azure2019_functions`` — the busiest functions of a slice of minutes of such a file (the
+  shipped 990-function day, ``minute_1..minute_1440`` columns, by default), one stream each,
+  on one clock (``scale_streams_to_rate`` rescales them together).
 
 Replays can be rescaled to a target mean rate (``scale_to_rate``). The shipped traces are in
 ``gshare/data`` (sources and licences in ``NOTICE``).
@@ -155,7 +158,7 @@ def azure2019_minutes(
     with open(path, newline="") as f:
         reader = csv.reader(f)
         header = next(reader)
-        first = header.index("1")
+        first = _minute_columns(header)
         for i, r in enumerate(reader):
             if i == row:
                 counts = [int(x) for x in r[first:]]
@@ -166,6 +169,62 @@ def azure2019_minutes(
         counts = counts[:minutes]
     out = [m * 60_000.0 + np.sort(rng.uniform(0, 60_000.0, c)) for m, c in enumerate(counts) if c]
     return np.concatenate(out) if out else np.empty(0)
+
+
+def _minute_columns(header: Sequence[str]) -> int:
+    """Index of the first per-minute column: ``1`` (Azure 2019 release) or ``minute_1``
+    (invitro's 990-function sample)."""
+    for name in ("1", "minute_1"):
+        if name in header:
+            return header.index(name)
+    raise ValueError("no per-minute columns ('1' or 'minute_1') in the header")
+
+
+def azure2019_functions(
+    rng: np.random.Generator,
+    *,
+    start_minute: int,
+    minutes: int,
+    top: int,
+    path: str | Path | None = None,
+) -> dict[str, np.ndarray]:
+    """Arrivals (ms, from the slice's start) of the ``top`` busiest functions of minutes
+    ``[start_minute, start_minute + minutes)`` of an Azure 2019 per-minute file (default: the
+    shipped ``azure2019_990_invocations.csv.gz``). Keys are ``fNN-<hash prefix>`` in order of
+    decreasing count; counts are spread uniformly at random within each minute (Poisson)."""
+    import gzip
+
+    p = Path(path) if path else _data_path("azure2019_990_invocations.csv.gz")
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        first = _minute_columns(header)
+        h_fn = header.index("HashFunction")
+        rows = []
+        for r in reader:
+            counts = [int(x) for x in r[first + start_minute : first + start_minute + minutes]]
+            rows.append((sum(counts), r[h_fn], counts))
+    rows.sort(key=lambda x: (-x[0], x[1]))
+    out: dict[str, np.ndarray] = {}
+    for i, (total, h, counts) in enumerate(rows[:top]):
+        if total == 0:
+            break
+        parts = [m * 60_000.0 + np.sort(rng.uniform(0, 60_000.0, c)) for m, c in enumerate(counts)]
+        out[f"f{i:02d}-{h[:8]}"] = np.concatenate(parts)
+    return out
+
+
+def scale_streams_to_rate(
+    streams: dict[str, np.ndarray], rate_rps: float, span_ms: float
+) -> dict[str, np.ndarray]:
+    """Stretch or compress several streams on one clock (one factor for all, so their relative
+    timing is kept) so that their total mean rate over ``span_ms`` is ``rate_rps``."""
+    total = sum(len(t) for t in streams.values())
+    if total == 0 or rate_rps <= 0:
+        return dict(streams)
+    factor = (total / rate_rps * 1000.0) / span_ms
+    return {k: t * factor for k, t in streams.items()}
 
 
 def scale_to_rate(times_ms: np.ndarray, rate_rps: float) -> np.ndarray:

@@ -11,7 +11,7 @@ Who runs it: the server process, on the same asyncio loop as the gateway. Every 
 2. **step** — per function, ``policy.control.control_step`` (the simulator calls the same):
    the arrivals the gateway counted over the period feed the rate predictor; keep-alive, scale
    to zero, the queued-demand floor and the start back-off decide the floor and what may be
-   added; the autoscaler (``policy.autoscale``, FaST-GShare Algorithm 1 by default) chooses among
+   added; the autoscaler (``policy.autoscale``, ``gshare-burst`` by default) chooses among
    the function's candidate configs (``runtime.control.configs``);
 3. **apply** — new instances are bound to a device and rectangle by the placer
    (``policy.placement``, Maximal Rectangles by default) and started by that device's node
@@ -89,7 +89,7 @@ class ControllerConfig:
     control: ControlParams = field(default_factory=ControlParams)
     """Rate prediction, keep-alive and back-off knobs (``policy.control``; the simulator's
     defaults)."""
-    autoscaler: str = "fast-heuristic"
+    autoscaler: str = autoscale.DEFAULT_AUTOSCALER
     placer: str = "mra"
     drain_timeout_s: float = 120.0
     """Longest a removed instance drains its in-flight requests before it is stopped."""

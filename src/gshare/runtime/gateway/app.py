@@ -145,7 +145,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HttpError)
     async def _http_error(_: Request, e: HttpError) -> JSONResponse:
-        return error_response(e.status, e.message)
+        return error_response(e.status, e.message, e.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _routing_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -327,7 +327,9 @@ class InvokeFastPath:
         except HttpError as e:
             if not e.recorded and name in self.gw.routes:
                 self.gw.metrics.requests.labels(name, str(e.status)).inc()
-            extra = [(b"allow", b"POST")] if e.status == 405 else None
+            extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in e.headers]
+            if e.status == 405:
+                extra.append((b"allow", b"POST"))
             await send_error(send, e.status, e.message, extra)
 
     async def _invoke(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

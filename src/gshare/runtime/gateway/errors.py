@@ -11,16 +11,22 @@ from gshare.runtime.instance import protocol as P
 class HttpError(Exception):
     """An error answered as ``{"error": message}`` with ``status``."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(
+        self, status: int, message: str, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
+        """Extra response headers (a shed request's ``Retry-After``)."""
         self.recorded = False
         """Set once the request was counted in the metrics."""
 
 
-def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def error_response(
+    status: int, message: str, headers: tuple[tuple[str, str], ...] = ()
+) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=dict(headers))
 
 
 def status_of(status: int) -> int:

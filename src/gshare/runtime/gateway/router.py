@@ -68,6 +68,9 @@ is shed far earlier by ``policy.admission``)."""
 DISCONNECT_WATCH_S = 0.05
 """A request not answered after this long starts watching its client's connection: one that
 went away is cancelled (dropped from the queue, or at its instance if not started)."""
+RETRY_AFTER_MS_HEADER = "x-gshare-retry-after-ms"
+"""On a shed request (429): when the backlog ahead of it should have drained, ms (the standard
+``Retry-After`` says the same in whole seconds, at least 1)."""
 CLIENT_GONE = 499
 """The status recorded for a request whose client disconnected before its answer (nginx's)."""
 
@@ -421,10 +424,15 @@ class Gateway:
             )
             if d.verdict is Admit.SHED:
                 self.metrics.shed.labels(function, "slo").inc()
+                wait_ms = d.predicted_ms or 0.0
                 raise HttpError(
                     429,
                     f"function {function!r} is overloaded: a request now would take about "
-                    f"{d.predicted_ms:.0f} ms, over its SLO of {r.slo_ms:g} ms; try again later",
+                    f"{wait_ms:.0f} ms, over its SLO of {r.slo_ms:g} ms; try again later",
+                    (
+                        ("retry-after", str(max(1, math.ceil(wait_ms / 1000.0)))),
+                        (RETRY_AFTER_MS_HEADER, f"{wait_ms:.0f}"),
+                    ),
                 )
         loop = asyncio.get_running_loop()
         p = Pending(function, op, enc, payload, time.perf_counter(), loop.create_future())
