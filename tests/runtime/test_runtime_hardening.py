@@ -238,3 +238,31 @@ def test_json_without_content_type_is_json_and_errors_hide_source_locations(
     assert "demo_handlers.py" in logs and "the model is broken" in logs
     c.delete("echo-ct")
     c.delete("failing")
+
+
+def test_the_profiling_instance_is_not_reachable_by_callers(srv: ServeProcess) -> None:
+    """Item 13: ``NAME~profile`` (the route of a function's profiling instance) answered
+    ``POST /function/NAME~profile`` while a profile ran."""
+    c = srv.client()
+    c.deploy({"name": "prof", "handler": "gshare.runtime.demo_handlers:Sleep", "device": "cpu"})
+    auth = {"authorization": f"Bearer {srv.token}"}
+    r = httpx.post(
+        srv.url + "/system/profile/prof",
+        json={"quota_pct": [50, 100], "batch": [1, 2], "trial_s": 2},
+        headers=auth,
+        timeout=30,
+    )
+    assert r.status_code == 202, r.text
+
+    def measuring() -> bool:
+        job = httpx.get(srv.url + "/system/profile/prof", headers=auth, timeout=10).json()
+        assert job["state"] == "running", job
+        return bool(job["done"] >= 1)
+
+    wait_until(measuring, 180, "the profile's first point")  # its instance serves its route now
+    for path in ("/function/prof~profile", "/v2/models/prof~profile/infer"):
+        r = httpx.post(srv.url + path, json={"sleep_ms": 1}, timeout=30)
+        assert r.status_code == 404, (path, r.status_code, r.text)
+    job = httpx.get(srv.url + "/system/profile/prof", headers=auth, timeout=10).json()
+    assert job["state"] == "running"
+    c.delete("prof")

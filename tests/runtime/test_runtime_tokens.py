@@ -639,3 +639,30 @@ def test_a_client_registered_with_a_secret_cannot_be_taken_over(short_tmp: Path)
         TokenClient(srv.socket_path, "open").close()
     finally:
         srv.stop()
+
+
+def test_a_restarted_instance_replaces_its_old_connection(short_tmp: Path) -> None:
+    """Issue 15, item 13: a restart could race the token server — the new incarnation's HELLO
+    arrived before the old connection's close was read, got "already connected", and burnt a
+    restart. With the instance's secret the newcomer takes over (the old connection is closed
+    and its token released); without a secret a live holder still keeps its id."""
+    srv = TokenServer(str(short_tmp / "s.sock"), TokenConfig(), memory_mb=100)
+    srv.start()
+    try:
+        srv.add_client(spec("inst", 50), secret="k")
+        old = TokenClient(srv.socket_path, "inst", secret="k")
+        assert old.acquire() > 0  # the old incarnation holds a token when the new one comes
+        new = TokenClient(srv.socket_path, "inst", secret="k")
+        assert new.acquire() > 0  # the old token was released as on a drop
+        new.release(1.0)
+        with pytest.raises((ConnectionError, TokenRuntimeError, OSError)):
+            old.release(1.0)
+            old.acquire()
+        new.close()
+        srv.add_client(spec("open", 50))  # no secret: the id alone proves nothing
+        holder = TokenClient(srv.socket_path, "open")
+        with pytest.raises(TokenRuntimeError, match="already connected"):
+            TokenClient(srv.socket_path, "open")
+        holder.close()
+    finally:
+        srv.stop()

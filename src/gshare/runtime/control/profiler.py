@@ -188,7 +188,7 @@ class LiveProfiler:
         rows: list[ProfilePoint] = []
         try:
             fs = c.functions[job.function]
-            c.gateway.add_function(route, None, max(job.batches))
+            c.gateway.add_function(route, None, max(job.batches), internal=True)
             device = (
                 next(
                     d
@@ -281,7 +281,7 @@ class LiveProfiler:
 
     async def _call(self, route: str, op: int, enc: int, payload: bytes) -> bytes:
         gw = self.controller.gateway
-        p = gw.submit(route, op, enc, payload)
+        p = gw.submit(route, op, enc, payload, internal=True)
         status, _enc, data, _m = await gw.wait(p)
         if status != P.ST_OK:
             raise RuntimeError(

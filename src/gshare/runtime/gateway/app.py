@@ -337,7 +337,7 @@ class InvokeFastPath:
         name = scope["path"][len(self.PREFIX) :]
         if scope["method"] != "POST":
             raise HttpError(405, f"use POST to invoke a function, not {scope['method']}")
-        if name not in gw.routes or "/" in name:
+        if not gw.is_public(name):
             raise HttpError(404, f"function {name!r} is not deployed")
         h = header_map(scope, (b"content-type", b"content-length"))
         chunks = await read_body(receive, gw.max_body_bytes, h.get(b"content-length"))

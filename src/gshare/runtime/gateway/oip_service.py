@@ -66,7 +66,7 @@ class OipService:
     def status(self, name: str, version: str | None = None) -> dict[str, Any]:
         """The control API's status of function ``name`` (``HttpError`` 404 when it is not
         deployed, or ``version`` is given and is not its version)."""
-        if name not in self.gw.routes:
+        if not self.gw.is_public(name):
             raise HttpError(404, f"model {name!r} is not deployed")
         st: dict[str, Any] = self.control.function_status(name)
         if version not in (None, "") and str(version) != str(st["version"]):
@@ -130,7 +130,7 @@ class OipService:
     def version_of(self, name: str, version: str | None) -> int:
         """The version a request for ``name`` runs (``HttpError`` 404 as ``status``); cheap
         enough for every request."""
-        if name not in self.gw.routes:
+        if not self.gw.is_public(name):
             raise HttpError(404, f"model {name!r} is not deployed")
         current = int(self.control.function_version(name))
         if version not in (None, "") and str(version) != str(current):

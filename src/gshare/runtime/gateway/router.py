@@ -187,6 +187,8 @@ class FunctionRoute:
     service: ServiceEstimate = field(default_factory=ServiceEstimate)
     """The measured service interval while backlogged (``policy.admission``)."""
     rr: int = 0
+    internal: bool = False
+    """The controller's own route (a profiling instance): not reachable over HTTP or gRPC."""
     closed: bool = False
     """Being deleted: new requests get 410, the ones at instances finish (``close_function``)."""
     recent_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_LATENCIES))
@@ -231,10 +233,14 @@ class Gateway:
         slo_ms: float | None,
         max_batch: int,
         inputs: list[dict[str, Any]] | None = None,
+        *,
+        internal: bool = False,
     ) -> None:
         r = self.routes.get(name)
         if r is None:
-            self.routes[name] = FunctionRoute(name, slo_ms, max_batch, inputs=list(inputs or []))
+            self.routes[name] = FunctionRoute(
+                name, slo_ms, max_batch, inputs=list(inputs or []), internal=internal
+            )
         else:
             r.slo_ms, r.max_batch = slo_ms, max_batch
             if inputs is not None:
@@ -399,10 +405,18 @@ class Gateway:
 
     # -- data path -----------------------------------------------------------------------------
 
-    def submit(self, function: str, op: int, enc: int, payload: bytes) -> Pending:
-        """Accept a request (raises ``HttpError`` 404 / 429 / 503) and dispatch it."""
+    def is_public(self, function: str) -> bool:
+        """True when ``function`` is a deployed function that callers may reach."""
         r = self.routes.get(function)
-        if r is None:
+        return r is not None and not r.internal
+
+    def submit(
+        self, function: str, op: int, enc: int, payload: bytes, *, internal: bool = False
+    ) -> Pending:
+        """Accept a request (raises ``HttpError`` 404 / 429 / 503) and dispatch it; only the
+        controller (``internal``) reaches an internal route."""
+        r = self.routes.get(function)
+        if r is None or (r.internal and not internal):
             raise HttpError(404, f"function {function!r} is not deployed")
         if self.closing:
             raise HttpError(503, "the server is shutting down")

@@ -12,6 +12,7 @@ import select
 import selectors
 import socket
 import stat
+import struct
 import threading
 import time
 from collections import deque
@@ -85,6 +86,17 @@ class TokenRecord:
     completed: bool
     dropped: bool
     """True when the connection dropped while holding the token."""
+
+
+def _peer_alive(sock: socket.socket) -> bool:
+    """Whether the process at the other end of a Unix socket still runs (not a zombie)."""
+    try:
+        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError, struct.error):
+        return False
+    return state != b"Z"
 
 
 class _Conn:
@@ -528,7 +540,7 @@ class TokenServer:
                 self._out, 0, OP_WELCOME, PROTOCOL_VERSION, 0, seq, self.config.window_ms
             )
             self._send(conn, self._out)
-        elif client_id in self._by_client:
+        elif client_id in self._by_client and not self._take_over(client_id):
             self._send_error(conn, ERR_BAD_STATE, seq, f"client {client_id!r} is already connected")
         else:
             conn.client_id = client_id
@@ -558,6 +570,21 @@ class TokenServer:
             FRAME.pack(OP_MEMORY_REPLY, code, F64.size, seq, grant.limit_mb)
             + F64.pack(grant.free_mb),
         )
+
+    def _take_over(self, client_id: str) -> bool:
+        """A HELLO as ``client_id`` while a connection holds that id: the newcomer replaces the
+        old connection (which is closed, its token released as on a drop) when the id is
+        registered with a secret — the newcomer proved it, so it is the instance's new
+        incarnation and the old one is dead or dying, its close not read yet (the restart race
+        of issue 15, item 13) — or when the old connection's process is gone. Otherwise the
+        newcomer is refused (without a secret the id alone proves nothing)."""
+        old = self._by_client[client_id]
+        if client_id not in self._secrets and _peer_alive(old.sock):
+            return False
+        log.info("token server: a new connection of %r replaces its old one", client_id)
+        old.dead = True
+        self._reap(self._now_ms())
+        return True
 
     def _credentials_ok(self, client_id: str, secret: bytes) -> bool:
         want = self._secrets.get(client_id)
