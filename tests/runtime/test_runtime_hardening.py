@@ -13,8 +13,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -209,7 +212,7 @@ def test_overload_is_shed_early_for_a_function_with_an_slo(srv: ServeProcess) ->
     c.delete("no-slo-fn")
 
 
-# -- item 13: content types and error bodies ---------------------------------------------------------
+# -- item 13: content types and error bodies -----------------------------------------------------
 
 
 def test_json_without_content_type_is_json_and_errors_hide_source_locations(
@@ -266,3 +269,30 @@ def test_the_profiling_instance_is_not_reachable_by_callers(srv: ServeProcess) -
     job = httpx.get(srv.url + "/system/profile/prof", headers=auth, timeout=10).json()
     assert job["state"] == "running"
     c.delete("prof")
+
+
+def _ray_join(address: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    code = f"import ray; ray.init(address={address!r}); print('JOINED', len(ray.nodes()))"
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_ray_refuses_whoever_lacks_the_session_token(srv: ServeProcess) -> None:
+    """Item 13: in the local default, Ray listens on every interface (Ray cannot bind its gRPC
+    servers to loopback), and anyone who reached a port could run code in the cluster. gshare
+    starts it with Ray's token authentication and a per-session token: a process without the
+    token cannot join, one with it can (so the refusal is the token's doing)."""
+    gcs_proc = next(p for p in srv.tree() if p.name() == "gcs_server")
+    gcs = next(c.laddr.port for c in gcs_proc.net_connections(kind="inet") if c.status == "LISTEN")
+    server_env = gcs_proc.environ()  # what the server set before Ray started
+    assert server_env.get("RAY_AUTH_MODE") == "token" and server_env.get("RAY_AUTH_TOKEN")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    address = f"127.0.0.1:{gcs}"
+    stranger = _ray_join(address, base)
+    assert stranger.returncode != 0 and "JOINED" not in stranger.stdout
+    insider = _ray_join(
+        address,
+        {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": server_env["RAY_AUTH_TOKEN"]},
+    )
+    assert insider.returncode == 0 and "JOINED" in insider.stdout, insider.stderr[-2000:]

@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -316,6 +317,24 @@ class _UvicornServer:
         return Server(config)
 
 
+def _enable_ray_token_auth(token: str) -> None:
+    """Ray's token authentication for a local Ray (``RAY_AUTH_MODE=token``, the session's own
+    token in ``RAY_AUTH_TOKEN``; every process Ray starts inherits both). Ray reads its config
+    once per process, at import, so it is refreshed here — through ``ray._raylet.Config``, what
+    Ray's own ``_enable_token_auth`` calls; if that fails, Ray runs without token auth and the
+    log says so."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = token
+    try:
+        from ray._raylet import Config
+
+        Config.initialize("")
+    except Exception as e:  # a Ray without token auth: run as before, and say so
+        os.environ.pop("RAY_AUTH_MODE", None)
+        os.environ.pop("RAY_AUTH_TOKEN", None)
+        log.warning("Ray token authentication is not available (%s): Ray's ports are open", e)
+
+
 class _Runtime:
     """Ray, agents, gateway and controller of one server."""
 
@@ -353,6 +372,14 @@ class _Runtime:
             kwargs["address"] = self.opts.address
         else:
             kwargs["address"] = "local"
+            # one machine: Ray's servers listen on loopback only (issue 15, item 13); a
+            # cluster's head is started with `ray start`, which chooses its own address
+            kwargs["_node_ip_address"] = "127.0.0.1"
+            # Ray's gRPC servers still listen on every interface (Ray cannot bind them to
+            # loopback): its token authentication makes them refuse who lacks this session's
+            # token (only this server's processes inherit it)
+            if "RAY_AUTH_MODE" not in os.environ:
+                _enable_ray_token_auth(secrets.token_hex(32))
             kwargs["num_cpus"] = self.opts.num_cpus or os.cpu_count() or 1
             kwargs["object_store_memory"] = max(80, self.opts.object_store_mb) << 20
         try:

@@ -82,6 +82,7 @@ from gshare.runtime.messages import (
     TokenUsage,
 )
 from gshare.runtime.node import tasks as node_tasks
+from gshare.runtime.node.files import ensure_private_dir
 from gshare.runtime.node.launcher import LAUNCHERS, Launcher
 from gshare.runtime.tokens.board import board_path
 
@@ -163,7 +164,7 @@ class NodeAgent:
         self.node_id = node_id
         self.node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(self.run_dir)  # 0700, ours (node.files)
         self.store_root = store_root
         self.devices = self._detect_devices()
         self.mps = False
@@ -206,7 +207,10 @@ class NodeAgent:
         self._launcher: Launcher | None = None
         self._launcher_lock = threading.Lock()
         if launcher == "fork":  # import the runtime now, not at the first deployment
-            self._launcher = Launcher()
+            from gshare.runtime.native import preload_env  # the GPU frontend's interposer
+
+            cuda = any(d.startswith("cuda") for d in self.devices)
+            self._launcher = Launcher(env=preload_env() if cuda else None)
             threading.Thread(
                 target=self._launcher_started, name="gshare-template", daemon=True
             ).start()
@@ -375,6 +379,9 @@ class NodeAgent:
             from gshare.runtime.node.partition import cuda_env
 
             env.update(cuda_env(base.sm_pct) if self.mps else {})
+            from gshare.runtime.native import instance_env  # LD_PRELOAD for a Ray actor
+
+            env.update(instance_env(self.token_servers[idx].epoch_s))
         else:
             from gshare.runtime.node.partition import cores_for
 
