@@ -296,3 +296,10 @@ def test_ray_refuses_whoever_lacks_the_session_token(srv: ServeProcess) -> None:
         {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": server_env["RAY_AUTH_TOKEN"]},
     )
     assert insider.returncode == 0 and "JOINED" in insider.stdout, insider.stderr[-2000:]
+
+
+def test_the_run_directory_is_private(srv: ServeProcess) -> None:
+    run_dir = Path(json.loads((srv.state_dir / "server.json").read_text())["run_dir"])
+    for d in (run_dir, run_dir.parent):
+        st = os.lstat(d)
+        assert st.st_uid == os.getuid() and st.st_mode & 0o077 == 0, (d, oct(st.st_mode))
