@@ -303,3 +303,25 @@ def test_the_run_directory_is_private(srv: ServeProcess) -> None:
     for d in (run_dir, run_dir.parent):
         st = os.lstat(d)
         assert st.st_uid == os.getuid() and st.st_mode & 0o077 == 0, (d, oct(st.st_mode))
+
+
+@pytest.mark.skipif(
+    __import__("gshare.runtime.instance.sandbox", fromlist=["x"]).landlock_abi() < 1,
+    reason="the kernel has no Landlock: the state directory cannot be hidden (README)",
+)
+def test_handlers_cannot_read_the_control_token(srv: ServeProcess) -> None:
+    """Item 13: an instance runs as the server's user; its handler could read the control
+    token and then control every tenant's functions. The instance hides the state directory
+    from itself before it loads the handler (``instance.sandbox``): the token cannot be read,
+    while the repository's files and temporary files work as before."""
+    c = srv.client()
+    c.deploy(
+        {"name": "probe", "handler": "gshare.runtime.demo_handlers:FileProbe", "device": "cpu"}
+    )
+    token_file = next(p for p in srv.state_dir.iterdir() if "token" in p.name)
+    denied = c.invoke("probe", {"path": str(token_file)})
+    assert denied["read"].startswith("PermissionError"), denied
+    assert denied["tmp_ok"] is True
+    allowed = c.invoke("probe", {"path": str(REPO / "pyproject.toml")})
+    assert isinstance(allowed["read"], int) and allowed["read"] > 0, allowed
+    c.delete("probe")

@@ -97,6 +97,32 @@ class Failing:
         raise RuntimeError("the model is broken")
 
 
+class FileProbe:
+    """Tries to read ``path`` and to write a temporary file; answers what happened (tests of
+    the instance sandbox)."""
+
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        pass
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        import tempfile
+
+        out = []
+        for x in inputs:
+            path = str(x.get("path", "")) if isinstance(x, Mapping) else ""
+            try:
+                with open(path, "rb") as f:
+                    read: Any = len(f.read())
+            except OSError as e:
+                read = f"{type(e).__name__}: {e.strerror}"
+            with tempfile.NamedTemporaryFile() as t:
+                t.write(b"x")
+                t.flush()
+                tmp_ok = os.path.getsize(t.name) == 1
+            out.append({"read": read, "tmp_ok": tmp_ok})
+        return out
+
+
 class Spin:
     def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
         pass

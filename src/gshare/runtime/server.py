@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from gshare.runtime.instance.oscap import SESSION_ENV
+from gshare.runtime.instance.sandbox import HIDE_ENV
 from gshare.runtime.messages import NodeInfo
 
 log = logging.getLogger("gshare.server")
@@ -347,6 +348,8 @@ class _Runtime:
         # Every process of this server (Ray's, the agents', templates, instances) inherits it,
         # so the next start can find them if this one is killed (reclaim_stale_server).
         os.environ[SESSION_ENV] = self.session
+        # ... and the instances among them hide the state directory from handlers
+        os.environ[HIDE_ENV] = str(state_dir.resolve())
         uid = os.getuid()
         self.run_dir = os.path.join(tempfile.gettempdir(), f"gshare-{uid}", self.session)
         self.store_root = (

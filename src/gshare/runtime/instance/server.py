@@ -232,6 +232,16 @@ class InstanceServer:
             self.cores = list(
                 apply_cpu_partition(launch.sm_pct, sm_offset_pct=launch.sm_offset_pct)
             )
+        # 1b. the GPU frontend: the driver-API interposer, when the agent preloaded it, gates
+        # every kernel launch on this instance's tokens and caps its memory (runtime.native).
+        native_tokens = False
+        if launch.device.startswith("cuda"):
+            from gshare.runtime.native import configure_interposer
+
+            cap_mb = launch.mem_mb if launch.mem_step_mb <= 0 else launch.mem_max_mb
+            native_tokens = configure_interposer(
+                launch.token_socket, launch.instance_id, launch.token_secret, cap_mb
+            )
         # 2. model.
         from gshare.runtime.instance.loading import make_handler
         from gshare.spec import load_function_spec
@@ -251,6 +261,13 @@ class InstanceServer:
             self.os_cap = apply_memory_cap(plan.cap_mb)
             if self.os_cap.detail:
                 log.warning("memory cap: %s", self.os_cap.detail)
+        # the handler may not read the server's state (its control token): instance.sandbox
+        from gshare.runtime.instance.sandbox import HIDE_ENV, SandboxState, hide_paths, tmp_dir
+
+        hide = [p for p in os.environ.get(HIDE_ENV, "").split(os.pathsep) if p]
+        self.sandbox = hide_paths(hide, tmp_dir(os.path.dirname(launch.uds_path) or "."))
+        if self.sandbox.state is SandboxState.UNAVAILABLE:
+            log.warning("the state directory is not hidden: %s", self.sandbox.detail)
 
         self.spec = load_function_spec(launch.spec)
         self.handler: Any = make_handler(self.spec)
@@ -278,17 +295,22 @@ class InstanceServer:
                 self.output_spec = list(self.handler.output_spec() or [])
         self._takes_parameters = _takes_parameters(self.handler)
         # 3. token client, and the preemption points inside a burst.
+        from gshare.runtime.native import NativeTokens
         from gshare.runtime.tokens import TokenClient
 
-        self.tokens = TokenClient(
-            launch.token_socket, launch.instance_id, secret=launch.token_secret or None
-        )
+        self.tokens: TokenClient | NativeTokens
+        if native_tokens:  # the interposer holds this instance's one token connection
+            self.tokens = NativeTokens()
+        else:
+            self.tokens = TokenClient(
+                launch.token_socket, launch.instance_id, secret=launch.token_secret or None
+            )
         self._in_burst = False
         self._worker_ident = -1
         self._seg_start = self._busy_s = self._rewait_s = 0.0
         import sys as _sys
 
-        if "torch" in _sys.modules:
+        if "torch" in _sys.modules and not native_tokens:
             from torch.nn.modules.module import register_module_forward_pre_hook
 
             self._hook = register_module_forward_pre_hook(self._token_hook)

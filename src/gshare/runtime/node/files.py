@@ -12,6 +12,7 @@ removed (an old 0755 run directory is tightened, not refused).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -25,10 +26,8 @@ def ensure_private_dir(path: str | os.PathLike[str], levels: int = 2) -> Path:
     for _ in range(levels - 1):
         chain.append(chain[-1].parent)
     for d in reversed(chain):
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(d, 0o700)
-        except FileExistsError:
-            pass
         _check_owned_dir(d)
     return p
 

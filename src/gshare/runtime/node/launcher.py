@@ -51,6 +51,7 @@ import importlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -350,6 +351,8 @@ class _Template:
         self.out = out
         self.sel = selectors.DefaultSelector()
         self.children: set[int] = set()
+        self.run_dir_of: dict[int, str] = {}
+        """The run directory of each instance forked (its ``tmp-<pid>`` is removed on reap)."""
         self.calls: dict[int, tuple[int, int, list[bytes]]] = {}  # fd -> (request id, pid, chunks)
         self.pid = os.getpid()
 
@@ -378,6 +381,7 @@ class _Template:
                     run_instance(msg["launch"])
                 finally:
                     os._exit(1)
+            self.run_dir_of[pid] = os.path.dirname(str(msg["launch"].get("uds_path", "")))
             self.send({"id": rid, "result": pid})
         elif op == "call":
             r, w = os.pipe()
@@ -431,7 +435,14 @@ class _Template:
                 return
             self.children.discard(pid)
             remove_cgroup(os.environ.get(SESSION_ENV, ""), pid)  # instance.oscap
+            self.remove_tmp(pid)  # instance.sandbox.tmp_dir
             self.send({"event": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def remove_tmp(self, pid: int) -> None:
+        """Remove a reaped instance's private temporary directory (``sandbox.tmp_dir``)."""
+        run_dir = self.run_dir_of.pop(pid, None)
+        if run_dir:
+            shutil.rmtree(os.path.join(run_dir, f"tmp-{pid}"), ignore_errors=True)
 
     def kill_children(self) -> None:
         for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
