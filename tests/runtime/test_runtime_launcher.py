@@ -223,3 +223,53 @@ def test_a_replaced_gateway_connection_lets_its_requests_finish(
     assert status == P.ST_OK, payload
     assert attempts == 0
     assert json.loads(payload)["pid"] == pid
+
+
+def _tcp_exchange(port: int, frames: list[bytes]) -> int | None:
+    """Send ``frames`` on a new TCP connection; the status of the first answer, or None when
+    the instance closed the connection without one."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"".join(frames))
+        reader = P.FrameReader(P.RESP_FIXED)
+        while True:
+            try:
+                data = s.recv(1 << 16)
+            except ConnectionResetError:
+                return None
+            if not data:
+                return None
+            for frame in reader.feed(data):
+                return int(P.RESP_REST.unpack_from(frame)[1])
+
+
+def test_a_tcp_listener_binds_the_node_address_and_needs_the_channel_secret(
+    run_dir: Path, node: tuple[TokenServer, Launcher]
+) -> None:
+    """Issue 15, item 13: on a cluster, instances listened on TCP 0.0.0.0 and served whoever
+    connected. Now the listener binds the node's address, and a connection must present the
+    instance's channel secret first (``OP_AUTH``); anything else is closed unanswered."""
+    import dataclasses
+
+    ts, lau = node
+    la = dataclasses.replace(
+        _launch(run_dir, ts, "tcp0"), listen_tcp=True, tcp_host="127.0.0.1", channel_secret="s3"
+    )
+    lau.launch(launch_to_dict(la), str(run_dir / "tcp0.log"))
+    wait_until(lambda: Path(la.uds_path + ".ready").exists(), 60, "the instance")
+    info = json.loads(Path(la.uds_path + ".ready").read_text())
+    port = int(info["tcp_port"])
+    listening = [
+        c.laddr
+        for c in psutil.Process(info["pid"]).net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert [a.ip for a in listening] == ["127.0.0.1"], listening
+    body = json.dumps([0.5] * 64).encode()
+    invoke = P.encode_request(1, P.OP_INVOKE, P.ENC_JSON, body)
+    assert _tcp_exchange(port, [invoke]) is None  # no secret
+    wrong = P.encode_request(0, P.OP_AUTH, P.ENC_RAW, b"guess")
+    assert _tcp_exchange(port, [wrong, invoke]) is None
+    right = P.encode_request(0, P.OP_AUTH, P.ENC_RAW, b"s3")
+    assert _tcp_exchange(port, [right, invoke]) == P.ST_OK

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -137,6 +138,8 @@ class LiveInstance:
     cores: list[int] | None = None
     rss_mb: float = 0.0
     last_exit: str | None = None
+    channel_secret: str = ""
+    """What the gateway presents on a TCP connection to it (``protocol.OP_AUTH``)."""
     route: str = ""
     """The gateway route it serves (the function's; a private one for profiling)."""
     memory: MemoryUsage | None = None
@@ -492,10 +495,13 @@ class Controller:
             device_index=device.local_index,
             sm_offset_pct=min(100.0, max(0.0, sm_offset)),
             listen_tcp=device.node_id != self.gateway_node_id,
+            tcp_host=self._node_ip(device.node_id),
+            channel_secret=secrets.token_hex(16) if device.node_id != self.gateway_node_id else "",
             extra_sys_path=self.extra_sys_path,
             kernel_profile=kernel_profile,
         )
         inst = LiveInstance(iid, name, cfg, share, device, self.clock(), profiling=profiling)
+        inst.channel_secret = launch.channel_secret
         self.instances[iid] = inst
         agent = self.agents[device.node_id]
         try:
@@ -653,6 +659,12 @@ class Controller:
                     inst.achieved_share = max(0.0, (used - inst.used_ms) / elapsed_ms)
                 inst.used_ms, inst.used_t = used, now_s
 
+    def _node_ip(self, node_id: str) -> str:
+        """The address a node's instances bind their TCP listener to (its agent's report)."""
+        ref = self.agents.get(node_id)
+        ip = ref.info.extra.get("node_ip") if ref is not None else None
+        return str(ip) if ip else "0.0.0.0"
+
     async def _connect(
         self, inst: LiveInstance, incarnation: int, node_ip: str, local: bool
     ) -> None:
@@ -663,7 +675,12 @@ class Controller:
         tcp = (node_ip, inst.tcp_port) if inst.tcp_port and not local else None
         uds = inst.uds_path if local else None
         await self.gateway.instance_ready(
-            inst.route, iid, uds_path=uds, tcp=tcp, max_batch=inst.config.batch
+            inst.route,
+            iid,
+            uds_path=uds,
+            tcp=tcp,
+            max_batch=inst.config.batch,
+            secret=inst.channel_secret,
         )
         if self.gateway.is_connected(inst.route, iid):
             inst.incarnation = incarnation

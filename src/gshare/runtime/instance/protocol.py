@@ -64,6 +64,11 @@ MAX_FRAME_BYTES: Final[int] = 1 << 30
 OP_INVOKE: Final[int] = 1
 OP_CONTROL: Final[int] = 2
 OP_EXAMPLE: Final[int] = 3
+OP_AUTH: Final[int] = 5
+"""The first frame on a TCP connection to an instance: its payload is the instance's channel
+secret (``InstanceLaunch.channel_secret``). Anything else first, or a wrong secret, and the
+instance closes the connection; Unix-socket connections need none (the 0700 run directory
+guards them)."""
 OP_CANCEL: Final[int] = 4
 """Drop request ``request_id`` (the frame's id) if it has not started: its caller went away.
 The instance answers the dropped request with ``ST_CANCELLED``; one already in a batch runs to

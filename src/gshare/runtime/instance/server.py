@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import math
@@ -108,6 +109,10 @@ class InstanceLaunch:
     environment, so other processes of the user cannot read it from ``/proc``)."""
     uds_path: str = ""
     listen_tcp: bool = False
+    tcp_host: str = "0.0.0.0"
+    """The address the TCP listener binds (the node's own address, from the controller)."""
+    channel_secret: str = ""
+    """What a TCP connection must present first (``OP_AUTH``); set whenever ``listen_tcp``."""
     """Also listen on TCP (the gateway runs on another node)."""
     model_key: str | None = None
     """Key of the shared weights in the node's ``ModelStore`` (None: the handler has none)."""
@@ -142,10 +147,12 @@ class _Item:
 class _Conn(asyncio.Protocol):
     """One gateway connection on the instance's IO loop."""
 
-    def __init__(self, server: InstanceServer) -> None:
+    def __init__(self, server: InstanceServer, secret: str = "") -> None:
         self.server = server
         self.reader = P.FrameReader(P.REQ_FIXED)
         self.transport: asyncio.Transport | None = None
+        self.secret = secret.encode()
+        """Non-empty on a TCP connection until its ``OP_AUTH`` frame proved it."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
@@ -167,6 +174,16 @@ class _Conn(asyncio.Protocol):
         for f in frames:
             req_id, op, enc = P.REQ_REST.unpack_from(f)
             payload = f[P.REQ_FIXED :]
+            if self.secret:  # a TCP connection: the first frame must prove the secret
+                if op != P.OP_AUTH or not hmac.compare_digest(bytes(payload), self.secret):
+                    log.warning("instance: a TCP connection did not authenticate; closed")
+                    if self.transport:
+                        self.transport.close()
+                    return
+                self.secret = b""
+                continue
+            if op == P.OP_AUTH:
+                continue
             if op == P.OP_CONTROL:
                 self.write(srv.control(req_id, payload))
             elif op == P.OP_CANCEL:
@@ -378,8 +395,13 @@ class InstanceServer:
             )
             self._servers.append(srv)
             if self.launch.listen_tcp:
+                if not self.launch.channel_secret:
+                    raise RuntimeError("a TCP listener needs a channel secret")
+                secret = self.launch.channel_secret
                 tcp = self._loop.run_until_complete(
-                    self._loop.create_server(lambda: _Conn(self), host="0.0.0.0", port=0)
+                    self._loop.create_server(
+                        lambda: _Conn(self, secret), host=self.launch.tcp_host, port=0
+                    )
                 )
                 self._servers.append(tcp)
                 self.tcp_port = tcp.sockets[0].getsockname()[1]
