@@ -327,7 +327,7 @@ def _enable_ray_token_auth(token: str) -> None:
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = token
     try:
-        from ray._raylet import Config
+        from ray._raylet import Config  # type: ignore[attr-defined]
 
         Config.initialize("")
     except Exception as e:  # a Ray without token auth: run as before, and say so
