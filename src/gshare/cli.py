@@ -287,6 +287,7 @@ def list_cmd(
     """List deployed functions and their instances."""
     with _client(url, token, state) as c:
         fns = _call(c.list)
+        nodes = [] if output is Output.JSON else _call(c.info).get("nodes", [])
     if output is Output.JSON:
         _print_json(fns)
         return
@@ -322,6 +323,22 @@ def list_cmd(
             insts or "-",
         )
     console.print(table)
+    if nodes:
+        per_node: dict[str, int] = {}
+        for f in fns:
+            for i in f["instances"]:
+                per_node[str(i.get("node_id", ""))] = per_node.get(str(i.get("node_id", "")), 0) + 1
+        nt = Table("node", "address", "state", "devices", "instances", box=None)
+        for n in nodes:
+            nid = str(n.get("node_id", ""))
+            nt.add_row(
+                nid[:12],
+                str(n.get("node_ip", "-")),
+                "alive" if n.get("alive") else "lost",
+                ", ".join(n.get("devices", [])),
+                str(per_node.get(nid, 0)),
+            )
+        console.print(nt)
 
 
 def _read_source(source: str, what: str) -> bytes:

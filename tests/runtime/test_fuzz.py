@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gshare.testing import ServeProcess, run_cli, wait_until
+from gshare.testing import ServeProcess, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src" / "gshare" / "runtime" / "gateway"
@@ -272,7 +272,7 @@ CLI_COMMANDS = ["deploy", "list", "invoke", "delete", "describe", "logs", "profi
 def test_the_cli_never_prints_a_traceback(
     srv: ServeProcess, command: str, args: list[str], stdin: bytes
 ) -> None:
-    r = run_cli(command, *args, state_dir=srv.state_dir, input=stdin, text=False, timeout_s=60)
+    r = srv.cli(command, *args, input=stdin, text=False, timeout_s=60)
     out = r.stdout.decode(errors="replace")
     err = r.stderr.decode(errors="replace")
     assert r.returncode in (0, 1, 2), (command, args, r.returncode, err[-500:])

@@ -237,7 +237,7 @@ def test_json_without_content_type_is_json_and_errors_hide_source_locations(
     assert not re.search(r"\.py:\d+", err), err
     # the traceback is in the instance's log file (the server's run directory) instead
     run_dir = Path(json.loads((srv.state_dir / "server.json").read_text())["run_dir"])
-    logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("i-*.log"))
+    logs = "".join(p.read_text(errors="replace") for p in run_dir.rglob("i-*.log"))
     assert "demo_handlers.py" in logs and "the model is broken" in logs
     c.delete("echo-ct")
     c.delete("failing")

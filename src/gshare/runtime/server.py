@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -141,6 +142,8 @@ def reclaim_stale_server(state_dir: Path) -> None:
         target = doc.get(key) if isinstance(doc, dict) else None
         if isinstance(target, str) and target.startswith(prefix):  # only what we create
             shutil.rmtree(target, ignore_errors=True)
+            for per_node in glob.glob(glob.escape(target) + "-*"):  # the agents' stores
+                shutil.rmtree(per_node, ignore_errors=True)
     with contextlib.suppress(OSError):
         path.unlink()
     log.warning(
@@ -566,8 +569,9 @@ class _Runtime:
         import shutil
 
         shutil.rmtree(self.run_dir, ignore_errors=True)
-        if self.store_root:
-            shutil.rmtree(self.store_root, ignore_errors=True)
+        if self.store_root:  # the agents remove theirs; what a dead agent left goes too
+            for d in [self.store_root, *glob.glob(glob.escape(self.store_root) + "-*")]:
+                shutil.rmtree(d, ignore_errors=True)
 
 
 __all__ = [

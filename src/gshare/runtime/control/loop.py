@@ -76,6 +76,9 @@ log = logging.getLogger("gshare.controller")
 
 STARTING_POLL_S = 0.25
 """Agent poll interval while an instance is starting (between reconcile periods)."""
+FENCE = "~fence-"
+"""Prefix of the placer reservations that fence a lost node's devices (not an instance id:
+``~`` is not allowed in function names)."""
 MAX_DEVICES = 256
 """Upper bound of devices the placer tracks (devices of nodes that join later included)."""
 SHORTFALL_LOG_S = 30.0
@@ -202,6 +205,8 @@ class Controller:
         self.placer = make_placer(self.config.placer, max_gpus=MAX_DEVICES)
         self.agents: dict[str, AgentRef] = {}
         self.devices: list[Device] = []
+        self._fences: dict[int, str] = {}
+        """Device index -> the placer reservation that keeps it unused (its node is lost)."""
         self.functions: dict[str, FunctionState] = {}
         self.instances: dict[str, LiveInstance] = {}
         self._counter = 0
@@ -220,11 +225,40 @@ class Controller:
         joins, and when it replaced a dead agent of a node: the node keeps its devices)."""
         replaced = handle.node_id in self.agents
         self.agents[handle.node_id] = AgentRef(handle.node_id, handle, info)
+        self.gateway.metrics.node_up.labels(handle.node_id[:12]).set(1)
         if replaced:
             log.warning("node %s has a new agent", handle.node_id[:8])
+            self._unfence(handle.node_id)
             return
         for i, name in enumerate(info.devices):
             self.devices.append(Device(len(self.devices), handle.node_id, i, name))
+
+    def _fence(self, node_id: str) -> None:
+        """Keep the placer off a lost node's devices: each gets a reservation of the whole
+        device (``FENCE`` ids). The placer API places anywhere, and a whole-device rectangle
+        fits only an empty device, so reservations are placed until every device of the node
+        holds one; those that landed on another empty device are given back."""
+        targets = {d.index for d in self.devices if d.node_id == node_id}
+        elsewhere: list[str] = []
+        while targets - set(self._fences):
+            self._counter += 1
+            fid = f"{FENCE}{self._counter}"
+            try:
+                b = self.placer.place(fid, 100.0, 100.0)
+            except NoCapacity:  # an instance still holds one of them: not fenced
+                break
+            if b.gpu in targets and b.gpu not in self._fences:
+                self._fences[b.gpu] = fid
+            else:
+                elsewhere.append(fid)
+        for fid in elsewhere:
+            self.placer.release(fid)
+
+    def _unfence(self, node_id: str) -> None:
+        for d in self.devices:
+            fid = self._fences.pop(d.index, None) if d.node_id == node_id else None
+            if fid is not None:
+                self.placer.release(fid)
 
     def dead_agents(self) -> list[str]:
         """Nodes whose agent died (``AgentGone``): the server starts a new one on each."""
@@ -581,6 +615,8 @@ class Controller:
     async def _agent_lost(self, agent: AgentRef, err: BaseException) -> None:
         agent.alive = False
         log.error("agent on node %s is gone: %s", agent.node_id[:8], err)
+        with contextlib.suppress(KeyError):
+            self.gateway.metrics.node_up.remove(agent.node_id[:12])
         for inst in list(self.instances.values()):
             if inst.device.node_id == agent.node_id:
                 self._event(
@@ -590,6 +626,7 @@ class Controller:
                     level="error",
                 )
                 await self.stop_instance(inst.instance_id, log_event=False)
+        self._fence(agent.node_id)
 
     async def _apply_status(self, node_id: str, status: NodeStatus) -> None:
         by_id = {s.instance_id: s for s in status.instances}

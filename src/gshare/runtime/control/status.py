@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gshare.runtime.control.loop import Controller
+from gshare.runtime.control.loop import FENCE, Controller
 
 
 def status_view(c: Controller) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def status_view(c: Controller) -> dict[str, Any]:
     for d in c.devices:
         rects = []
         for iid, b in sorted(bindings.items()):
-            if b.gpu != d.index:
+            if b.gpu != d.index or iid.startswith(FENCE):  # a lost node's device
                 continue
             inst = by_instance.get(iid)
             rects.append(

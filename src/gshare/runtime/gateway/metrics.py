@@ -86,6 +86,12 @@ class Metrics:
             ["function"],
             registry=r,
         )
+        self.node_up = Gauge(
+            "gshare_node_up",
+            "1 for each node whose agent answers; a lost node's series is removed",
+            ["node"],
+            registry=r,
+        )
         self.queued = Gauge(
             "gshare_queue_length", "Requests waiting for an instance", ["function"], registry=r
         )

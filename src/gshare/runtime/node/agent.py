@@ -163,9 +163,12 @@ class NodeAgent:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         self.node_id = node_id
         self.node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        self.run_dir = Path(run_dir)
-        ensure_private_dir(self.run_dir)  # 0700, ours (node.files)
-        self.store_root = store_root
+        # per node, so that several Ray nodes on one host (Ray's cluster utilities, the
+        # multi-node tests) do not share token sockets or model stores
+        tag = node_id[:12]
+        self.run_dir = Path(run_dir) / f"node-{tag}"
+        ensure_private_dir(self.run_dir, levels=3)  # 0700, ours (node.files)
+        self.store_root = f"{store_root}-{tag}" if store_root else None
         self.devices = self._detect_devices()
         self.mps = False
         if any(d.startswith("cuda") for d in self.devices):
