@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PYTEST_ARGS ?=
 
-.PHONY: test demo lint typecheck unit venv clean browser
+.PHONY: test demo lint typecheck unit venv clean browser native
 
 venv: $(STAMP)
 
@@ -36,7 +36,12 @@ browser:
 	    --no-install-recommends chromium chromium-driver >/dev/null; \
 	else echo "chromium/chromedriver missing and cannot install them (not root): the browser test is skipped"; fi
 
-unit: $(STAMP) browser
+# The GPU frontend's CUDA driver-API interposer (native/): one line; skipped, not failed, without
+# a C compiler or the CUDA toolkit's cuda.h (its tests, tests/native, then skip too).
+native:
+	@$(MAKE) -s --no-print-directory -C native
+
+unit: $(STAMP) browser native
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test: lint typecheck unit

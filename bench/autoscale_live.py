@@ -4,19 +4,20 @@ gshare's default autoscaler (``gshare-burst``) and with FaST-GShare's Algorithm 
 
 What it measures: a real ``gshare serve --autoscaler A`` (fork launcher, the default) serves
 one function (built-in ``mlp`` on the CPU device, a fixed thin share so that a burst needs
-several instances: SM 25 %, quota 0.05 guaranteed and at most 0.05; batching up to 4 / 2 ms;
+several instances: SM 25 %, quota 0.1 guaranteed and at most 0.1; batch 1;
 ``slo_ms`` 100; 0..``max_instances`` instances; keep-alive 30 s). An open-loop client sends
 the arrivals of a segment of the shipped Azure LLM code trace
-(``sim.workload.azure_llm``), time-scaled to ``--rate`` requests/s mean (default: 40 % of one
-instance's measured throughput, at most 30 rps — the machine is a shared 2-core VM), each at
+(``sim.workload.azure_llm``), time-scaled to ``--rate`` requests/s mean (default: 10 % of one
+instance's measured throughput, at most 40 rps — the machine is a shared 2-core VM; the trace's
+bursts reach several times the mean), each at
 its scheduled time whatever the answers do;
 a request violates the SLO when it is not answered 200 within ``slo_ms``. A sampler reads the
 function's non-draining instances from the control API every 0.25 s.
 
 Then the same segment is simulated (``sim.cluster``, same autoscaler, period, keep-alive and
-bounds, the live cold-start model ``LIVE_FORK_COLD_START_MS``) with one config whose
-throughput and latency are what the live instances reported (the controller's measured
-``throughput_rps``), so the two worlds can be compared.
+bounds, the live cold-start model ``LIVE_FORK_COLD_START_MS``, the runtime's token protocol)
+with one config whose throughput is what the first server measured (``quota_request × 1000 /
+busy ms`` per request, as the controller estimates it), the same for both autoscalers.
 
 Summary per autoscaler (``gshare-burst``, ``fast-heuristic``): ``slo_violation_pct``,
 ``mean_instances``, ``p99_ms``, and ``sim_slo_violation_pct`` / ``sim_mean_instances``.
@@ -44,6 +45,7 @@ import numpy as np
 from _common import bench_parser, machine_load, percentile, print_table, write_json
 from gshare.policy.autoscale import ScaleConfig
 from gshare.policy.control import ControlParams
+from gshare.policy.tokens import LIVE_TOKEN_CONFIG
 from gshare.profiles import ProfilePoint, ProfileTable
 from gshare.sim import workload
 from gshare.sim.cluster import LIVE_FORK_COLD_START_MS, ClusterConfig, SimCluster, SimFunction
@@ -53,9 +55,13 @@ from gshare.testing import ServeProcess
 ROOT = Path(__file__).resolve().parent.parent
 AUTOSCALERS = ("gshare-burst", "fast-heuristic")
 SLO_MS = 100.0
-SHARE = {"sm_pct": 25, "quota_request": 0.05, "quota_limit": 0.05}
-BATCH = {"max_batch": 4, "max_wait_ms": 2}
+SHARE = {"sm_pct": 25, "quota_request": 0.1, "quota_limit": 0.1}
+BATCH = {"max_batch": 1, "max_wait_ms": 0}
 KEEP_ALIVE_S = 30.0
+WARMUP_REQUESTS = 32
+"""Warm-up requests, one per 0.25 s (not measured)."""
+SIM_WARMUP_S = 8.0
+"""The simulated twin of the live warm-up (a few requests/s until the throughput is measured)."""
 BODY = bytes(64 * 4)  # zeros: a valid float32 input of the built-in mlp
 
 
@@ -122,11 +128,16 @@ def run_live(
                 "keep_alive_s": KEEP_ALIVE_S,
             }
         )
-        # warm the node's model store and measure the instance's throughput, then scale to 0
-        for _ in range(20):
+        # warm up gently (4 requests/s, so the rate history stays far below one instance's
+        # capacity); the instance's throughput as the controller estimates it for new
+        # instances: quota_request × 1000 / busy ms per request (Triton statistics' compute time)
+        for _ in range(WARMUP_REQUESTS):
             c.invoke_raw(name, BODY)
-        info = c.get(name)
-        tput = [float(i["throughput_rps"]) for i in info["instances"]]
+            time.sleep(0.25)
+        stats = httpx.get(f"{srv.url}/v2/models/{name}/stats", timeout=10.0).json()
+        ci = stats["model_stats"][0]["inference_stats"]["compute_infer"]
+        busy_ms = float(ci["ns"]) / 1e6 / max(1, int(ci["count"]))
+        tput = [float(SHARE["quota_request"]) * 1000.0 / busy_ms]
         if times_ms is None:
             times_ms = make_segment(statistics.median(tput))
         assert times_ms is not None
@@ -144,8 +155,6 @@ def run_live(
         results = asyncio.run(_replay(srv.url, name, times_ms))
         stop.set()
         th.join()
-        info = c.get(name)
-        tput += [float(i["throughput_rps"]) for i in info["instances"]]
     lat = [r[1] for r in results]
     bad = sum(1 for r in results if r[2] != 200 or r[1] > SLO_MS)
     return times_ms, {
@@ -157,21 +166,25 @@ def run_live(
         "p50_ms": percentile(lat, 50),
         "p99_ms": percentile(lat, 99),
         "mean_instances": statistics.fmean(samples) if samples else 0.0,
-        "throughput_rps_per_instance": statistics.median(tput) if tput else float("nan"),
+        "throughput_rps_per_instance": tput[0],
+        "busy_ms_per_request": busy_ms,
     }
 
 
 def run_sim(
     autoscaler: str, times_ms: np.ndarray, max_instances: int, tput_rps: float, seed: int
 ) -> dict[str, Any]:
-    """The same segment in the simulator: one config of the live instances' throughput."""
+    """The same segment in the simulator: one config of the live instances' throughput.
+
+    The live controller's throughput of an instance is ``quota_request × 1000 / busy_ms`` (busy
+    time per request measured by the gateway); the simulated model runs ``busy_ms`` per request
+    at quota 100 % (linear in the batch) and the simulated token scheduler gates it at the
+    share's quota, with the runtime's token protocol (``LIVE_TOKEN_CONFIG``, token reuse)."""
     batch = int(BATCH["max_batch"])
-    lat_ms = batch * 1000.0 / tput_rps  # a full batch at the measured throughput
     cfg_sm, cfg_q = float(SHARE["sm_pct"]), float(SHARE["quota_request"]) * 100.0
-    # the simulated GPU runs a burst at quota 100 then gates it by the quota: latencies at
-    # quota 100 are the busy time (throughput × quota), at the share's quota the profiled one
+    busy_ms = (cfg_q / 100.0) * 1000.0 / tput_rps
     rows = [
-        ProfilePoint("live-mlp", sm, q, b, lat_ms * b / batch * (cfg_q / q))
+        ProfilePoint("live-mlp", sm, q, b, b * busy_ms * (100.0 / q))
         for sm in (cfg_sm, 100.0)
         for q in (cfg_q, 100.0)
         for b in (1, 2, 4)
@@ -182,7 +195,7 @@ def run_sim(
         quota_pct=cfg_q,
         batch=batch,
         throughput_rps=tput_rps,
-        latency_ms=lat_ms,
+        latency_ms=batch * 1000.0 / tput_rps,
     )
     loop = EventLoop()
     cluster = SimCluster(
@@ -194,6 +207,8 @@ def run_sim(
             control=ControlParams(),
             autoscaler=autoscaler,
             launch=None,
+            token_config=LIVE_TOKEN_CONFIG,
+            token_reuse=True,
         ),
         np.random.default_rng(seed),
     )
@@ -209,11 +224,15 @@ def run_sim(
             keep_alive_s=KEEP_ALIVE_S,
         )
     )
-    end = float(times_ms[-1]) + 1000.0
-    workload.drive_open_loop(loop, cluster.gateway, "live-as", times_ms)
+    # as live: a gentle warm-up (4 requests/s for SIM_WARMUP_S, not measured), then the segment
+    warm_ms = SIM_WARMUP_S * 1000.0
+    arrivals = np.concatenate([np.arange(0.0, warm_ms, 250.0), np.asarray(times_ms) + warm_ms])
+    end = float(arrivals[-1]) + 1000.0
+    cluster.log.warmup_ms = warm_ms
+    workload.drive_open_loop(loop, cluster.gateway, "live-as", arrivals)
     cluster.start(until_ms=end)
     loop.run(until_ms=end)
-    insts = [r["instances"] for r in cluster.timeline]
+    insts = [r["instances"] for r in cluster.timeline if r["t_s"] * 1000.0 >= warm_ms]
     loop.run()
     s = cluster.log.summary("live-as")
     return {
@@ -226,19 +245,19 @@ def run_sim(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser(__doc__)
     parser.add_argument(
-        "--rate", type=float, default=None, help="mean requests/s (default: 0.4 x T, <= 30)"
+        "--rate", type=float, default=None, help="mean requests/s (default: 0.1 x T, <= 40)"
     )
     parser.add_argument(
         "--seconds", type=float, default=None, help="segment length (180; quick 30)"
     )
     parser.add_argument("--offset-s", type=float, default=0.0, help="segment start in the trace")
-    parser.add_argument("--max-instances", type=int, default=6)
+    parser.add_argument("--max-instances", type=int, default=4)
     args = parser.parse_args(argv)
     seconds = args.seconds or (30.0 if args.quick else 180.0)
     chosen: dict[str, float] = {}
 
     def make_segment(tput_rps: float) -> np.ndarray:
-        rate = args.rate or min(30.0, 0.4 * tput_rps)
+        rate = args.rate or min(40.0, 0.1 * tput_rps)
         chosen["rate_rps"] = rate
         seg = segment(rate, seconds, args.offset_s)
         if len(seg) == 0:
@@ -251,11 +270,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gsauto-") as d:
         for a in AUTOSCALERS:
             times, live = run_live(a, times, args.max_instances, Path(d), make_segment)
-            live.update(
-                run_sim(
-                    a, times, args.max_instances, live["throughput_rps_per_instance"], args.seed
-                )
-            )
+            # one simulated throughput for both (the first server's, which set the rate): the
+            # servers' own measurements differ with the machine's load
+            chosen.setdefault("sim_tput_rps", live["throughput_rps_per_instance"])
+            live.update(run_sim(a, times, args.max_instances, chosen["sim_tput_rps"], args.seed))
             rows.append(live)
             print(
                 f"  {a}: live {live['slo_violation_pct']:.2f} % / "
@@ -267,6 +285,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "segment_s": seconds,
         "rate_rps": chosen["rate_rps"],
+        "sim_throughput_rps_per_instance": chosen["sim_tput_rps"],
         "requests": int(len(times)),
     }
     for r in rows:

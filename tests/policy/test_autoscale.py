@@ -315,7 +315,7 @@ def test_fixed_config_prefers_full_gpu() -> None:
 
 
 def test_registry() -> None:
-    assert set(AUTOSCALERS) == {"fast-heuristic", "target-util"}
+    assert set(AUTOSCALERS) == {"fast-heuristic", "target-util", "gshare-burst"}
     assert get_autoscaler("fast-heuristic") is heuristic_scale
     with pytest.raises(AutoscaleError, match="unknown autoscaler 'hpa'.*fast-heuristic"):
         get_autoscaler("hpa")

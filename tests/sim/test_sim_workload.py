@@ -148,3 +148,26 @@ def test_drive_closed_loop_keeps_users_outstanding() -> None:
     assert len(gw.log.completed) == 100
     loop.run()
     assert gw.log.submitted == len(gw.log.completed) == 102
+
+
+def test_azure2019_functions_busiest_first_on_one_clock(tmp_path: Path) -> None:
+    import gzip
+
+    from gshare.sim.workload import azure2019_functions, scale_streams_to_rate
+
+    p = tmp_path / "inv.csv.gz"
+    with gzip.open(p, "wt") as f:
+        f.write("HashFunction,HashApp,HashOwner,minute_1,minute_2,minute_3\n")
+        f.write("aaaa1111,x,y,1,2,3\n")  # 5 in minutes 2..3
+        f.write("bbbb2222,x,y,9,0,9\n")  # 9
+        f.write("cccc3333,x,y,0,0,0\n")
+    s = azure2019_functions(np.random.default_rng(0), start_minute=1, minutes=2, top=5, path=p)
+    assert list(s) == ["f00-bbbb2222", "f01-aaaa1111"]  # the idle one is left out
+    assert len(s["f00-bbbb2222"]) == 9 and len(s["f01-aaaa1111"]) == 5
+    assert all((t >= 0).all() and (t < 120_000).all() for t in s.values())
+    assert (s["f01-aaaa1111"][:2] < 60_000).all() and (s["f01-aaaa1111"][2:] >= 60_000).all()
+    # 14 arrivals over 2 minutes scaled to 1 rps: 14 s, one factor for both
+    scaled = scale_streams_to_rate(s, 1.0, 120_000.0)
+    factor = 14_000.0 / 120_000.0
+    for k in s:
+        assert np.allclose(scaled[k], s[k] * factor)

@@ -665,7 +665,7 @@ class BurstAutoscaler:
     """gshare-burst (see the NOTE above); the common ``Autoscaler`` signature plus
     ``signals``. Pure: its knobs are fields, everything else arrives per call."""
 
-    headroom: float = 1.5
+    headroom: float = 2.0
     """h: multiplier on the peak and the last rate (the knob ``autoscale-traces`` sweeps)."""
 
     reads_load_signals: bool = True

@@ -9,9 +9,9 @@ bursts (Gemini), caps device memory at the instance's limit, and identifies kern
 
 * ``build()`` runs ``make -C native`` (the project's ``make native``): one line of output, and a
   skip (not an error) without a C compiler or the toolkit's ``cuda.h``;
-* ``library_path()`` / ``preload_env()`` locate the library and give the ``LD_PRELOAD`` that the
-  node agent puts in the environment of processes that run CUDA instances (the fork template,
-  or a Ray actor);
+* ``library_path()`` / ``preload_env()`` / ``instance_env()`` locate the library and give the
+  ``LD_PRELOAD`` that the node agent puts in the environment of processes that run CUDA
+  instances (the fork template, or a Ray actor), with the token server's window epoch;
 * ``configure_interposer()`` is called by a CUDA instance before it touches CUDA: it hands the
   interposer the token socket, the instance id, its secret (never in the environment) and its
   memory cap, through the library's exported ``gshare_cuda_configure``. It returns False when
@@ -103,6 +103,16 @@ def preload_env(env: dict[str, str] | None = None) -> dict[str, str]:
     old = (os.environ if env is None else env).get("LD_PRELOAD", "")
     parts = [p for p in old.replace(":", " ").split() if p and Path(p).name != LIBRARY_NAME]
     return {"LD_PRELOAD": ":".join([str(lib), *parts])}
+
+
+def instance_env(epoch_s: float) -> dict[str, str]:
+    """What a CUDA instance's process needs in its environment (``{}`` when the interposer is
+    not built): the ``LD_PRELOAD`` and the token server's ``epoch_s`` (``time.monotonic``, the
+    interposer's CLOCK_MONOTONIC), so that its work on a token stops at the window's end."""
+    env = preload_env()
+    if env:
+        env["GSHARE_TOKEN_EPOCH_S"] = repr(epoch_s)
+    return env
 
 
 def _loaded() -> ctypes.CDLL | None:
@@ -209,6 +219,7 @@ __all__ = [
     "build_skip_reason",
     "configure_interposer",
     "cuda_include_dir",
+    "instance_env",
     "interposer_loaded",
     "library_path",
     "preload_env",

@@ -1,0 +1,1251 @@
+/*
+ * libgshare_cuda.so -- gshare's CUDA driver-API interposer (issue 13; DESIGN "GPU frontend").
+ *
+ * Loaded with LD_PRELOAD into a process that uses the CUDA driver (directly, or through the
+ * CUDA runtime, which resolves driver entry points with dlopen/dlsym and cuGetProcAddress).
+ * It exports the intercepted driver symbols, a dlsym() that hands out the same wrappers for
+ * them, and a cuGetProcAddress (v1 and _v2) that does too, so every path to a kernel launch
+ * ends in one gate:
+ *
+ *   tokens  (FaST-GShare 3.3.2, Gemini): a launch needs a time token from the node's token
+ *           server (gshare.runtime.tokens, same Unix-socket protocol and policy as the Python
+ *           client). While a token is held the gate is a mutex (uncontended: one atomic, no
+ *           syscall), a vDSO clock read and a hash lookup. When the predicted device end of
+ *           the work queued on the token plus the predicted next kernel passes the token's
+ *           end, the token is given back early (Gemini revocation): the work queued on it is
+ *           drained, its device busy time (events recorded around the burst) is reported on
+ *           RELEASE, and a new token is asked for. A reaper thread gives a token back when it
+ *           expires while the process launches nothing.
+ *   memory  device allocations (cuMemAlloc/_Pitch/Managed/Async) are accounted exactly per
+ *           pointer and refused with CUDA_ERROR_OUT_OF_MEMORY past GSHARE_CUDA_MEM_LIMIT_MB;
+ *           frees (sync and async) return their bytes; cuMemGetInfo reports the cap.
+ *   kernel identity (FIKIT 3.2): function name (cuFuncGetName, else the name given to
+ *           cuModuleGetFunction, else "fn@<address>") + grid + block. Kernel durations are
+ *           sampled with event pairs (first launches of an ID, then 1 in SAMPLE_EVERY) to
+ *           predict the next kernel; GSHARE_CUDA_PROFILE=<path> measures every kernel and its
+ *           idle gap and writes a policy.priority KernelProfile (to_records JSON) at exit.
+ *
+ * Configuration (read at the first intercepted call; gshare_cuda_configure() overrides it,
+ * which is how the runtime passes the instance secret without putting it in the environment):
+ *   GSHARE_TOKEN_SOCKET, GSHARE_CLIENT_ID, GSHARE_TOKEN_SECRET   token server and identity
+ *                                        (no socket: launches are not governed)
+ *   GSHARE_CUDA_MEM_LIMIT_MB             memory cap (unset or 0: none)
+ *   GSHARE_CUDA_PROFILE, GSHARE_CUDA_TASK_KEY   measurement mode output and its task key
+ *   GSHARE_CUDA_STATS                    JSON counters written at exit (tests, benches)
+ *   GSHARE_CUDA_MARGIN_US                stop this much before the token end (default 200)
+ *   GSHARE_TOKEN_EPOCH_S                 the token server's epoch_s (CLOCK_MONOTONIC seconds):
+ *                                        work on a token then also stops at its window's end
+ *   GSHARE_REAL_LIBCUDA                  the real driver (default libcuda.so.1)
+ *
+ * Limits (see DESIGN): one context per process is assumed for the burst events; multi-GPU
+ * processes, CUDA graphs (cuGraphLaunch), cuMemCreate/VMM and cuMemAllocFromPoolAsync are not
+ * intercepted; an async free is credited when it is enqueued. Never run on a real GPU.
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+/* cuda.h renames these to their _v2 forms; we export both versions by their real names. */
+#undef cuGetProcAddress
+#undef cuEventElapsedTime
+
+#define API __attribute__((visibility("default")))
+#define SAMPLE_FIRST 3      /* sample the first launches of every kernel ID ... */
+#define SAMPLE_EVERY 64     /* ... then one launch in this many */
+#define N_KERNELS 4096      /* kernel-ID table (open addressing) */
+#define N_SAMPLES 256       /* event pairs in flight */
+#define N_STREAMS 16        /* streams tracked per burst */
+#define N_SEGS 64           /* closed burst segments waiting to be read */
+#define SPLIT_NS 100000     /* split a segment when the device is predicted idle this long */
+
+/* ---------------------------------------------------------------- real driver lookup ---- */
+
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn real_dlsym;
+static void *libcuda;
+
+static void resolve_dlsym(void) {
+    if (!real_dlsym) real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!real_dlsym) real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+}
+
+static void *real_sym(const char *name) {
+    resolve_dlsym();
+    if (!libcuda) {
+        const char *path = getenv("GSHARE_REAL_LIBCUDA");
+        libcuda = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+        if (!libcuda) return NULL;
+    }
+    return real_dlsym(libcuda, name);
+}
+
+/* One slot per exported real symbol, filled on first use (a benign race: same value). */
+static inline void *real_of(void **slot, const char *name) {
+    void *p = *slot;
+    if (__builtin_expect(!p, 0)) p = *slot = real_sym(name);
+    return p;
+}
+#define REAL(slot, name) real_of(&(slot), name)
+
+static void *r_cuLaunchKernel, *r_cuLaunchKernel_ptsz, *r_cuLaunchKernelEx,
+    *r_cuLaunchKernelEx_ptsz, *r_cuLaunchCooperativeKernel, *r_cuLaunchCooperativeKernel_ptsz,
+    *r_cuCtxSynchronize, *r_cuCtxSynchronize_v2, *r_cuStreamSynchronize,
+    *r_cuStreamSynchronize_ptsz, *r_cuEventSynchronize, *r_cuMemcpyDtoH_v2,
+    *r_cuMemcpyDtoH_v2_ptds, *r_cuMemcpyDtoHAsync_v2, *r_cuMemcpyDtoHAsync_v2_ptsz,
+    *r_cuMemAlloc_v2, *r_cuMemAllocManaged, *r_cuMemAllocPitch_v2, *r_cuMemAllocAsync,
+    *r_cuMemAllocAsync_ptsz, *r_cuMemFree_v2, *r_cuMemFreeAsync, *r_cuMemFreeAsync_ptsz,
+    *r_cuMemGetInfo_v2, *r_cuModuleGetFunction, *r_cuGetProcAddress, *r_cuGetProcAddress_v2;
+/* used by the gate itself, never wrapped */
+static void *r_cuEventCreate, *r_cuEventRecord, *r_cuEventQuery, *r_cuEventElapsedTime,
+    *r_cuCtxGetCurrent, *r_cuCtxSetCurrent, *r_cuFuncGetName, *r_cuEventSync_raw;
+
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void **, void **);
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            unsigned, unsigned, CUstream, void **);
+typedef CUresult (*void_fn)(void);
+typedef CUresult (*ctx_fn)(CUcontext);
+typedef CUresult (*ctxp_fn)(CUcontext *);
+typedef CUresult (*stream_fn)(CUstream);
+typedef CUresult (*event_fn)(CUevent);
+typedef CUresult (*event_create_fn)(CUevent *, unsigned);
+typedef CUresult (*event_record_fn)(CUevent, CUstream);
+typedef CUresult (*elapsed_fn)(float *, CUevent, CUevent);
+typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
+typedef CUresult (*dtoh_async_fn)(void *, CUdeviceptr, size_t, CUstream);
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*alloc_managed_fn)(CUdeviceptr *, size_t, unsigned);
+typedef CUresult (*alloc_pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*meminfo_fn)(size_t *, size_t *);
+typedef CUresult (*getfunc_fn)(CUfunction *, CUmodule, const char *);
+typedef CUresult (*funcname_fn)(const char **, CUfunction);
+typedef CUresult (*gpa1_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t,
+                            CUdriverProcAddressQueryResult *);
+
+static inline CUresult ev_record(CUevent e, CUstream s) {
+    return ((event_record_fn)REAL(r_cuEventRecord, "cuEventRecord"))(e, s);
+}
+static inline CUresult ev_sync(CUevent e) {
+    return ((event_fn)REAL(r_cuEventSync_raw, "cuEventSynchronize"))(e);
+}
+static inline CUresult ev_query(CUevent e) {
+    return ((event_fn)REAL(r_cuEventQuery, "cuEventQuery"))(e);
+}
+static float ev_elapsed_ms(CUevent a, CUevent b) {
+    float ms = 0.f;
+    if (!r_cuEventElapsedTime) r_cuEventElapsedTime = real_sym("cuEventElapsedTime_v2");
+    if (!r_cuEventElapsedTime) r_cuEventElapsedTime = real_sym("cuEventElapsedTime");
+    if (!r_cuEventElapsedTime || ((elapsed_fn)r_cuEventElapsedTime)(&ms, a, b) != CUDA_SUCCESS)
+        return -1.f;
+    return ms;
+}
+
+/* ---------------------------------------------------------------- state ----------------- */
+
+static inline int64_t now_ns(void) { /* CLOCK_MONOTONIC: vDSO, no syscall */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+typedef struct {
+    CUfunction fn; /* NULL = free slot */
+    unsigned grid[3], block[3];
+    char name[200];
+    uint64_t launches;
+    double ewma_ns; /* predicted duration (0: never measured) */
+    uint64_t samples;
+    /* measurement mode: KernelProfile sums */
+    uint64_t count, gap_count;
+    double total_ms, gap_total_ms;
+} kentry;
+
+typedef struct {
+    kentry *k;
+    CUevent start, end;
+    double idle_ms; /* host time from the start event to the launch, on an idle device */
+} sample;
+
+static struct {
+    pthread_mutex_t mu; /* guards everything below */
+    pthread_cond_t cv;
+    int inited;
+    /* configuration */
+    char sock_path[108], client_id[256], secret[256];
+    int governed, profile_all;
+    char profile_path[512], stats_path[512], task_key[256];
+    int64_t margin_ns;
+    /* token */
+    int fd;
+    uint32_t seq;
+    int held;
+    uint64_t grant_no;
+    int64_t t_grant, token_ns, dev_end;
+    int64_t window_ns, epoch_ns; /* the server's windows (WELCOME), aligned to epoch_ns if known */
+    int64_t slice_end;           /* where the held token's work must end */
+    CUcontext ctx;
+    int burst_open;     /* a burst segment is open: its start event is recorded */
+    int64_t seg_t0;     /* host time of the segment's first launch */
+    double seg_busy_ms; /* device time of the segments closed on this token */
+    int64_t lead_ns;    /* device idle inside segments: from a start event to the first
+                         * kernel, from the predicted end of the work to an end event */
+    int64_t mark_tail_ns;
+    int64_t seg_open_t;
+    CUevent segs[N_SEGS][2]; /* closed segments not read yet (start, end) */
+    int n_segs;
+    CUevent burst_start, stream_end[N_STREAMS];
+    CUstream streams[N_STREAMS];
+    int n_streams, streams_overflow;
+    int reaper_started;
+    /* kernel IDs and samples */
+    kentry *kernels;
+    sample ring[N_SAMPLES];
+    CUevent pool[2 * N_SAMPLES];
+    int n_pool, ring_head, ring_len;
+    CUevent prof_ref; /* measurement mode: time origin */
+    kentry *prof_last;
+    double prof_last_end_ms;
+    /* memory */
+    size_t mem_cap, mem_used, mem_peak;
+    /* counters */
+    uint64_t launches, fast, tokens, revoked, reaped, oom, denied, sampled, waited, late;
+    int64_t max_late_ns;
+    double busy_ms;
+} g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .fd = -1};
+
+/* Memory accounting has its own lock: allocations never wait behind a token. */
+static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
+typedef struct {
+    CUdeviceptr p;
+    size_t n;
+} alloc_rec;
+static alloc_rec *allocs;
+static size_t alloc_cap, alloc_len;
+
+/* Function names given to cuModuleGetFunction (the symbol-derived key when the driver has
+ * no cuFuncGetName). Small append-only list guarded by g.mu. */
+typedef struct {
+    CUfunction fn;
+    char name[200];
+} fname;
+static fname *fnames;
+static size_t fnames_len, fnames_cap;
+
+static void warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("gshare_cuda: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void copy_env(char *dst, size_t n, const char *var) {
+    const char *v = getenv(var);
+    if (v && *v) snprintf(dst, n, "%s", v);
+}
+
+static void finish(void);
+static void init_locked(void) {
+    if (g.inited) return;
+    g.inited = 1;
+    if (!g.sock_path[0]) copy_env(g.sock_path, sizeof g.sock_path, "GSHARE_TOKEN_SOCKET");
+    if (!g.client_id[0]) copy_env(g.client_id, sizeof g.client_id, "GSHARE_CLIENT_ID");
+    if (!g.secret[0]) copy_env(g.secret, sizeof g.secret, "GSHARE_TOKEN_SECRET");
+    g.governed = g.sock_path[0] && g.client_id[0];
+    const char *mb = getenv("GSHARE_CUDA_MEM_LIMIT_MB");
+    if (mb && *mb && !g.mem_cap) g.mem_cap = (size_t)(strtod(mb, NULL) * 1048576.0);
+    copy_env(g.profile_path, sizeof g.profile_path, "GSHARE_CUDA_PROFILE");
+    copy_env(g.stats_path, sizeof g.stats_path, "GSHARE_CUDA_STATS");
+    snprintf(g.task_key, sizeof g.task_key, "%s",
+             getenv("GSHARE_CUDA_TASK_KEY") ? getenv("GSHARE_CUDA_TASK_KEY") : "process");
+    g.profile_all = g.profile_path[0] != 0;
+    const char *ep = getenv("GSHARE_TOKEN_EPOCH_S");
+    if (ep && *ep) g.epoch_ns = (int64_t)(strtod(ep, NULL) * 1e9);
+    const char *m = getenv("GSHARE_CUDA_MARGIN_US");
+    g.margin_ns = (int64_t)((m && *m ? strtod(m, NULL) : 200.0) * 1000.0);
+    g.kernels = calloc(N_KERNELS, sizeof(kentry));
+    pthread_condattr_t a; /* the reaper's timed waits are on CLOCK_MONOTONIC, like now_ns */
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_destroy(&g.cv);
+    pthread_cond_init(&g.cv, &a);
+    atexit(finish);
+}
+
+static inline void ensure_init(void) {
+    if (__builtin_expect(!__atomic_load_n(&g.inited, __ATOMIC_ACQUIRE), 0)) {
+        pthread_mutex_lock(&g.mu);
+        init_locked();
+        pthread_mutex_unlock(&g.mu);
+    }
+}
+
+/* Called by the gshare runtime (ctypes) before the instance touches CUDA. */
+API int gshare_cuda_configure(const char *sock, const char *client_id, const char *secret,
+                              double mem_limit_mb) {
+    pthread_mutex_lock(&g.mu);
+    if (sock) snprintf(g.sock_path, sizeof g.sock_path, "%s", sock);
+    if (client_id) snprintf(g.client_id, sizeof g.client_id, "%s", client_id);
+    if (secret) snprintf(g.secret, sizeof g.secret, "%s", secret);
+    if (mem_limit_mb > 0) g.mem_cap = (size_t)(mem_limit_mb * 1048576.0);
+    g.governed = g.sock_path[0] && g.client_id[0];
+    init_locked();
+    g.governed = g.sock_path[0] && g.client_id[0];
+    pthread_mutex_unlock(&g.mu);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- token protocol -------- */
+
+#pragma pack(push, 1)
+typedef struct {
+    uint8_t op, flags;
+    uint16_t length;
+    uint32_t seq;
+    double value; /* ms */
+} frame;
+#pragma pack(pop)
+_Static_assert(sizeof(frame) == 16, "wire frame is 16 bytes (tokens.protocol.FRAME)");
+
+enum { OP_HELLO = 1, OP_ACQUIRE = 2, OP_RELEASE = 3, OP_WELCOME = 0x81, OP_GRANT = 0x82,
+       OP_ERROR = 0xEE };
+
+static int write_all(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *buf, size_t n) {
+    char *p = buf;
+    while (n) {
+        ssize_t k = recv(fd, p, n, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Reads an ERROR's text into msg (truncated) and discards the rest. */
+static void read_text(int fd, uint16_t len, char *msg, size_t n) {
+    char buf[1024];
+    size_t k = len < sizeof buf ? len : sizeof buf - 1;
+    if (read_all(fd, buf, len < sizeof buf ? len : sizeof buf) < 0) k = 0;
+    buf[k] = 0;
+    snprintf(msg, n, "%s", buf);
+}
+
+static void drop_conn(void) {
+    if (g.fd >= 0) close(g.fd);
+    g.fd = -1;
+    g.held = 0;
+}
+
+static int connect_server(void) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", g.sock_path);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+        warn("no token server on %s: %s", g.sock_path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    size_t idn = strlen(g.client_id), sn = strlen(g.secret);
+    char text[600];
+    memcpy(text, g.client_id, idn);
+    size_t len = idn;
+    if (sn) {
+        text[len++] = 0;
+        memcpy(text + len, g.secret, sn);
+        len += sn;
+    }
+    frame f = {OP_HELLO, 1 /* protocol version */, (uint16_t)len, 0, 0.0}, r;
+    if (write_all(fd, &f, sizeof f) < 0 || write_all(fd, text, len) < 0 ||
+        read_all(fd, &r, sizeof r) < 0) {
+        warn("token server on %s closed the connection", g.sock_path);
+        close(fd);
+        return -1;
+    }
+    if (r.op != OP_WELCOME) {
+        char msg[256] = "";
+        if (r.op == OP_ERROR) read_text(fd, r.length, msg, sizeof msg);
+        warn("token server refused client %s: %s", g.client_id, msg);
+        close(fd);
+        return -1;
+    }
+    g.fd = fd;
+    g.window_ns = (int64_t)(r.value * 1e6);
+    return 0;
+}
+
+/* Blocks until the server grants a token. 0 on success, -1: no token (fail closed). */
+static int acquire_token(void) {
+    if (g.fd < 0 && connect_server() < 0) return -1;
+    uint32_t seq = ++g.seq;
+    frame f = {OP_ACQUIRE, 0, 0, seq, 0.0}, r;
+    if (write_all(g.fd, &f, sizeof f) < 0) goto lost;
+    for (;;) {
+        if (read_all(g.fd, &r, sizeof r) < 0) goto lost;
+        if (r.op == OP_GRANT && r.seq == seq) break;
+        if (r.op == OP_ERROR) {
+            char msg[256];
+            read_text(g.fd, r.length, msg, sizeof msg);
+            warn("token server: %s", msg);
+            if (r.seq == seq) return -1;
+            continue;
+        }
+        goto lost;
+    }
+    g.held = 1;
+    g.grant_no++;
+    g.tokens++;
+    g.t_grant = g.dev_end = now_ns();
+    g.token_ns = (int64_t)(r.value * 1e6);
+    g.slice_end = g.t_grant + g.token_ns - g.margin_ns;
+    if (g.epoch_ns > 0 && g.window_ns > 0 && g.t_grant > g.epoch_ns) {
+        /* Work stops at the end of the grant's window too: the scheduler charges a token
+         * that crosses a window boundary by wall time since its grant, so device work late
+         * in the token would fall into the next window uncharged. */
+        int64_t w_end = g.epoch_ns + ((g.t_grant - g.epoch_ns) / g.window_ns + 1) * g.window_ns;
+        if (w_end - g.margin_ns < g.slice_end) g.slice_end = w_end - g.margin_ns;
+    }
+    g.burst_open = 0;
+    g.seg_busy_ms = 0.0;
+    g.lead_ns = 0;
+    pthread_cond_broadcast(&g.cv);
+    return 0;
+lost:
+    warn("lost the token server on %s", g.sock_path);
+    drop_conn();
+    return -1;
+}
+
+static void resolve_samples(int wait);
+
+/* Device busy time of a token = the sum of its burst segments. A segment opens at the first
+ * launch on the token or after a synchronisation, with an event recorded before that launch
+ * (the device is idle then, so the host time from that record to the launch -- normally a
+ * microsecond, more when the host is preempted in between -- is device idle time and is
+ * taken off; so is the time from the predicted end of the queued work to an end event
+ * recorded later, when the host came late),
+ * and closes at the next application synchronisation that drains it (an end event recorded
+ * before the wait, read after it: Gemini's piggy-backed measurement) or at the release (end
+ * events recorded and waited for). The device's idle time between segments -- the host
+ * preparing the next batch -- is not charged. */
+
+/* Reads the closed segments (their events are complete once the token is drained or the
+ * application's wait returned) into seg_busy_ms and returns their events to the pool. */
+static void read_segments(void) {
+    for (int i = 0; i < g.n_segs; i++) {
+        float ms = ev_elapsed_ms(g.segs[i][0], g.segs[i][1]);
+        if (ms > 0.f) g.seg_busy_ms += ms;
+        g.pool[g.n_pool++] = g.segs[i][0];
+        g.pool[g.n_pool++] = g.segs[i][1];
+    }
+    g.n_segs = 0;
+}
+
+/* Drains the work queued on the held token, reports its device busy time, gives it back. */
+static void release_token(int completed) {
+    if (!g.held) return;
+    double busy = 0.0;
+    CUcontext prev = NULL;
+    if (g.burst_open) {
+        /* the events live in the context of the burst (the reaper thread has none current;
+         * an application thread may have another one current: restored below) */
+        ((ctxp_fn)REAL(r_cuCtxGetCurrent, "cuCtxGetCurrent"))(&prev);
+        if (g.ctx && prev != g.ctx) ((ctx_fn)REAL(r_cuCtxSetCurrent, "cuCtxSetCurrent"))(g.ctx);
+        if (g.streams_overflow) {
+            /* too many streams to track: wait for the context, charge host time */
+            ((void_fn)REAL(r_cuCtxSynchronize, "cuCtxSynchronize"))();
+            busy = (double)(now_ns() - g.seg_t0) / 1e6;
+        } else {
+            int64_t t = now_ns();
+            if (t > g.dev_end) g.lead_ns += t - g.dev_end; /* drained before: idle tail */
+            for (int i = 0; i < g.n_streams; i++) ev_record(g.stream_end[i], g.streams[i]);
+            for (int i = 0; i < g.n_streams; i++) {
+                ev_sync(g.stream_end[i]);
+                float ms = ev_elapsed_ms(g.burst_start, g.stream_end[i]);
+                if (ms > busy) busy = ms;
+            }
+        }
+        resolve_samples(0);
+        if (g.ctx && prev != g.ctx) ((ctx_fn)REAL(r_cuCtxSetCurrent, "cuCtxSetCurrent"))(prev);
+    }
+    read_segments();
+    busy += g.seg_busy_ms - (double)g.lead_ns / 1e6;
+    if (busy < 0) busy = 0;
+    g.busy_ms += busy;
+    frame f = {OP_RELEASE, (uint8_t)(completed ? 1 : 0), 0, ++g.seq, busy};
+    g.held = 0;
+    g.burst_open = 0;
+    if (write_all(g.fd, &f, sizeof f) < 0) drop_conn();
+    pthread_cond_broadcast(&g.cv);
+}
+
+/* Gives back a token that expired while the process launched nothing (the server never
+ * takes one back, so an idle holder would block the device). */
+static void *reaper(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&g.mu);
+    for (;;) {
+        while (!g.held) pthread_cond_wait(&g.cv, &g.mu);
+        uint64_t no = g.grant_no;
+        int64_t end = g.t_grant + g.token_ns;
+        if (g.dev_end > end) end = g.dev_end;
+        struct timespec ts = {end / 1000000000LL, end % 1000000000LL};
+        int rc = pthread_cond_timedwait(&g.cv, &g.mu, &ts); /* cv uses CLOCK_MONOTONIC */
+        if (rc == ETIMEDOUT && g.held && g.grant_no == no) {
+            g.reaped++;
+            release_token(1);
+        }
+    }
+    return NULL;
+}
+
+static void start_reaper(void) {
+    pthread_t t;
+    pthread_attr_t ta;
+    pthread_attr_init(&ta);
+    pthread_attr_setdetachstate(&ta, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &ta, reaper, NULL) == 0) g.reaper_started = 1;
+}
+
+/* ---------------------------------------------------------------- kernel identity ------- */
+
+static const char *name_of(CUfunction f, char *buf, size_t n) {
+    const char *s = NULL;
+    if (!r_cuFuncGetName) r_cuFuncGetName = real_sym("cuFuncGetName");
+    if (r_cuFuncGetName && ((funcname_fn)r_cuFuncGetName)(&s, f) == CUDA_SUCCESS && s && *s)
+        return s;
+    for (size_t i = 0; i < fnames_len; i++)
+        if (fnames[i].fn == f) return fnames[i].name;
+    snprintf(buf, n, "fn@%p", (void *)f); /* not stable across runs: no name was seen */
+    return buf;
+}
+
+static kentry *kernel_of(CUfunction f, const unsigned grid[3], const unsigned block[3]) {
+    uint64_t h = (uint64_t)(uintptr_t)f * 0x9E3779B97F4A7C15ULL;
+    for (int i = 0; i < 3; i++) h = (h ^ grid[i]) * 0x100000001B3ULL;
+    for (int i = 0; i < 3; i++) h = (h ^ block[i]) * 0x100000001B3ULL;
+    for (unsigned probe = 0; probe < N_KERNELS; probe++) {
+        kentry *k = &g.kernels[(h + probe) & (N_KERNELS - 1)];
+        if (k->fn == f && !memcmp(k->grid, grid, sizeof k->grid) &&
+            !memcmp(k->block, block, sizeof k->block))
+            return k;
+        if (!k->fn) {
+            char buf[64];
+            k->fn = f;
+            memcpy(k->grid, grid, sizeof k->grid);
+            memcpy(k->block, block, sizeof k->block);
+            snprintf(k->name, sizeof k->name, "%s", name_of(f, buf, sizeof buf));
+            return k;
+        }
+    }
+    return NULL; /* table full: the kernel is neither predicted nor profiled */
+}
+
+/* Reads completed event pairs (oldest first): updates the duration EWMA and, in measurement
+ * mode, the KernelProfile sums (duration and idle gap after the previous kernel). */
+static void resolve_samples(int wait) {
+    while (g.ring_len) {
+        sample *s = &g.ring[g.ring_head];
+        if (wait) ev_sync(s->end);
+        else if (ev_query(s->end) != CUDA_SUCCESS) return;
+        float ms = ev_elapsed_ms(s->start, s->end);
+        if (ms >= 0.f && s->k) {
+            kentry *k = s->k;
+            if (ms - s->idle_ms > 0) ms -= (float)s->idle_ms; /* the host's launch latency */
+            double ns = ms * 1e6;
+            k->ewma_ns = k->samples ? 0.7 * k->ewma_ns + 0.3 * ns : ns;
+            if (ns > k->ewma_ns) k->ewma_ns = ns; /* never under-predict the last one seen */
+            k->samples++;
+            if (g.profile_all) {
+                float t0 = ev_elapsed_ms(g.prof_ref, s->start);
+                k->count++;
+                k->total_ms += ms;
+                if (g.prof_last && t0 >= 0.f) {
+                    double gap = t0 - g.prof_last_end_ms;
+                    g.prof_last->gap_count++;
+                    g.prof_last->gap_total_ms += gap > 0 ? gap : 0;
+                }
+                g.prof_last = k;
+                g.prof_last_end_ms = t0 + ms;
+            }
+        }
+        g.pool[g.n_pool++] = s->start;
+        g.pool[g.n_pool++] = s->end;
+        g.ring_head = (g.ring_head + 1) % N_SAMPLES;
+        g.ring_len--;
+    }
+}
+
+static CUevent new_event(void) {
+    CUevent e = NULL;
+    ((event_create_fn)REAL(r_cuEventCreate, "cuEventCreate"))(&e, CU_EVENT_DEFAULT);
+    return e;
+}
+
+/* First use of the events (slow path): create them in the caller's context. */
+static void ensure_events(void) {
+    if (g.burst_start) return;
+    ((ctxp_fn)REAL(r_cuCtxGetCurrent, "cuCtxGetCurrent"))(&g.ctx);
+    g.burst_start = new_event();
+    for (int i = 0; i < N_STREAMS; i++) g.stream_end[i] = new_event();
+    for (int i = 0; i < 2 * N_SAMPLES; i++) g.pool[g.n_pool++] = new_event();
+    if (g.profile_all) {
+        g.prof_ref = new_event();
+        ev_record(g.prof_ref, NULL);
+    }
+}
+
+/* ---------------------------------------------------------------- the launch gate ------- */
+
+typedef struct {
+    kentry *k;
+    int sample, opened, idle; /* idle: the device had nothing queued before this kernel */
+    CUevent start, end;
+    int64_t pred, t_check, t_sample, t_submit;
+} gate_t;
+
+/* Runs with g.mu held. Returns 0 when the launch may go (a token is held and the kernel is
+ * predicted to end inside it), else a CUresult to return. */
+static CUresult gate_enter(CUfunction f, const unsigned grid[3], const unsigned block[3],
+                           CUstream stream, gate_t *gt) {
+    init_locked();
+    g.launches++;
+    gt->sample = gt->opened = gt->idle = 0;
+    gt->k = NULL;
+    gt->t_check = 0;
+    if (!g.governed && !g.profile_all) return CUDA_SUCCESS; /* pass-through */
+    kentry *k = gt->k = kernel_of(f, grid, block);
+    double pred = k ? k->ewma_ns : 0.0;
+    gt->pred = (int64_t)pred;
+    if (g.governed) {
+        int64_t now = now_ns();
+        int64_t start = g.dev_end > now ? g.dev_end : now;
+        if (g.held && start + (int64_t)pred <= g.slice_end) {
+            g.fast++; /* fast path: a token is held and the kernel fits in its rest */
+        } else {
+            if (g.held) {
+                g.revoked++;
+                release_token(0); /* Gemini revocation: the next kernel does not fit */
+            }
+            int ok = acquire_token() == 0;
+            /* A fresh token too short for the predicted kernel (the rest of the client's quota
+             * in this window, or a grant late in the window): give it back unused, wait for
+             * the next window and ask again -- once: a kernel longer than any token the client
+             * can get runs on the next one, and the policy charges the overrun as debt.
+             * Without the server's epoch the window is unknown and the kernel runs at once. */
+            if (ok && g.epoch_ns > 0 && g.window_ns > 0 && g.t_grant + (int64_t)pred > g.slice_end) {
+                int64_t w_end =
+                    g.epoch_ns + ((g.t_grant - g.epoch_ns) / g.window_ns + 1) * g.window_ns;
+                release_token(0);
+                g.waited++;
+                struct timespec ts = {w_end / 1000000000LL, w_end % 1000000000LL};
+                while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL)) {
+                }
+                ok = acquire_token() == 0;
+            }
+            if (!ok) {
+                g.denied++;
+                return CUDA_ERROR_NOT_PERMITTED; /* no launch without a token */
+            }
+            if (!g.reaper_started) start_reaper();
+            now = g.t_grant;
+            start = now;
+        }
+        ensure_events();
+        if (g.burst_open && now > g.dev_end + SPLIT_NS && g.n_streams == 1 &&
+            g.streams[0] == stream && g.n_segs < N_SEGS && g.n_pool >= 4) {
+            /* the device is predicted idle (the host was slow to launch): close the segment
+             * here so that the idle time is not charged, and open a new one */
+            CUevent end = g.pool[--g.n_pool], begin = g.pool[--g.n_pool];
+            g.lead_ns += now - g.dev_end; /* the device idled since the predicted end */
+            ev_record(end, stream);
+            g.segs[g.n_segs][0] = g.burst_start;
+            g.segs[g.n_segs++][1] = end;
+            g.burst_start = begin;
+            g.burst_open = 0;
+        }
+        gt->idle = start == now;
+        g.dev_end = start + (int64_t)pred;
+        if (!g.burst_open) { /* a new burst segment, on an idle device */
+            gt->opened = 1;
+            g.seg_open_t = now_ns();
+            ev_record(g.burst_start, stream);
+            g.burst_open = 1;
+            g.seg_t0 = now;
+            g.n_streams = 0;
+            g.streams_overflow = 0;
+        }
+        int seen = 0;
+        for (int i = 0; i < g.n_streams; i++) seen |= g.streams[i] == stream;
+        if (!seen) {
+            if (g.n_streams < N_STREAMS) g.streams[g.n_streams++] = stream;
+            else g.streams_overflow = 1;
+        }
+        gt->t_check = now;
+    } else {
+        ensure_events(); /* measurement mode without tokens */
+        int64_t now = now_ns();
+        gt->idle = g.dev_end <= now;
+        g.dev_end = (g.dev_end > now ? g.dev_end : now) + (int64_t)pred;
+    }
+    if (k && (g.profile_all || k->launches < SAMPLE_FIRST || k->launches % SAMPLE_EVERY == 0)) {
+        if (g.ring_len == N_SAMPLES) resolve_samples(0);
+        if (g.ring_len < N_SAMPLES && g.n_pool >= 2) {
+            gt->sample = 1;
+            gt->start = g.pool[--g.n_pool];
+            gt->end = g.pool[--g.n_pool];
+            gt->t_sample = now_ns();
+            ev_record(gt->start, stream);
+        }
+    }
+    if (k) k->launches++;
+    return CUDA_SUCCESS;
+}
+
+static void gate_exit(gate_t *gt, CUstream stream, CUresult rc) {
+    if (gt->sample) {
+        ev_record(gt->end, stream);
+        if (rc == CUDA_SUCCESS) {
+            int tail = (g.ring_head + g.ring_len) % N_SAMPLES;
+            double idle = gt->idle ? (double)(gt->t_submit - gt->t_sample) / 1e6 : 0.0;
+            g.ring[tail] = (sample){gt->k, gt->start, gt->end, idle};
+            g.ring_len++;
+            g.sampled++;
+        } else {
+            g.pool[g.n_pool++] = gt->start;
+            g.pool[g.n_pool++] = gt->end;
+        }
+    }
+}
+
+/* A host preempted between the token check and the launch delays the kernel past the end the
+ * check predicted (an overrun of up to the delay that no interposer can prevent): counted,
+ * and the prediction moved so that the next launch is checked against it. */
+static void late_check(gate_t *gt) {
+    if (!gt->t_check) return;
+    int64_t late = gt->t_submit - gt->t_check;
+    if (late > SPLIT_NS) {
+        g.late++;
+        if (late > g.max_late_ns) g.max_late_ns = late;
+    }
+    if (g.dev_end < gt->t_submit + gt->pred) g.dev_end = gt->t_submit + gt->pred;
+}
+
+#define GATED_LAUNCH(slot, sym, stream, call)                                                   \
+    do {                                                                                       \
+        gate_t gt;                                                                             \
+        pthread_mutex_lock(&g.mu);                                                             \
+        CUresult rc = gate_enter(f, grid, block, stream, &gt);                                 \
+        if (rc == CUDA_SUCCESS) {                                                              \
+            void *real = REAL(slot, sym);                                                      \
+            gt.t_submit = now_ns();                                                            \
+            if (gt.opened) g.lead_ns += gt.t_submit - g.seg_open_t;                            \
+            late_check(&gt);                                                                   \
+            rc = real ? (call) : CUDA_ERROR_NOT_INITIALIZED;                                   \
+            gate_exit(&gt, stream, rc);                                                        \
+        }                                                                                      \
+        pthread_mutex_unlock(&g.mu);                                                           \
+        return rc;                                                                             \
+    } while (0)
+
+#define LAUNCH_ARGS                                                                            \
+    CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
+        unsigned shmem, CUstream s, void **params
+#define DIMS                                                                                   \
+    const unsigned grid[3] = {gx, gy, gz};                                                     \
+    const unsigned block[3] = {bx, by, bz}
+
+API CUresult cuLaunchKernel(LAUNCH_ARGS, void **extra) {
+    DIMS;
+    GATED_LAUNCH(r_cuLaunchKernel, "cuLaunchKernel", s,
+                 ((launch_fn)real)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
+}
+API CUresult cuLaunchKernel_ptsz(LAUNCH_ARGS, void **extra) {
+    DIMS;
+    GATED_LAUNCH(r_cuLaunchKernel_ptsz, "cuLaunchKernel_ptsz", s,
+                 ((launch_fn)real)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
+}
+API CUresult cuLaunchCooperativeKernel(LAUNCH_ARGS) {
+    DIMS;
+    GATED_LAUNCH(r_cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", s,
+                 ((coop_fn)real)(f, gx, gy, gz, bx, by, bz, shmem, s, params));
+}
+API CUresult cuLaunchCooperativeKernel_ptsz(LAUNCH_ARGS) {
+    DIMS;
+    GATED_LAUNCH(r_cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel_ptsz", s,
+                 ((coop_fn)real)(f, gx, gy, gz, bx, by, bz, shmem, s, params));
+}
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params,
+                              void **extra) {
+    const unsigned grid[3] = {c->gridDimX, c->gridDimY, c->gridDimZ};
+    const unsigned block[3] = {c->blockDimX, c->blockDimY, c->blockDimZ};
+    GATED_LAUNCH(r_cuLaunchKernelEx, "cuLaunchKernelEx", c->hStream,
+                 ((launch_ex_fn)real)(c, f, params, extra));
+}
+API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params,
+                                   void **extra) {
+    const unsigned grid[3] = {c->gridDimX, c->gridDimY, c->gridDimZ};
+    const unsigned block[3] = {c->blockDimX, c->blockDimY, c->blockDimZ};
+    GATED_LAUNCH(r_cuLaunchKernelEx_ptsz, "cuLaunchKernelEx_ptsz", c->hStream,
+                 ((launch_ex_fn)real)(c, f, params, extra));
+}
+
+/* ---------------------------------------------------------------- synchronisation ------- */
+/* The application's own waits: after the real call, completed samples are read (Gemini
+ * piggy-backs its measurement on them); no extra synchronisation is added. */
+
+/* Before a wait that drains every stream of the open segment (a whole-context wait, or a
+ * wait on its only stream): record the segment's end events. Returns a tag (0: no segment
+ * end marked) that seg_close checks, so that a launch from another thread meanwhile keeps
+ * the segment open. */
+static uint64_t seg_mark(int whole, CUstream s) {
+    uint64_t tag = 0;
+    pthread_mutex_lock(&g.mu);
+    if (g.held && g.burst_open && !g.streams_overflow &&
+        (whole || (g.n_streams == 1 && g.streams[0] == s))) {
+        int64_t t = now_ns(); /* the host came late to its wait: the device idled meanwhile */
+        g.mark_tail_ns = t > g.dev_end ? t - g.dev_end : 0;
+        for (int i = 0; i < g.n_streams; i++) ev_record(g.stream_end[i], g.streams[i]);
+        tag = g.launches + 1;
+    }
+    pthread_mutex_unlock(&g.mu);
+    return tag;
+}
+
+/* After the wait: close the segment (its end events are complete now) and read the kernel
+ * samples that completed. */
+static CUresult seg_close(uint64_t tag, CUresult rc) {
+    pthread_mutex_lock(&g.mu);
+    if (tag && rc == CUDA_SUCCESS && g.held && g.burst_open && g.launches + 1 == tag) {
+        double busy = 0.0;
+        int ok = 1;
+        for (int i = 0; i < g.n_streams; i++) {
+            float ms = ev_elapsed_ms(g.burst_start, g.stream_end[i]);
+            ok &= ms >= 0.f;
+            if (ms > busy) busy = ms;
+        }
+        if (ok) {
+            read_segments();
+            g.seg_busy_ms += busy;
+            g.lead_ns += g.mark_tail_ns;
+            g.burst_open = 0;
+        }
+    }
+    if (g.ring_len) resolve_samples(0);
+    pthread_mutex_unlock(&g.mu);
+    return rc;
+}
+
+#define SYNC_WRAP(whole, stream, call)                                                         \
+    do {                                                                                       \
+        ensure_init();                                                                         \
+        uint64_t tag = seg_mark(whole, stream);                                                \
+        return seg_close(tag, call);                                                           \
+    } while (0)
+
+API CUresult cuCtxSynchronize(void) {
+    void *r = REAL(r_cuCtxSynchronize, "cuCtxSynchronize");
+    SYNC_WRAP(1, NULL, r ? ((void_fn)r)() : CUDA_ERROR_NOT_INITIALIZED);
+}
+API CUresult cuCtxSynchronize_v2(CUcontext c) {
+    void *r = REAL(r_cuCtxSynchronize_v2, "cuCtxSynchronize_v2");
+    SYNC_WRAP(1, NULL, r ? ((ctx_fn)r)(c) : CUDA_ERROR_NOT_INITIALIZED);
+}
+API CUresult cuStreamSynchronize(CUstream s) {
+    void *r = REAL(r_cuStreamSynchronize, "cuStreamSynchronize");
+    SYNC_WRAP(0, s, r ? ((stream_fn)r)(s) : CUDA_ERROR_NOT_INITIALIZED);
+}
+API CUresult cuStreamSynchronize_ptsz(CUstream s) {
+    void *r = REAL(r_cuStreamSynchronize_ptsz, "cuStreamSynchronize_ptsz");
+    SYNC_WRAP(0, s, r ? ((stream_fn)r)(s) : CUDA_ERROR_NOT_INITIALIZED);
+}
+API CUresult cuEventSynchronize(CUevent e) {
+    void *r = REAL(r_cuEventSynchronize, "cuEventSynchronize");
+    SYNC_WRAP(0, (CUstream)-1, r ? ((event_fn)r)(e) : CUDA_ERROR_NOT_INITIALIZED);
+}
+API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    void *r = REAL(r_cuMemcpyDtoH_v2, "cuMemcpyDtoH_v2");
+    SYNC_WRAP(0, NULL, r ? ((dtoh_fn)r)(dst, src, n) : CUDA_ERROR_NOT_INITIALIZED);
+}
+API CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n) {
+    void *r = REAL(r_cuMemcpyDtoH_v2_ptds, "cuMemcpyDtoH_v2_ptds");
+    SYNC_WRAP(0, NULL, r ? ((dtoh_fn)r)(dst, src, n) : CUDA_ERROR_NOT_INITIALIZED);
+}
+API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    void *r = REAL(r_cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync_v2");
+    SYNC_WRAP(0, (CUstream)-1, r ? ((dtoh_async_fn)r)(dst, src, n, s) : CUDA_ERROR_NOT_INITIALIZED);
+}
+API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    void *r = REAL(r_cuMemcpyDtoHAsync_v2_ptsz, "cuMemcpyDtoHAsync_v2_ptsz");
+    SYNC_WRAP(0, (CUstream)-1, r ? ((dtoh_async_fn)r)(dst, src, n, s) : CUDA_ERROR_NOT_INITIALIZED);
+}
+
+/* ---------------------------------------------------------------- memory ---------------- */
+
+static void rec_put(CUdeviceptr p, size_t n) { /* linear probing, backward-shift delete */
+    if ((alloc_len + 1) * 2 > alloc_cap) {
+        size_t cap = alloc_cap ? alloc_cap * 2 : 1024;
+        alloc_rec *t = calloc(cap, sizeof *t), *old = allocs;
+        for (size_t i = 0; i < alloc_cap; i++)
+            if (old[i].p) {
+                size_t j = (old[i].p >> 8) & (cap - 1);
+                while (t[j].p) j = (j + 1) & (cap - 1);
+                t[j] = old[i];
+            }
+        free(old);
+        allocs = t, alloc_cap = cap;
+    }
+    size_t j = (p >> 8) & (alloc_cap - 1);
+    while (allocs[j].p) j = (j + 1) & (alloc_cap - 1);
+    allocs[j] = (alloc_rec){p, n};
+    alloc_len++;
+}
+
+static size_t rec_take(CUdeviceptr p) { /* the size recorded for p, removed; 0 if unknown */
+    if (!alloc_cap || !p) return 0;
+    size_t j = (p >> 8) & (alloc_cap - 1);
+    while (allocs[j].p && allocs[j].p != p) j = (j + 1) & (alloc_cap - 1);
+    if (!allocs[j].p) return 0;
+    size_t n = allocs[j].n;
+    allocs[j].p = 0;
+    alloc_len--;
+    for (size_t k = (j + 1) & (alloc_cap - 1); allocs[k].p; k = (k + 1) & (alloc_cap - 1)) {
+        alloc_rec r = allocs[k];
+        allocs[k].p = 0;
+        size_t h = (r.p >> 8) & (alloc_cap - 1);
+        while (allocs[h].p) h = (h + 1) & (alloc_cap - 1);
+        allocs[h] = r;
+    }
+    return n;
+}
+
+/* Reserves n bytes against the cap before the real call (so two threads cannot both pass). */
+static int mem_reserve(size_t n) {
+    ensure_init();
+    pthread_mutex_lock(&mem_mu);
+    int ok = !g.mem_cap || (g.mem_used <= g.mem_cap && n <= g.mem_cap - g.mem_used);
+    if (ok) {
+        g.mem_used += n;
+        if (g.mem_used > g.mem_peak) g.mem_peak = g.mem_used;
+    } else {
+        g.oom++;
+    }
+    pthread_mutex_unlock(&mem_mu);
+    return ok;
+}
+
+/* After the real call: keep the reservation as a record of p, or give it back. */
+static void mem_commit(CUresult rc, CUdeviceptr *p, size_t reserved, size_t actual) {
+    pthread_mutex_lock(&mem_mu);
+    g.mem_used -= reserved;
+    if (rc == CUDA_SUCCESS && p) {
+        g.mem_used += actual;
+        if (g.mem_used > g.mem_peak) g.mem_peak = g.mem_used;
+        rec_put(*p, actual);
+    }
+    pthread_mutex_unlock(&mem_mu);
+}
+
+static void mem_release(CUdeviceptr p) {
+    pthread_mutex_lock(&mem_mu);
+    g.mem_used -= rec_take(p);
+    pthread_mutex_unlock(&mem_mu);
+}
+
+API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    if (!mem_reserve(n)) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *r = REAL(r_cuMemAlloc_v2, "cuMemAlloc_v2");
+    CUresult rc = r ? ((alloc_fn)r)(p, n) : CUDA_ERROR_NOT_INITIALIZED;
+    mem_commit(rc, p, n, n);
+    return rc;
+}
+API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned flags) {
+    if (!mem_reserve(n)) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *r = REAL(r_cuMemAllocManaged, "cuMemAllocManaged");
+    CUresult rc = r ? ((alloc_managed_fn)r)(p, n, flags) : CUDA_ERROR_NOT_INITIALIZED;
+    mem_commit(rc, p, n, n);
+    return rc;
+}
+API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h,
+                                unsigned elem) {
+    size_t want = w * h; /* the pitch is only known after the call: checked again below */
+    if (!mem_reserve(want)) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *r = REAL(r_cuMemAllocPitch_v2, "cuMemAllocPitch_v2");
+    CUresult rc = r ? ((alloc_pitch_fn)r)(p, pitch, w, h, elem) : CUDA_ERROR_NOT_INITIALIZED;
+    size_t actual = rc == CUDA_SUCCESS ? *pitch * h : 0;
+    if (rc == CUDA_SUCCESS && actual > want) { /* padding: the cap holds on actual bytes */
+        pthread_mutex_lock(&mem_mu);
+        int over = g.mem_cap && g.mem_used - want + actual > g.mem_cap;
+        pthread_mutex_unlock(&mem_mu);
+        if (over) {
+            ((free_fn)REAL(r_cuMemFree_v2, "cuMemFree_v2"))(*p);
+            mem_commit(CUDA_ERROR_OUT_OF_MEMORY, NULL, want, 0);
+            pthread_mutex_lock(&mem_mu);
+            g.oom++;
+            pthread_mutex_unlock(&mem_mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    mem_commit(rc, p, want, actual);
+    return rc;
+}
+static CUresult alloc_async(void **slot, const char *sym, CUdeviceptr *p, size_t n,
+                            CUstream s) {
+    if (!mem_reserve(n)) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *r = REAL(*slot, sym);
+    CUresult rc = r ? ((alloc_async_fn)r)(p, n, s) : CUDA_ERROR_NOT_INITIALIZED;
+    mem_commit(rc, p, n, n);
+    return rc;
+}
+API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
+    return alloc_async(&r_cuMemAllocAsync, "cuMemAllocAsync", p, n, s);
+}
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) {
+    return alloc_async(&r_cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz", p, n, s);
+}
+API CUresult cuMemFree_v2(CUdeviceptr p) {
+    void *r = REAL(r_cuMemFree_v2, "cuMemFree_v2");
+    CUresult rc = r ? ((free_fn)r)(p) : CUDA_ERROR_NOT_INITIALIZED;
+    if (rc == CUDA_SUCCESS) mem_release(p);
+    return rc;
+}
+static CUresult free_async(void **slot, const char *sym, CUdeviceptr p, CUstream s) {
+    void *r = REAL(*slot, sym);
+    CUresult rc = r ? ((free_async_fn)r)(p, s) : CUDA_ERROR_NOT_INITIALIZED;
+    if (rc == CUDA_SUCCESS) mem_release(p); /* credited at enqueue, not when the stream runs */
+    return rc;
+}
+API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    return free_async(&r_cuMemFreeAsync, "cuMemFreeAsync", p, s);
+}
+API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+    return free_async(&r_cuMemFreeAsync_ptsz, "cuMemFreeAsync_ptsz", p, s);
+}
+API CUresult cuMemGetInfo_v2(size_t *freeb, size_t *total) {
+    void *r = REAL(r_cuMemGetInfo_v2, "cuMemGetInfo_v2");
+    CUresult rc = r ? ((meminfo_fn)r)(freeb, total) : CUDA_ERROR_NOT_INITIALIZED;
+    ensure_init();
+    if (rc == CUDA_SUCCESS && g.mem_cap) { /* the instance sees its cap as the device */
+        pthread_mutex_lock(&mem_mu);
+        size_t left = g.mem_cap > g.mem_used ? g.mem_cap - g.mem_used : 0;
+        pthread_mutex_unlock(&mem_mu);
+        if (*total > g.mem_cap) *total = g.mem_cap;
+        if (*freeb > left) *freeb = left;
+    }
+    return rc;
+}
+
+/* Symbol-derived kernel key for drivers without cuFuncGetName. */
+API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    void *r = REAL(r_cuModuleGetFunction, "cuModuleGetFunction");
+    CUresult rc = r ? ((getfunc_fn)r)(f, m, name) : CUDA_ERROR_NOT_INITIALIZED;
+    if (rc == CUDA_SUCCESS && name) {
+        pthread_mutex_lock(&g.mu);
+        if (fnames_len == fnames_cap) {
+            fnames_cap = fnames_cap ? 2 * fnames_cap : 64;
+            fnames = realloc(fnames, fnames_cap * sizeof *fnames);
+        }
+        fnames[fnames_len].fn = *f;
+        snprintf(fnames[fnames_len++].name, sizeof fnames->name, "%s", name);
+        pthread_mutex_unlock(&g.mu);
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------- entry-point lookup ---- */
+
+API CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
+API CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
+                                 CUdriverProcAddressQueryResult *);
+
+/* Exported name -> wrapper (dlsym hook) and real slot. */
+typedef struct {
+    const char *name;
+    void *wrapper;
+    void **real;
+} hook;
+
+#define H(fn) {#fn, (void *)fn, &r_##fn}
+static const hook hooks[] = {
+    H(cuLaunchKernel), H(cuLaunchKernel_ptsz), H(cuLaunchKernelEx), H(cuLaunchKernelEx_ptsz),
+    H(cuLaunchCooperativeKernel), H(cuLaunchCooperativeKernel_ptsz), H(cuCtxSynchronize),
+    H(cuCtxSynchronize_v2), H(cuStreamSynchronize), H(cuStreamSynchronize_ptsz),
+    H(cuEventSynchronize), H(cuMemcpyDtoH_v2), H(cuMemcpyDtoH_v2_ptds),
+    H(cuMemcpyDtoHAsync_v2), H(cuMemcpyDtoHAsync_v2_ptsz), H(cuMemAlloc_v2),
+    H(cuMemAllocManaged), H(cuMemAllocPitch_v2), H(cuMemAllocAsync), H(cuMemAllocAsync_ptsz),
+    H(cuMemFree_v2), H(cuMemFreeAsync), H(cuMemFreeAsync_ptsz), H(cuMemGetInfo_v2),
+    H(cuModuleGetFunction), H(cuGetProcAddress), H(cuGetProcAddress_v2),
+};
+
+static const hook *find_hook(const char *name) {
+    for (size_t i = 0; i < sizeof hooks / sizeof *hooks; i++)
+        if (!strcmp(hooks[i].name, name)) return &hooks[i];
+    return NULL;
+}
+
+/* cuGetProcAddress takes a base name ("cuMemAlloc") and a CUDA version; the driver picks the
+ * ABI version (_v2 ...) and, with the per-thread flag, the _ptsz/_ptds form. We ask the real
+ * driver, then hand out the wrapper of the same exported form (keeping the real pointer). */
+static void *gpa_wrap(const char *sym, void *real, int ver, cuuint64_t flags) {
+    static const struct {
+        const char *base;
+        const char *legacy, *ptsz;
+        int min_ver; /* below it the driver returns an older ABI we do not wrap */
+    } map[] = {
+        {"cuLaunchKernel", "cuLaunchKernel", "cuLaunchKernel_ptsz", 0},
+        {"cuLaunchKernelEx", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", 0},
+        {"cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel",
+         "cuLaunchCooperativeKernel_ptsz", 0},
+        {"cuCtxSynchronize", "cuCtxSynchronize", "cuCtxSynchronize", 0},
+        {"cuCtxSynchronize_v2", "cuCtxSynchronize_v2", "cuCtxSynchronize_v2", 0},
+        {"cuStreamSynchronize", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", 0},
+        {"cuEventSynchronize", "cuEventSynchronize", "cuEventSynchronize", 0},
+        {"cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds", 3020},
+        {"cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz", 3020},
+        {"cuMemAlloc", "cuMemAlloc_v2", "cuMemAlloc_v2", 3020},
+        {"cuMemAllocManaged", "cuMemAllocManaged", "cuMemAllocManaged", 0},
+        {"cuMemAllocPitch", "cuMemAllocPitch_v2", "cuMemAllocPitch_v2", 3020},
+        {"cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", 0},
+        {"cuMemFree", "cuMemFree_v2", "cuMemFree_v2", 3020},
+        {"cuMemFreeAsync", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", 0},
+        {"cuMemGetInfo", "cuMemGetInfo_v2", "cuMemGetInfo_v2", 3020},
+        {"cuModuleGetFunction", "cuModuleGetFunction", "cuModuleGetFunction", 0},
+        {"cuGetProcAddress", "cuGetProcAddress", "cuGetProcAddress", 0},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof *map; i++) {
+        if (strcmp(map[i].base, sym)) continue;
+        if (ver < map[i].min_ver) return real;
+        const char *exp = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? map[i].ptsz
+                                                                                 : map[i].legacy;
+        if (!strcmp(sym, "cuGetProcAddress") && ver >= 12000) exp = "cuGetProcAddress_v2";
+        const hook *h = find_hook(exp);
+        if (!h || real == h->wrapper) return real; /* never our own wrapper as the real one */
+        if (!*h->real) *h->real = real;
+        return h->wrapper;
+    }
+    return real;
+}
+
+API CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *status) {
+    void *r = REAL(r_cuGetProcAddress_v2, "cuGetProcAddress_v2");
+    if (!r) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = ((gpa2_fn)r)(sym, pfn, ver, flags, status);
+    if (rc == CUDA_SUCCESS && pfn && *pfn) *pfn = gpa_wrap(sym, *pfn, ver, flags);
+    return rc;
+}
+
+API CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags) {
+    void *r = REAL(r_cuGetProcAddress, "cuGetProcAddress");
+    if (!r) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = ((gpa1_fn)r)(sym, pfn, ver, flags);
+    if (rc == CUDA_SUCCESS && pfn && *pfn) *pfn = gpa_wrap(sym, *pfn, ver, flags);
+    return rc;
+}
+
+/* The CUDA runtime dlopens libcuda.so.1 and dlsyms cuGetProcAddress from that handle, which
+ * bypasses LD_PRELOAD (a handle's lookup scope is the library and its dependencies): so
+ * dlsym itself hands out our wrappers for the symbols we intercept. */
+API void *dlsym(void *handle, const char *symbol) {
+    resolve_dlsym();
+    if (!real_dlsym) return NULL;
+    void *p = real_dlsym(handle, symbol);
+    if (p && symbol[0] == 'c' && symbol[1] == 'u') {
+        const hook *h = find_hook(symbol);
+        if (h && p != h->wrapper) {
+            if (!*h->real) *h->real = p;
+            return h->wrapper;
+        }
+    }
+    return p;
+}
+
+/* ---------------------------------------------------------------- exit ------------------ */
+
+static void write_json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20) fprintf(f, "\\u%04x", *s);
+        else fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void finish(void) {
+    pthread_mutex_lock(&g.mu);
+    if (g.held) release_token(1);
+    if (g.ring_len) resolve_samples(1);
+    if (g.profile_path[0] && g.kernels) { /* policy.priority KernelProfile.to_records() */
+        FILE *f = fopen(g.profile_path, "w");
+        if (f) {
+            fprintf(f, "{\"task_key\": ");
+            write_json_str(f, g.task_key);
+            fprintf(f, ", \"runs\": 1, \"kernels\": [");
+            int first = 1;
+            for (int i = 0; i < N_KERNELS; i++) {
+                kentry *k = &g.kernels[i];
+                if (!k->fn || !k->count) continue;
+                fprintf(f, "%s\n  {\"kernel\": {\"device\": \"gpu\", \"name\": ", first ? "" : ",");
+                write_json_str(f, k->name);
+                fprintf(f,
+                        ", \"grid\": [%u, %u, %u], \"block\": [%u, %u, %u]}, \"count\": %" PRIu64
+                        ", \"total_ms\": %.6f, \"gap_count\": %" PRIu64
+                        ", \"gap_total_ms\": %.6f}",
+                        k->grid[0], k->grid[1], k->grid[2], k->block[0], k->block[1],
+                        k->block[2], k->count, k->total_ms, k->gap_count, k->gap_total_ms);
+                first = 0;
+            }
+            fprintf(f, "\n]}\n");
+            fclose(f);
+        }
+    }
+    if (g.stats_path[0]) {
+        FILE *f = fopen(g.stats_path, "w");
+        if (f) {
+            fprintf(f,
+                    "{\"launches\": %" PRIu64 ", \"fast_path\": %" PRIu64 ", \"tokens\": %" PRIu64
+                    ", \"revoked\": %" PRIu64 ", \"reaped\": %" PRIu64 ", \"denied\": %" PRIu64
+                    ", \"sampled\": %" PRIu64 ", \"waited\": %" PRIu64
+                    ", \"late_launches\": %" PRIu64 ", \"max_late_us\": %.1f"
+                    ", \"busy_ms_reported\": %.6f"
+                    ", \"mem_limit_bytes\": %zu, \"mem_live_bytes\": %zu"
+                    ", \"mem_peak_bytes\": %zu, \"oom_refusals\": %" PRIu64 "}\n",
+                    g.launches, g.fast, g.tokens, g.revoked, g.reaped, g.denied, g.sampled, g.waited,
+                    g.late, (double)g.max_late_ns / 1e3,
+                    g.busy_ms, g.mem_cap, g.mem_used, g.mem_peak, g.oom);
+            fclose(f);
+        }
+    }
+    if (g.fd >= 0) close(g.fd);
+    g.fd = -1;
+    pthread_mutex_unlock(&g.mu);
+}
