@@ -172,9 +172,7 @@ def _leaks(sessions: set[str], run_dirs: set[str], stores: set[str], state: Path
         except psutil.Error:
             continue
     out += [f"run directory {d}" for d in run_dirs if os.path.exists(d)]
-    out += [
-        f"model store {d}" for s in stores if s for d in glob.glob(glob.escape(s) + "*")
-    ]
+    out += [f"model store {d}" for s in stores if s for d in glob.glob(glob.escape(s) + "*")]
     for s in sessions:
         found = session_cgroup_dir(s)
         if found is not None and found[1].exists():
