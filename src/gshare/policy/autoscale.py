@@ -380,6 +380,36 @@ def _check_inputs(
 # remove old, less efficient ones.
 
 
+def _raise_to_min(
+    function: str,
+    min_instances: int,
+    running: Sequence[Instance],
+    add: list[ScaleConfig],
+    remove: list[str],
+    configs: Sequence[ScaleConfig],
+    pick: Callable[[], ScaleConfig],
+) -> tuple[list[ScaleConfig], list[str], bool]:
+    """The operator's lower bound after a scaling rule (Algorithm 1's and ``gshare-burst``'s):
+    undo removals (instance ids) first, then add ``pick()`` configs; ``(add, remove,
+    raised)``."""
+    count = len(running) + len(add) - len(remove)
+    if count >= min_instances:
+        return add, remove, False
+    deficit = min_instances - count
+    undo = min(deficit, len(remove))
+    if undo:
+        remove = remove[: len(remove) - undo]
+        deficit -= undo
+    if deficit:
+        if not configs:
+            raise AutoscaleError(
+                f"function {function!r} needs min_instances={min_instances} but has no "
+                "candidate configs"
+            )
+        add = add + [pick()] * deficit
+    return add, remove, True
+
+
 def heuristic_scale(
     function: str,
     predicted_rps: float,
@@ -445,20 +475,10 @@ def heuristic_scale(
                 f"capped by max_instances={max_instances}: capacity {after:.2f} rps "
                 f"< R {predicted_rps:.2f} rps"
             )
-    count = len(running) + len(add) - len(remove)
-    if count < min_instances:
-        deficit = min_instances - count
-        undo = min(deficit, len(remove))
-        if undo:
-            remove = remove[: len(remove) - undo]
-            deficit -= undo
-        if deficit:
-            if not configs:
-                raise AutoscaleError(
-                    f"function {function!r} needs min_instances={min_instances} but has no "
-                    f"candidate configs"
-                )
-            add.extend([most_efficient(configs)] * deficit)
+    add, remove, raised = _raise_to_min(
+        function, min_instances, running, add, remove, configs, lambda: most_efficient(configs)
+    )
+    if raised:
         notes.append(f"raised to min_instances={min_instances}")
 
     return ScaleDecision(
@@ -725,23 +745,17 @@ class BurstAutoscaler:
             if len(add) > room:
                 add = add[:room]
                 notes.append(f"capped by max_instances={max_instances}")
-        count = len(running) + len(add) - len(remove)
-        if count < min_instances:
-            deficit = min_instances - count
-            undo = min(deficit, len(remove))
-            if undo:
-                remove = remove[: len(remove) - undo]
-                deficit -= undo
-            if deficit:
-                if not configs:
-                    raise AutoscaleError(
-                        f"function {function!r} needs min_instances={min_instances} but has no "
-                        "candidate configs"
-                    )
-                pick = (ideal_for(configs, demand) if not running and not add else None) or (
-                    most_efficient(configs)
-                )
-                add.extend([pick] * deficit)
+        fresh = not running and not add
+        add, remove, raised = _raise_to_min(
+            function,
+            min_instances,
+            running,
+            add,
+            remove,
+            configs,
+            lambda: (ideal_for(configs, demand) if fresh else None) or most_efficient(configs),
+        )
+        if raised:
             notes.append(f"raised to min_instances={min_instances}")
         return ScaleDecision(
             function=function,
