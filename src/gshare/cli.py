@@ -269,12 +269,30 @@ def deploy_cmd(
     token: str | None = TOKEN_OPTION,
     state: Path | None = STATE_OPTION,
 ) -> None:
-    """Deploy (or update) a function from a YAML spec."""
+    """Deploy (or update) a function, or a workflow (a spec with ``stages``), from YAML."""
     if not file.is_file():
         raise CliError(f"no such spec file: {file}")
+    if _is_workflow_spec(file):
+        with _client(url, token, state) as c:
+            out = _call(c.deploy_workflow, file)
+        console.print(
+            f"deployed workflow {out['name']} (version {out['version']}, {out['stages']} stages)"
+        )
+        return
     with _client(url, token, state) as c:
         out = _call(c.deploy, file)
     console.print(f"deployed {out['name']} (version {out['version']}, {out['config_source']})")
+
+
+def _is_workflow_spec(file: Path) -> bool:
+    """A YAML mapping with ``stages`` is a workflow (the server validates the rest)."""
+    from gshare.documents import DocumentError, load_yaml
+
+    try:
+        doc = load_yaml(file.read_bytes())
+    except (DocumentError, OSError):
+        return False  # the function path reports the problem
+    return isinstance(doc, dict) and "stages" in doc
 
 
 @app.command("list")
@@ -288,6 +306,7 @@ def list_cmd(
     with _client(url, token, state) as c:
         fns = _call(c.list)
         nodes = [] if output is Output.JSON else _call(c.info).get("nodes", [])
+        flows = [] if output is Output.JSON else _call(c.list_workflows)
     if output is Output.JSON:
         _print_json(fns)
         return
@@ -323,6 +342,16 @@ def list_cmd(
             insts or "-",
         )
     console.print(table)
+    if flows:
+        wt = Table("workflow", "slo ms", "stages", "missing functions", box=None)
+        for w in flows:
+            wt.add_row(
+                w["name"],
+                f"{w['slo_ms']:g}",
+                " -> ".join(f"{s['name']}({s['function']})" for s in w["stages"]),
+                ", ".join(w["missing_functions"]) or "-",
+            )
+        console.print(wt)
     if nodes:
         per_node: dict[str, int] = {}
         for f in fns:
@@ -368,8 +397,12 @@ def invoke_cmd(
         "in .json).",
     ),
     url: str | None = URL_OPTION,
+    workflow: bool = typer.Option(
+        False, "--workflow", help="NAME is a workflow: run its stages (POST /workflow/NAME)."
+    ),
 ) -> None:
-    """Invoke a function and print its answer (JSON, or raw bytes to stdout)."""
+    """Invoke a function (or with --workflow a workflow) and print its answer (JSON, or raw
+    bytes to stdout)."""
     if data is not None and file is not None:
         raise CliError("give --data or --file, not both")
     if data is not None:
@@ -389,7 +422,7 @@ def invoke_cmd(
     else:
         body, ctype = b"null", "application/json"
     with _client(url, None, None) as c:
-        r = _call(c.invoke_raw, name, body, ctype)
+        r = _call(c.invoke_workflow_raw if workflow else c.invoke_raw, name, body, ctype)
     if r.headers.get("content-type", "").startswith("application/json"):
         print(r.text)
     else:
@@ -403,11 +436,12 @@ def delete_cmd(
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
     state: Path | None = STATE_OPTION,
+    workflow: bool = typer.Option(False, "--workflow", help="NAME is a workflow."),
 ) -> None:
-    """Delete a function (its instances stop; queued requests get 410)."""
+    """Delete a function (its instances stop; queued requests get 410), or a workflow."""
     with _client(url, token, state) as c:
-        _call(c.delete, name)
-    console.print(f"deleted {name}")
+        _call(c.delete_workflow if workflow else c.delete, name)
+    console.print(f"deleted {'workflow ' if workflow else ''}{name}")
 
 
 @app.command("describe")

@@ -52,6 +52,11 @@ ROUTES: list[tuple[str, str, bool]] = [
     ("POST", "/system/profile/{name}", True),
     ("GET", "/system/profile/{name}", True),
     ("GET", "/system/info", True),
+    ("GET", "/system/workflows", True),
+    ("POST", "/system/workflows", True),
+    ("PUT", "/system/workflows", True),
+    ("DELETE", "/system/workflows/{name}", True),
+    ("POST", "/workflow/{name}", False),
     ("GET", "/system/status", True),
     ("GET", "/ui", False),
     ("GET", "/v2/health/live", False),
@@ -101,7 +106,9 @@ bodies = st.one_of(
     st.binary(max_size=256),
     json_values.map(lambda v: json.dumps(v).encode()),
     st.dictionaries(
-        st.sampled_from(["name", "model", "handler", "resources", "device", "slo_ms", "inputs"]),
+        st.sampled_from(
+            ["name", "model", "handler", "resources", "device", "slo_ms", "inputs", "stages"]
+        ),
         json_values,
         max_size=5,
     ).map(lambda v: json.dumps(v).encode()),
@@ -278,7 +285,7 @@ CLI_COMMANDS = ["deploy", "list", "invoke", "delete", "describe", "logs", "profi
 def test_the_cli_never_prints_a_traceback(
     srv: ServeProcess, command: str, args: list[str], stdin: bytes
 ) -> None:
-    r = srv.cli(command, *args, input=stdin, text=False, timeout_s=60)
+    r = srv.cli(command, *args, input=stdin, text=False, timeout_s=60, auth=command != "invoke")
     out = r.stdout.decode(errors="replace")
     err = r.stderr.decode(errors="replace")
     assert r.returncode in (0, 1, 2), (command, args, r.returncode, err[-500:])

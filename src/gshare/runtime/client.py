@@ -156,6 +156,52 @@ class Client:
             headers={"content-type": "application/json"},
         )
 
+    # -- workflows ------------------------------------------------------------------------------
+
+    def deploy_workflow(
+        self, spec: str | os.PathLike[str] | bytes, *, update: bool = True
+    ) -> dict[str, Any]:
+        """Deploy (or with ``update`` replace) a workflow from a YAML file path or YAML bytes;
+        the server checks it against the deployed functions."""
+        body = Path(spec).read_bytes() if isinstance(spec, str | os.PathLike) else spec
+        headers = {"content-type": "application/yaml"}
+        try:
+            r = self._request("POST", "/system/workflows", auth=True, content=body, headers=headers)
+        except ClientError as e:
+            if e.status != 409 or not update:
+                raise
+            r = self._request("PUT", "/system/workflows", auth=True, content=body, headers=headers)
+        out: dict[str, Any] = r.json()
+        return out
+
+    def list_workflows(self) -> builtins.list[dict[str, Any]]:
+        out: builtins.list[dict[str, Any]] = self._request(
+            "GET", "/system/workflows", auth=True
+        ).json()
+        return out
+
+    def delete_workflow(self, name: str) -> None:
+        self._request("DELETE", f"/system/workflows/{name}", auth=True)
+
+    def invoke_workflow_raw(
+        self, name: str, body: bytes, content_type: str = "application/octet-stream"
+    ) -> httpx.Response:
+        """POST the body to ``/workflow/{name}``; the raw response (``ClientError`` on 4xx/5xx)."""
+        return self._request(
+            "POST", f"/workflow/{name}", auth=False, content=body,
+            headers={"content-type": content_type},
+        )  # fmt: skip
+
+    def invoke_workflow(self, name: str, data: Any = None) -> Any:
+        """Run a workflow with JSON ``data`` (or raw bytes); the last stage's answer."""
+        if isinstance(data, bytes | bytearray):
+            r = self.invoke_workflow_raw(name, bytes(data))
+        else:
+            r = self.invoke_workflow_raw(name, json.dumps(data).encode(), "application/json")
+        if r.headers.get("content-type", "").startswith("application/json"):
+            return r.json()
+        return r.content
+
     def logs(self, name: str, tail: int = 100) -> builtins.list[str]:
         out: builtins.list[str] = self._request(
             "GET", "/system/logs", auth=True, params={"name": name, "tail": tail}

@@ -71,6 +71,16 @@ class Sleep:
         return {"sleep_ms": 5}
 
 
+class Wrap:
+    """Answers ``{"in": input}`` (tests of workflows: each stage adds one level)."""
+
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        pass
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        return [{"in": x} for x in inputs]
+
+
 class Counted:
     """Sleeps ``sleep_ms`` per batch and answers how many requests it has run so far (tests of
     cancellation: a request dropped before it started is not counted)."""

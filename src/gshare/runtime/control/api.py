@@ -15,8 +15,10 @@ from gshare.documents import DocumentError, load_json, load_yaml
 from gshare.runtime.control.loop import Controller, FunctionState, LiveInstance
 from gshare.runtime.gateway.app import ControlPlane
 from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.workflows import WorkflowRunner
 from gshare.runtime.messages import LiveState
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
+from gshare.workflows.spec import WorkflowSpecError, parse_workflow
 
 DELETE_DRAIN_S = 10.0
 """How long a delete waits for the requests its instances are running (then they get 410)."""
@@ -28,6 +30,56 @@ class ControlApi(ControlPlane):
     def __init__(self, controller: Controller) -> None:
         self.c = controller
         self._locks: dict[str, asyncio.Lock] = {}
+        self.workflows = WorkflowRunner(controller.gateway)
+        for name, spec, version in controller.state.list_workflows():
+            try:  # restored as stored; a stage whose function is gone fails at invoke time
+                functions = [s.get("function", "") for s in spec.get("stages", [])]
+                self.workflows.put(parse_workflow(spec, known_functions=functions), version)
+            except WorkflowSpecError as e:
+                controller.state.add_event(name, f"cannot restore workflow: {e}", level="error")
+
+    # -- workflows (runtime.gateway.workflows) ----------------------------------------------------
+
+    async def deploy_workflow(
+        self, body: bytes, content_type: str, *, update: bool
+    ) -> dict[str, Any]:
+        try:
+            data = await asyncio.to_thread(load_json if "json" in content_type else load_yaml, body)
+        except DocumentError as e:
+            raise HttpError(400, f"the workflow spec {e}") from None
+        known = [n for n in self.c.functions]
+        try:
+            spec = await asyncio.to_thread(parse_workflow, data, known_functions=known)
+        except WorkflowSpecError as e:
+            raise HttpError(400, str(e)) from None
+        async with self._name_lock("workflow:" + spec.name):
+            exists = spec.name in self.workflows.workflows
+            if exists and not update:
+                raise HttpError(409, f"workflow {spec.name!r} already exists (use PUT to update)")
+            if not exists and update:
+                raise HttpError(404, f"workflow {spec.name!r} is not deployed")
+            version = self.c.state.put_workflow(spec.name, spec.model_dump(mode="json"))
+            self.workflows.put(spec, version)
+            self.c.state.add_event(
+                spec.name,
+                f"workflow deployed (version {version}): "
+                + ", ".join(f"{s.name}={s.function}" for s in spec.stages)
+                + f"; slo {spec.slo_ms:g} ms",
+            )
+        return {"name": spec.name, "version": version, "stages": len(spec.stages)}
+
+    async def delete_workflow(self, name: str) -> None:
+        async with self._name_lock("workflow:" + name):
+            if not self.workflows.remove(name):
+                raise HttpError(404, f"workflow {name!r} is not deployed")
+            self.c.state.delete_workflow(name)
+            self.c.state.add_event(name, "workflow deleted")
+
+    def list_workflows(self) -> list[dict[str, Any]]:
+        return self.workflows.view()
+
+    async def run_workflow(self, name: str, body: bytes, enc: int) -> tuple[int, bytes]:
+        return await self.workflows.run(name, body, enc)
 
     def ready(self) -> bool:
         return self.c.ready()

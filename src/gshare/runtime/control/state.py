@@ -71,6 +71,12 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_function ON events (function, id);
+CREATE TABLE IF NOT EXISTS workflows (
+    name TEXT PRIMARY KEY,
+    spec_json TEXT NOT NULL,
+    version INTEGER NOT NULL DEFAULT 1,
+    updated_s REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS kernel_profiles (
     function TEXT PRIMARY KEY,
     code_key TEXT NOT NULL,
@@ -244,6 +250,34 @@ class StateStore:
         with self._tx() as c:
             cur = c.execute("DELETE FROM functions WHERE name = ?", (name,))
             return cur.rowcount > 0
+
+    # -- workflows -------------------------------------------------------------------------------
+
+    def put_workflow(self, name: str, spec: dict[str, Any]) -> int:
+        """Insert or replace a workflow's spec; its new version."""
+        now = time.time()
+        text = json.dumps(spec, sort_keys=True)
+        with self._tx() as c:
+            row = c.execute("SELECT version FROM workflows WHERE name = ?", (name,)).fetchone()
+            version = 1 if row is None else int(row[0]) + 1
+            c.execute(
+                "INSERT OR REPLACE INTO workflows (name, spec_json, version, updated_s)"
+                " VALUES (?, ?, ?, ?)",
+                (name, text, version, now),
+            )
+            return version
+
+    def list_workflows(self) -> list[tuple[str, dict[str, Any], int]]:
+        """(name, spec, version) of every deployed workflow, by name."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT name, spec_json, version FROM workflows ORDER BY name"
+            ).fetchall()
+        return [(r[0], json.loads(r[1]), int(r[2])) for r in rows]
+
+    def delete_workflow(self, name: str) -> bool:
+        with self._tx() as c:
+            return c.execute("DELETE FROM workflows WHERE name = ?", (name,)).rowcount > 0
 
     # -- profiles --------------------------------------------------------------------------------
 

@@ -85,6 +85,20 @@ class ControlPlane:
     def ready(self) -> bool:
         raise NotImplementedError
 
+    async def deploy_workflow(
+        self, body: bytes, content_type: str, *, update: bool
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def delete_workflow(self, name: str) -> None:
+        raise NotImplementedError
+
+    def list_workflows(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def run_workflow(self, name: str, body: bytes, enc: int) -> tuple[int, bytes]:
+        raise NotImplementedError
+
 
 def _is_json(content_type: str) -> bool:
     ct = content_type.split(";", 1)[0].strip().lower()
@@ -252,6 +266,47 @@ def mount_control_api(
     async def delete_named(name: str, request: Request) -> JSONResponse:
         require_token(request)
         return await delete_function(name)
+
+    @app.get("/system/workflows")
+    async def list_workflows(request: Request) -> list[dict[str, Any]]:
+        require_token(request)
+        return control.list_workflows()
+
+    async def deploy_workflow(request: Request, *, update: bool) -> JSONResponse:
+        require_token(request)
+        body = await read_request(request, gw.max_body_bytes)
+        ctype = request.headers.get("content-type", "")
+        out = await control.deploy_workflow(body, ctype, update=update)
+        return JSONResponse(out, status_code=200 if update else 201)
+
+    @app.post("/system/workflows")
+    async def create_workflow(request: Request) -> JSONResponse:
+        return await deploy_workflow(request, update=False)
+
+    @app.put("/system/workflows")
+    async def update_workflow(request: Request) -> JSONResponse:
+        return await deploy_workflow(request, update=True)
+
+    @app.delete("/system/workflows/{name}")
+    async def delete_workflow(name: str, request: Request) -> JSONResponse:
+        require_token(request)
+        await control.delete_workflow(name)
+        return JSONResponse({"deleted": name})
+
+    @app.post("/workflow/{name}")
+    async def run_workflow(name: str, request: Request) -> Response:
+        body = await read_request(request, gw.max_body_bytes)
+        ctype = request.headers.get("content-type")
+        enc = P.ENC_RAW
+        if ctype is None:
+            if _looks_like_json(body):
+                enc = P.ENC_JSON
+        elif _is_json(ctype):
+            parse_json(body)
+            enc = P.ENC_JSON
+        renc, data = await control.run_workflow(name, body, enc)
+        media = "application/json" if renc == P.ENC_JSON else "application/octet-stream"
+        return Response(data, media_type=media)
 
     @app.get("/system/function/{name}")
     async def function_status(name: str, request: Request) -> dict[str, Any]:
