@@ -144,9 +144,18 @@ def test_agents_placement_and_remote_serving_on_two_nodes(cluster: Any, srv: Ser
 def test_node_loss_under_load_and_a_node_that_joins(cluster: Any, srv: ServeProcess) -> None:
     c = srv.client()
     head = cluster.head_node.node_id
-    c.deploy(sleep_fn("filler", 4))  # the head's device is full ...
-    wait_until(lambda: sum(ready_by_node(srv, "filler").values()) == 4, 180, "filler")
-    c.deploy(sleep_fn("remote", 2))  # ... so these run on the worker
+    # fill the head's device (which device MRA opens first depends on the order the agents
+    # registered: when the first filler lands on the worker, a second fills the head and the
+    # first goes), so that the function under load runs on the worker
+    filler = "filler"
+    c.deploy(sleep_fn(filler, 4))
+    wait_until(lambda: sum(ready_by_node(srv, filler).values()) == 4, 180, "filler")
+    if set(ready_by_node(srv, filler)) != {head}:
+        c.deploy(sleep_fn("filler-2", 4))
+        wait_until(lambda: ready_by_node(srv, "filler-2").get(head, 0) == 4, 180, "filler-2")
+        c.delete(filler)
+        filler = "filler-2"
+    c.deploy(sleep_fn("remote", 2))  # the head is full: these run on the worker
     wait_until(lambda: sum(ready_by_node(srv, "remote").values()) == 2, 180, "remote")
     worker = next(n for n in nodes_of(srv) if n["node_id"] != head)["node_id"]
     assert set(ready_by_node(srv, "remote")) == {worker}
@@ -181,7 +190,7 @@ def test_node_loss_under_load_and_a_node_that_joins(cluster: Any, srv: ServeProc
         assert f'gshare_node_up{{node="{worker[:12]}"}}' not in metrics
         assert f'gshare_node_up{{node="{head[:12]}"}}' in metrics
         # capacity comes back on the head: the lost instances are started there
-        c.delete("filler")
+        c.delete(filler)
         wait_until(
             lambda: ready_by_node(srv, "remote").get(head, 0) == 2, 180, "remote on the head"
         )

@@ -165,7 +165,9 @@ def test_a_node_in_its_own_network_namespace_serves_and_is_lost_cleanly(
     wait_until(lambda: c.get("across")["availableReplicas"] >= 6, 180, "6 instances")
     insts = c.get("across")["instances"]
     remote = [i for i in insts if i["node_id"] == far]
-    assert len(remote) == 2, collections.Counter(i["node_id"] for i in insts)
+    # 4 fill the device MRA opens first, 2 go to the other (which one is first depends on the
+    # order the agents registered)
+    assert len(remote) in (2, 4), collections.Counter(i["node_id"] for i in insts)
     for i in remote:  # listening in the namespace, on the node's own address
         ips = _listening_ips(i["pid"])
         assert ips == {WORKER_IP}, ips
@@ -205,4 +207,4 @@ def test_a_node_in_its_own_network_namespace_serves_and_is_lost_cleanly(
             t.join(150)
     bad = [o for o in outcomes if o[0] != 200]
     assert all(isinstance(o[0], int) and o[1] for o in bad), bad[:5]  # nothing silent
-    assert sum(1 for o in outcomes[-20:] if o[0] == 200) >= 10  # the head's 4 serve on
+    assert sum(1 for o in outcomes[-20:] if o[0] == 200) >= 10  # the head's serve on
