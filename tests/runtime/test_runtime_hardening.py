@@ -125,6 +125,7 @@ def test_connections_over_the_cap_are_closed_and_service_goes_on(srv: ServeProce
         30,
         "the gateway to serve after the flood",
     )
+    assert metric(srv, "gshare_connections_refused_total") >= 20
 
 
 # -- item 5: cancellation of abandoned requests -------------------------------------------------

@@ -15,6 +15,7 @@ from gshare.documents import DocumentError, load_json, load_yaml
 from gshare.runtime.control.loop import Controller, FunctionState, LiveInstance
 from gshare.runtime.gateway.app import ControlPlane
 from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.workflows import Call as WorkflowCall
 from gshare.runtime.gateway.workflows import WorkflowRunner
 from gshare.runtime.messages import LiveState
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
@@ -78,8 +79,10 @@ class ControlApi(ControlPlane):
     def list_workflows(self) -> list[dict[str, Any]]:
         return self.workflows.view()
 
-    async def run_workflow(self, name: str, body: bytes, enc: int) -> tuple[int, bytes]:
-        return await self.workflows.run(name, body, enc)
+    async def run_workflow(
+        self, name: str, body: bytes, enc: int, call: WorkflowCall
+    ) -> tuple[int, bytes]:
+        return await self.workflows.run(name, body, enc, call)
 
     def ready(self) -> bool:
         return self.c.ready()

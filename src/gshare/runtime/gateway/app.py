@@ -41,6 +41,7 @@ from gshare.runtime.gateway.oip_http import infer_target, mount_oip, serve_infer
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.ui import mount_status_page
+from gshare.runtime.gateway.workflows import Call as WorkflowCall
 from gshare.runtime.instance import protocol as P
 
 log = logging.getLogger("gshare.gateway")
@@ -96,13 +97,29 @@ class ControlPlane:
     def list_workflows(self) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    async def run_workflow(self, name: str, body: bytes, enc: int) -> tuple[int, bytes]:
+    async def run_workflow(
+        self, name: str, body: bytes, enc: int, call: WorkflowCall
+    ) -> tuple[int, bytes]:
         raise NotImplementedError
 
 
 def _is_json(content_type: str) -> bool:
     ct = content_type.split(";", 1)[0].strip().lower()
     return ct == "application/json" or ct.endswith("+json")
+
+
+def body_encoding(content_type: bytes | str | None, body: bytes) -> int:
+    """How an invocation body is sent to the instance: JSON when the Content-Type says so
+    (``HttpError`` 400 when it is malformed), or when there is no Content-Type and the body is
+    a JSON object or array (raw bytes read as a float32 tensor would answer garbage); raw
+    bytes otherwise."""
+    if content_type is None:
+        return P.ENC_JSON if _looks_like_json(body) else P.ENC_RAW
+    ct = content_type.decode("latin-1") if isinstance(content_type, bytes) else content_type
+    if _is_json(ct):
+        parse_json(body)
+        return P.ENC_JSON
+    return P.ENC_RAW
 
 
 def _looks_like_json(body: bytes) -> bool:
@@ -296,15 +313,8 @@ def mount_control_api(
     @app.post("/workflow/{name}")
     async def run_workflow(name: str, request: Request) -> Response:
         body = await read_request(request, gw.max_body_bytes)
-        ctype = request.headers.get("content-type")
-        enc = P.ENC_RAW
-        if ctype is None:
-            if _looks_like_json(body):
-                enc = P.ENC_JSON
-        elif _is_json(ctype):
-            parse_json(body)
-            enc = P.ENC_JSON
-        renc, data = await control.run_workflow(name, body, enc)
+        enc = body_encoding(request.headers.get("content-type"), body)
+        renc, data = await control.run_workflow(name, body, enc, oip.call)
         media = "application/json" if renc == P.ENC_JSON else "application/octet-stream"
         return Response(data, media_type=media)
 
@@ -399,16 +409,7 @@ class InvokeFastPath:
         if chunks is None:
             return
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        enc = P.ENC_RAW
-        ctype = h.get(b"content-type")
-        if ctype is None:
-            # no Content-Type: a JSON document is JSON (raw bytes read as a float32 tensor
-            # would answer garbage); anything else is raw bytes
-            if _looks_like_json(body):
-                enc = P.ENC_JSON
-        elif _is_json(ctype.decode("latin-1")):
-            parse_json(body)
-            enc = P.ENC_JSON
+        enc = body_encoding(h.get(b"content-type"), body)
         p = gw.submit(name, P.OP_INVOKE, enc, body)
         try:
             status, renc, data, m = await gw.wait(p, receive)

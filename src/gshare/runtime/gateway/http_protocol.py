@@ -14,7 +14,8 @@ What holds here (docs/DESIGN.md §5):
   past it the connection is closed (the handler waiting for the body sees a disconnect and
   nothing is queued);
 * at most ``max_connections`` connections are open: one more is closed at once (before
-  anything is read), and counted in ``gshare_connections_refused_total``.
+  anything is read), and counted in ``gshare_connections_refused_total`` (a connection closed
+  by a deadline: ``gshare_connections_read_timeouts_total``; ``metrics.Metrics``).
 
 The deadline is a timer armed per request, not per read: a client that sends one byte a
 second cannot keep it alive.

@@ -4,6 +4,7 @@ controller sets the instance and rate gauges."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -12,6 +13,8 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
@@ -174,6 +177,8 @@ class Metrics:
             registry=r,
         )
 
+        r.register(_ConnectionCounters())
+
     def forget_function(self, function: str) -> None:
         """Drop every series of a deleted function (so ``/metrics`` does not keep them)."""
         for m in list(vars(self).values()):
@@ -189,6 +194,25 @@ class Metrics:
         for g in (self.achieved_share, self.requested_share):
             with contextlib.suppress(KeyError):
                 g.remove(function, instance)
+
+
+class _ConnectionCounters(Collector):
+    """The HTTP protocol's counters (``gateway.http_protocol.COUNTERS``), read at scrape time:
+    uvicorn makes the protocol objects, so they cannot hold a ``Metrics``."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        from gshare.runtime.gateway.http_protocol import COUNTERS
+
+        yield CounterMetricFamily(
+            "gshare_connections_refused",
+            "HTTP connections closed at once because --max-connections were open",
+            value=COUNTERS.refused,
+        )
+        yield CounterMetricFamily(
+            "gshare_connections_read_timeouts",
+            "HTTP connections closed because a request did not arrive within its deadline",
+            value=COUNTERS.read_timeouts,
+        )
 
 
 __all__ = ["LATENCY_BUCKETS_S", "Metrics"]

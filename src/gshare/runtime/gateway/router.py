@@ -94,8 +94,6 @@ class Pending:
     channel: InstanceChannel | None = None
     watcher: asyncio.Task[None] | None = None
     """Watches the client's connection once the request waits (``DISCONNECT_WATCH_S``)."""
-    cancelled: bool = False
-    """The client went away: the answer, if one comes, is dropped."""
 
 
 class InstanceChannel(asyncio.Protocol):
@@ -208,9 +206,9 @@ class Gateway:
         max_latency_slo_factor: float = DEFAULT_MAX_LATENCY_SLO_FACTOR,
     ) -> None:
         self.clock = clock
+        """Seconds; the clock of ``idle_since_s`` (the controller's keep-alive clock)."""
         self.max_latency_slo_factor = max_latency_slo_factor
         """``policy.admission``: shed a request predicted to take more than this many SLOs."""
-        """Seconds; the clock of ``idle_since_s`` (the controller's keep-alive clock)."""
         self.max_body_bytes = max_body_bytes
         self.request_timeout_s = request_timeout_s
         self.node_id = node_id
@@ -548,9 +546,8 @@ class Gateway:
         """The client of ``p`` went away: drop it from the queue, or ask its instance to drop
         it if it has not started (``OP_CANCEL``; a started one runs to the end and its answer
         is dropped). Its future fails with ``CLIENT_GONE``."""
-        if p.future.done() or p.cancelled:
+        if p.future.done():  # answered, expired or cancelled already
             return
-        p.cancelled = True
         ch = p.channel
         if ch is not None:
             if ch.transport is not None and not ch.closed:

@@ -4,10 +4,10 @@ Who uses it: the gateway's HTTP app (``app.mount_workflows``) runs a request thr
 ``WorkflowRunner.run``; the control API (``control.api``) deploys, lists and deletes workflows
 (``put``, ``remove``) and the server restores them from the state database at start.
 
-How a request runs: every stage is one request to its function through the gateway's own
-queues (``Gateway.submit``: the same routing, admission, retries and metrics as a call from
-outside), started as soon as all its predecessors have answered, so independent branches run
-at the same time. What a stage receives:
+How a request runs: every stage is one request to its function through the call a request
+from outside takes (``OipService.call``: ``Gateway.submit``, the same routing, admission,
+retries and metrics), started as soon as all its predecessors have answered, so independent
+branches run at the same time. What a stage receives:
 
 * a first stage (no ``after``): the request body, as it came (JSON or raw bytes);
 * a stage after one stage: that stage's output, as it came;
@@ -31,18 +31,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from prometheus_client import Counter, Histogram
 
-from gshare.runtime.gateway.errors import HttpError, status_of
+from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.metrics import LATENCY_BUCKETS_S
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.instance import protocol as P
 from gshare.workflows.spec import WorkflowSpec
+
+Call = Callable[[str, int, bytes], Awaitable[tuple[int, bytes, Any]]]
+"""One request to a function: (function, encoding, payload) -> (encoding, output, measurements),
+``HttpError`` as the function answered (``OipService.call``)."""
 
 
 @dataclass(frozen=True)
@@ -127,16 +131,16 @@ class WorkflowRunner:
     def missing_functions(self, wf: LiveWorkflow) -> list[str]:
         return sorted({f for f in wf.function_of.values() if not self.gw.is_public(f)})
 
-    async def run(self, name: str, body: bytes, enc: int) -> tuple[int, bytes]:
-        """Run one request through workflow ``name``: the last stage's ``(encoding, output)``,
-        or ``HttpError`` naming the stage that failed."""
+    async def run(self, name: str, body: bytes, enc: int, call: Call) -> tuple[int, bytes]:
+        """Run one request through workflow ``name``, each stage through ``call``: the last
+        stage's ``(encoding, output)``, or ``HttpError`` naming the stage that failed."""
         wf = self.workflows.get(name)
         if wf is None:
             raise HttpError(404, f"workflow {name!r} is not deployed")
         t0 = time.perf_counter()
         m = self.metrics
         try:
-            out = await self._run(wf, body, enc)
+            out = await self._run(wf, body, enc, call)
         except HttpError as e:
             m.requests.labels(name, str(e.status)).inc()
             raise
@@ -147,7 +151,7 @@ class WorkflowRunner:
         m.slo.labels(name, "hit" if hit else "miss").inc()
         return out
 
-    async def _run(self, wf: LiveWorkflow, body: bytes, enc: int) -> tuple[int, bytes]:
+    async def _run(self, wf: LiveWorkflow, body: bytes, enc: int, call: Call) -> tuple[int, bytes]:
         missing = self.missing_functions(wf)
         if missing:
             raise HttpError(
@@ -169,7 +173,7 @@ class WorkflowRunner:
                     s_enc, payload = inputs[0]
                 else:
                     s_enc, payload = P.ENC_JSON, _join(dict(zip(preds, inputs, strict=True)))
-                done[s].set_result(await self._call(wf, s, s_enc, payload))
+                done[s].set_result(await self._stage(wf, s, s_enc, payload, call))
             except BaseException as e:  # propagate to the successors, then to run()
                 if not done[s].done():
                     done[s].set_exception(e)
@@ -188,31 +192,20 @@ class WorkflowRunner:
                 if f.done() and not f.cancelled():
                     f.exception()
 
-    async def _call(self, wf: LiveWorkflow, s: str, enc: int, payload: bytes) -> tuple[int, bytes]:
+    async def _stage(
+        self, wf: LiveWorkflow, s: str, enc: int, payload: bytes, call: Call
+    ) -> tuple[int, bytes]:
         function = wf.function_of[s]
         t0 = time.perf_counter()
-        gw = self.gw
         try:
-            p = gw.submit(function, P.OP_INVOKE, enc, payload)
-        except HttpError as e:
+            renc, data, _m = await call(function, enc, payload)
+        except HttpError as e:  # say which workflow and stage; a function gone is a 424
             raise HttpError(
-                e.status if e.status != 404 else 424,
+                424 if e.status == 404 else e.status,
                 f"workflow {wf.spec.name!r}, stage {s!r} ({function}): {e.message}",
                 e.headers,
             ) from None
-        try:
-            status, renc, data, meas = await gw.wait(p)
-        except HttpError as e:
-            gw.record(function, e.status, p, None)
-            raise HttpError(
-                e.status, f"workflow {wf.spec.name!r}, stage {s!r} ({function}): {e.message}"
-            ) from None
-        code = status_of(status)
-        gw.record(function, code, p, meas)
         self.metrics.stage_latency.labels(wf.spec.name, s).observe(time.perf_counter() - t0)
-        if code != 200:
-            msg = data.decode("utf-8", errors="replace")
-            raise HttpError(code, f"workflow {wf.spec.name!r}, stage {s!r} ({function}): {msg}")
         return renc, data
 
     def view(self) -> list[dict[str, Any]]:
