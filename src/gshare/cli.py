@@ -194,6 +194,14 @@ def serve_cmd(
     autoscaler: str = typer.Option(
         "gshare-burst", "--autoscaler", help="Autoscaling policy (policy.autoscale.AUTOSCALERS)."
     ),
+    workflow_policy: str = typer.Option(
+        "esg",
+        "--workflow-policy",
+        help=(
+            "Workflow stage scheduler: esg (default), fast-gshare, infless, orion, aquatope, "
+            "or direct (each stage through its function's own queue)."
+        ),
+    ),
     period_s: float = typer.Option(
         1.0, "--period-s", min=0.05, help="Controller reconcile period."
     ),
@@ -251,6 +259,8 @@ def serve_cmd(
                 max_wait_slo_factor=max_wait_slo,
                 placer=placer,
                 autoscaler=autoscaler,
+                workflow_policy=workflow_policy,
+                workflow_policy_factory=_workflow_policy_factory(workflow_policy),
                 period_s=period_s,
                 launcher=launcher,
                 device_mem_mb=device_mem_mb,
@@ -260,6 +270,20 @@ def serve_cmd(
         )
     except ServeError as e:
         raise CliError(str(e), code=1) from None
+
+
+def _workflow_policy_factory(name: str) -> Any:
+    """Aquatope's factory (its Bayesian optimiser is in ``gshare.experiments``, above the
+    runtime); None for the others (the runtime builds them by name)."""
+    if name != "aquatope":
+        return None
+    from gshare.experiments.offline_bo import bo_optimiser
+    from gshare.policy.workflow.esg import make_policy
+
+    def make(perf: Any) -> Any:
+        return make_policy("aquatope", perf=perf, seed=0, optimiser=bo_optimiser(perf))
+
+    return make
 
 
 @app.command("deploy")

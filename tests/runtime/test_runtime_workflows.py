@@ -5,6 +5,8 @@ function at deploy time and for a deleted one at invoke time."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -54,6 +56,15 @@ def test_a_workflow_is_deployed_run_kept_across_a_restart_and_fails_clearly(
         assert "diamond" in listed.stdout and "b(wrap-b)" in listed.stdout
         metrics = httpx.get(srv.url + "/metrics", timeout=10).text
         assert 'gshare_workflow_slo_total{outcome="hit",workflow="diamond"}' in metrics
+        # ESG (the default scheduler) ran every stage as a task with a quota, and billed it
+        assert 'gshare_workflow_tasks_total{quota_pct="' in metrics
+        cost = [
+            ln for ln in metrics.splitlines() if ln.startswith("gshare_workflow_cost_usd_total")
+        ]
+        assert cost and float(cost[0].split()[-1]) > 0, cost
+        assert (
+            'gshare_workflow_stage_queue_seconds_count{stage="d",workflow="diamond"} 2.0' in metrics
+        )
     # the state keeps the workflow
     with ServeProcess(state_dir=state, tiny_models=True, cwd=REPO) as srv:
         c = srv.client()
@@ -69,3 +80,23 @@ def test_a_workflow_is_deployed_run_kept_across_a_restart_and_fails_clearly(
         assert r.status_code == 404 and "nope" in r.json()["error"]
         c.delete_workflow("diamond")
         assert c.list_workflows() == []
+
+
+def test_an_unknown_workflow_policy_is_refused_in_one_line(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gshare.cli",
+            "serve",
+            "--workflow-policy",
+            "fifo",
+            "--state",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0
+    assert "unknown workflow policy 'fifo'" in r.stderr and "esg" in r.stderr, r.stderr

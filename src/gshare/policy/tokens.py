@@ -32,7 +32,7 @@ What must hold (tested by properties in ``tests/policy/test_tokens.py``):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 # NOTE — the multi-token scheduler (FaST-GShare §3.3.2, Gemini token scheduler).
@@ -272,6 +272,19 @@ class TokenScheduler:
         self._get(client_id)
         self._roll(now_ms)
         del self.clients[client_id]
+        return self._dispatch(now_ms)
+
+    def set_quota(
+        self, client_id: str, quota_request: float, quota_limit: float, now_ms: float
+    ) -> list[Grant]:
+        """Change a client's time quotas in place (its usage in the current window stays
+        charged; a held token keeps its length). Who calls it: the token server, for the
+        profiler's quota sweep and the live workflow scheduler (a task's quota, ESG on gshare's
+        shares). ``TokenError`` for an unknown client or quotas ``ClientSpec`` refuses."""
+        c = self._get(client_id)
+        spec = replace(c.spec, quota_request=quota_request, quota_limit=quota_limit)
+        self._roll(now_ms)
+        c.spec = spec
         return self._dispatch(now_ms)
 
     # -- events -------------------------------------------------------------------------------

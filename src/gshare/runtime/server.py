@@ -91,6 +91,11 @@ class ServeOptions:
     max_wait_slo_factor: float = 0.75
     """A request of a function with an SLO is shed with 429 when its predicted latency exceeds
     this many SLOs (``policy.admission``; 0: never shed before the queue cap)."""
+    workflow_policy: str = "esg"
+    """The live workflow scheduler (``gateway.stages``): esg, fast-gshare, infless, orion,
+    aquatope, or direct (no scheduler)."""
+    workflow_policy_factory: Any = None
+    """Its factory when the name alone cannot build it (Aquatope's optimiser, from the CLI)."""
     grpc_port: int | None = None
     """Also serve the KServe v2 / Triton gRPC API (``gateway.grpc_server``) on this port of
     ``host`` (0: any free port, written to ``server.json`` as ``grpc``); None: no gRPC."""
@@ -189,6 +194,13 @@ def run_server(opts: ServeOptions) -> None:
     if opts.autoscaler not in AUTOSCALERS:
         raise ServeError(
             f"unknown autoscaler {opts.autoscaler!r} (known: {', '.join(sorted(AUTOSCALERS))})"
+        )
+    from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES
+
+    if opts.workflow_policy not in (*WORKFLOW_POLICY_NAMES, "direct"):
+        raise ServeError(
+            f"unknown workflow policy {opts.workflow_policy!r} "
+            f"(known: {', '.join(WORKFLOW_POLICY_NAMES)}, direct)"
         )
     if opts.launcher not in LAUNCHERS:
         raise ServeError(f"unknown launcher {opts.launcher!r} (known: {', '.join(LAUNCHERS)})")
@@ -465,6 +477,8 @@ class _Runtime:
                 autoscaler=self.opts.autoscaler,
                 placer=self.opts.placer,
                 drain_timeout_s=self.opts.request_timeout_s,  # never cut an accepted request short
+                workflow_policy=self.opts.workflow_policy,
+                workflow_policy_factory=self.opts.workflow_policy_factory,
             ),
             gateway_node_id=node_id,
             extra_sys_path=(os.getcwd(),),

@@ -76,12 +76,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 
 from gshare.profiles import ProfileTable
 from gshare.workflows.config import (
+    MS_PER_HOUR,
     VGPUS_PER_GPU,
     ConfigGrid,
     ConfigOption,
@@ -142,6 +143,33 @@ class PerfParams:
 
 
 _SLICE_SM_PCT: Final[float] = 100.0 / VGPUS_PER_GPU
+
+
+class WorkflowPerf(Protocol):
+    """What the workflow simulator and the schedulers read of a performance model: ESG's
+    ``PerfModel`` (vCPUs x MIG slices) or gshare's ``shares.SharePerf`` (quota x SM partition)."""
+
+    @property
+    def params(self) -> PerfParams: ...
+
+    @property
+    def functions(self) -> Mapping[str, FunctionInfo]: ...
+
+    def exec_ms(self, function: str, config: FunctionConfig) -> float: ...
+
+    def options(
+        self, function: str, grid: ConfigGrid | None = None
+    ) -> tuple[ConfigOption, ...]: ...
+
+    def task_cost_usd(self, function: str, config: FunctionConfig, billed_ms: float) -> float: ...
+
+    def sample_exec_ms(
+        self,
+        function: str,
+        config: FunctionConfig,
+        rng: np.random.Generator,
+        sigma_frac: float | None = None,
+    ) -> float: ...
 
 
 class PerfModel:
@@ -216,6 +244,12 @@ class PerfModel:
     def cost_usd(self, function: str, config: FunctionConfig) -> float:
         """Mean cost per request of one task, USD (``cost_per_request_usd``)."""
         return cost_per_request_usd(config, self.exec_ms(function, config))
+
+    def task_cost_usd(self, function: str, config: FunctionConfig, billed_ms: float) -> float:
+        """Cost of one whole task of ``config`` billed for ``billed_ms`` (the simulator splits
+        it over the task's jobs): ``config.usd_per_hour * billed_ms / 3.6e6``."""
+        del function
+        return config.usd_per_hour * billed_ms / MS_PER_HOUR
 
     def option(self, function: str, config: FunctionConfig) -> ConfigOption:
         return ConfigOption(config, self.exec_ms(function, config), self.cost_usd(function, config))

@@ -12,17 +12,40 @@ import asyncio
 from typing import Any
 
 from gshare.documents import DocumentError, load_json, load_yaml
+from gshare.policy.workflow.esg import make_policy
+from gshare.policy.workflow.schedulers import WorkflowPolicy
 from gshare.runtime.control.loop import Controller, FunctionState, LiveInstance
+from gshare.runtime.control.stage_host import ControllerStageHost
 from gshare.runtime.gateway.app import ControlPlane
 from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES, StageScheduler
 from gshare.runtime.gateway.workflows import Call as WorkflowCall
 from gshare.runtime.gateway.workflows import WorkflowRunner
 from gshare.runtime.messages import LiveState
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
+from gshare.workflows.shares import SharePerf
 from gshare.workflows.spec import WorkflowSpecError, parse_workflow
 
 DELETE_DRAIN_S = 10.0
 """How long a delete waits for the requests its instances are running (then they get 410)."""
+
+
+def _stage_scheduler(c: Controller) -> StageScheduler | None:
+    """The live workflow scheduler the server was started with (None: ``direct``)."""
+    name = c.config.workflow_policy
+    if name == "direct":
+        return None
+    if name not in WORKFLOW_POLICY_NAMES:
+        raise ValueError(
+            f"unknown workflow policy {name!r} (known: {', '.join(WORKFLOW_POLICY_NAMES)}, direct)"
+        )
+    factory = c.config.workflow_policy_factory
+    if factory is None:
+
+        def factory(perf: SharePerf) -> WorkflowPolicy:
+            return make_policy(name, perf=perf, seed=0)
+
+    return StageScheduler(c.gateway, ControllerStageHost(c), name, factory)
 
 
 class ControlApi(ControlPlane):
@@ -31,7 +54,7 @@ class ControlApi(ControlPlane):
     def __init__(self, controller: Controller) -> None:
         self.c = controller
         self._locks: dict[str, asyncio.Lock] = {}
-        self.workflows = WorkflowRunner(controller.gateway)
+        self.workflows = WorkflowRunner(controller.gateway, scheduler=_stage_scheduler(controller))
         for name, spec, version in controller.state.list_workflows():
             try:  # restored as stored; a stage whose function is gone fails at invoke time
                 functions = [s.get("function", "") for s in spec.get("stages", [])]
@@ -238,10 +261,28 @@ class ControlApi(ControlPlane):
         return result
 
     def profile_status(self, name: str) -> dict[str, Any]:
-        if self.c.profiler is None:
+        """The profiling job's progress and the function's stored profile rows
+        (``rows``: ``[{sm_pct, quota_pct, batch, latency_ms}]``, what ``gshare simulate
+        --profiles-from`` reads); 404 when it has neither."""
+        rows = [
+            {
+                "sm_pct": p.sm_pct,
+                "quota_pct": p.quota_pct,
+                "batch": p.batch,
+                "latency_ms": p.latency_ms,
+            }
+            for p in self.c.state.profile_rows(name)
+        ]
+        result: dict[str, Any] = {"name": name, "state": "none"}
+        if self.c.profiler is not None:
+            try:
+                result = self.c.profiler.status(name)
+            except HttpError:
+                if not rows:
+                    raise
+        elif not rows:
             raise HttpError(503, "the profiler is not available")
-        result: dict[str, Any] = self.c.profiler.status(name)
-        return result
+        return {**result, "rows": rows}
 
     def status_view(self) -> dict[str, Any]:
         """The status page's document (``runtime.control.status``)."""

@@ -98,6 +98,11 @@ class ControllerConfig:
     drain_timeout_s: float = 120.0
     """Longest a removed instance drains its in-flight requests before it is stopped."""
     agent_timeout_s: float = 10.0
+    workflow_policy: str = "esg"
+    """The live workflow scheduler (``gateway.stages.WORKFLOW_POLICY_NAMES`` or ``direct``)."""
+    workflow_policy_factory: Any = None
+    """``gateway.stages.PolicyFactory`` building it (None: ``policy.workflow.make_policy`` by
+    name; the CLI passes Aquatope's, whose optimiser lives in ``gshare.experiments``)."""
 
 
 @dataclass

@@ -80,6 +80,18 @@ class InstanceChannel(asyncio.Protocol):
         self.inflight[p.req_id] = p
         self.transport.write(P.encode_request(p.req_id, p.op, p.enc, p.payload))
 
+    def send_many(self, ps: list[Pending]) -> None:
+        """Send several requests in one write, so that the instance reads them together and
+        runs them as one batch (the live workflow scheduler's tasks, ``gateway.stages``)."""
+        assert self.transport is not None
+        frames = []
+        for p in ps:
+            p.req_id = self.gateway.next_id()
+            p.channel = self
+            self.inflight[p.req_id] = p
+            frames.append(P.encode_request(p.req_id, p.op, p.enc, p.payload))
+        self.transport.write(b"".join(frames))
+
     def data_received(self, data: bytes) -> None:
         try:
             frames = self.reader.feed(data)

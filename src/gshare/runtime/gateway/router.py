@@ -100,6 +100,9 @@ class FunctionRoute:
     service: ServiceEstimate = field(default_factory=ServiceEstimate)
     """The measured service interval while backlogged (``policy.admission``)."""
     rr: int = 0
+    staged: int = 0
+    """Jobs of this function waiting in the live workflow scheduler's AFW queues
+    (``gateway.stages``): queued demand the controller must see like ``queue``."""
     internal: bool = False
     """The controller's own route (a profiling instance): not reachable over HTTP or gRPC."""
     closed: bool = False
@@ -264,12 +267,14 @@ class Gateway:
 
     def queued(self, function: str) -> int:
         r = self.routes.get(function)
-        return len(r.queue) if r else 0
+        return len(r.queue) + r.staged if r else 0
 
     def outstanding(self, function: str) -> int:
         """Requests of ``function`` queued here or in flight at its instances."""
         r = self.routes.get(function)
-        return len(r.queue) + sum(len(c.inflight) for c in r.channels.values()) if r else 0
+        if r is None:
+            return 0
+        return len(r.queue) + r.staged + sum(len(c.inflight) for c in r.channels.values())
 
     def idle_since_s(self, function: str) -> float | None:
         """``clock`` time since which ``function`` has had no request (the later of its last arrival
@@ -377,6 +382,26 @@ class Gateway:
             elif self.on_cold is not None:
                 self.on_cold(function)
         return p
+
+    def submit_to(
+        self, function: str, instance_id: str, items: list[tuple[int, bytes]]
+    ) -> list[Pending]:
+        """Send ``items`` (encoding, payload) to one instance in one write, past the function's
+        queue: a task of the live workflow scheduler (``gateway.stages``), which formed the
+        batch and chose the instance. ``HttpError`` 503 when the instance is not connected.
+        (The scheduler counted them as the function's arrivals when they were queued.)"""
+        r = self.routes.get(function)
+        ch = r.channels.get(instance_id) if r is not None else None
+        if r is None or ch is None or not ch.usable:
+            raise HttpError(503, f"instance {instance_id!r} of {function!r} is not connected")
+        loop = asyncio.get_running_loop()
+        now = time.perf_counter()
+        ps = [
+            Pending(function, P.OP_INVOKE, enc, data, now, loop.create_future())
+            for enc, data in items
+        ]
+        ch.send_many(ps)
+        return ps
 
     async def control(self, function: str, instance_id: str, command: dict[str, Any]) -> bytes:
         """Send an ``OP_CONTROL`` command to one connected instance and return its JSON answer;

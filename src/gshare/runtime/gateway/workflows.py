@@ -22,8 +22,10 @@ the workflow was deployed) is a 424 naming the function; a stage that fails pass
 status and message. The end-to-end latency is measured from arrival to the last answer and
 counted against the workflow's ``slo_ms`` (``gshare_workflow_*`` metrics).
 
-Not here yet (issue 10): ESG's per-stage queues, batching and configuration search live — the
-stages' functions are scaled by the controller's autoscaler like any function.
+Scheduling: with a ``StageScheduler`` (``gateway.stages``; ``gshare serve --workflow-policy``,
+ESG by default) a ready stage becomes a job of the stage's AFW queue and the scheduler decides
+its batch, time quota and instance; without one (``--workflow-policy direct``) a stage is one
+request through its function's own queue and batching (``OipService.call``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from prometheus_client import Counter, Histogram
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.metrics import LATENCY_BUCKETS_S
 from gshare.runtime.gateway.router import Gateway
+from gshare.runtime.gateway.stages import LiveRequest, StageScheduler
 from gshare.runtime.instance import protocol as P
 from gshare.workflows.spec import WorkflowSpec
 
@@ -104,6 +107,8 @@ class WorkflowRunner:
     """The deployed workflows of one gateway and their execution (module doc)."""
 
     gw: Gateway
+    scheduler: StageScheduler | None = None
+    """The live ESG controller loop (None: ``direct``, module doc)."""
     workflows: dict[str, LiveWorkflow] = field(default_factory=dict)
     _m: _Metrics | None = None
 
@@ -124,8 +129,12 @@ class WorkflowRunner:
             {s.name: s.function for s in spec.stages},
             after,
         )
+        if self.scheduler is not None:
+            self.scheduler.put(spec)
 
     def remove(self, name: str) -> bool:
+        if self.scheduler is not None:
+            self.scheduler.remove(name)
         return self.workflows.pop(name, None) is not None
 
     def missing_functions(self, wf: LiveWorkflow) -> list[str]:
@@ -162,6 +171,7 @@ class WorkflowRunner:
         done: dict[str, asyncio.Future[tuple[int, bytes]]] = {
             s: asyncio.get_running_loop().create_future() for s in wf.order
         }
+        req = self.scheduler.new_request(wf.spec) if self.scheduler is not None else None
 
         async def stage(s: str) -> None:
             preds = wf.after[s]
@@ -173,7 +183,7 @@ class WorkflowRunner:
                     s_enc, payload = inputs[0]
                 else:
                     s_enc, payload = P.ENC_JSON, _join(dict(zip(preds, inputs, strict=True)))
-                done[s].set_result(await self._stage(wf, s, s_enc, payload, call))
+                done[s].set_result(await self._stage(wf, s, s_enc, payload, call, req))
             except BaseException as e:  # propagate to the successors, then to run()
                 if not done[s].done():
                     done[s].set_exception(e)
@@ -193,12 +203,23 @@ class WorkflowRunner:
                     f.exception()
 
     async def _stage(
-        self, wf: LiveWorkflow, s: str, enc: int, payload: bytes, call: Call
+        self,
+        wf: LiveWorkflow,
+        s: str,
+        enc: int,
+        payload: bytes,
+        call: Call,
+        req: LiveRequest | None,
     ) -> tuple[int, bytes]:
         function = wf.function_of[s]
         t0 = time.perf_counter()
         try:
-            renc, data, _m = await call(function, enc, payload)
+            if self.scheduler is None or req is None:
+                renc, data, _m = await call(function, enc, payload)
+            elif not self.gw.is_public(function):
+                raise HttpError(404, f"function {function!r} is not deployed")
+            else:
+                renc, data = await self.scheduler.run_stage(req, s, function, enc, payload)
         except HttpError as e:  # say which workflow and stage; a function gone is a 424
             raise HttpError(
                 424 if e.status == 404 else e.status,

@@ -523,17 +523,13 @@ class NodeAgent:
                 os.unlink(m.launch.uds_path + suffix)
 
     def set_share(self, instance_id: str, quota_request: float, quota_limit: float) -> None:
-        """Change an instance's token quotas (its token client re-registers under the same
-        id). Used by the profiler between trials."""
+        """Change an instance's token quotas in place (``TokenServer.set_quota``: no reconnect).
+        Used by the profiler between trials and by the live workflow scheduler per task."""
         with self._lock:
             m = self._instances[instance_id]
             m.launch = replace(m.launch, quota_request=quota_request, quota_limit=quota_limit)
             ts = self.token_servers[m.launch.device_index]
-        ts.remove_client(instance_id)
-        ts.add_client(
-            ClientSpec(instance_id, m.launch.sm_pct, quota_request, quota_limit, m.launch.priority),
-            secret=m.launch.token_secret,
-        )
+        ts.set_quota(instance_id, quota_request, quota_limit)
 
     def _store(self) -> Any:
         """This agent's ``ModelStore`` (created on first use: it imports torch)."""

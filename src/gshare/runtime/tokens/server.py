@@ -293,6 +293,16 @@ class TokenServer:
             self._replan(now_ms)
         self._wake()
 
+    def set_quota(self, client_id: str, quota_request: float, quota_limit: float) -> None:
+        """Change a registered instance's time quotas in place (``TokenScheduler.set_quota``):
+        no reconnect, effective for its next token. Raises ``TokenError``."""
+        with self._lock:
+            now_ms = self._now_ms()
+            self._deliver(
+                self._sched.set_quota(client_id, quota_request, quota_limit, now_ms), now_ms
+            )
+        self._wake()
+
     def remove_client(self, client_id: str) -> None:
         """Forget an instance. Its token (if any) goes back to the scheduler and others may be
         granted at once; its connection stays open but is no longer identified, and an

@@ -89,14 +89,13 @@ from gshare.sim.workflow.cluster import Container, Invoker, Pool, TransferModel
 from gshare.sim.workflow.results import RequestOutcome, WorkflowRunResult
 from gshare.workflows.config import (
     CLUSTER_NODES,
-    MS_PER_HOUR,
     NODE_VCPUS,
     NODE_VGPUS,
     ConfigGrid,
     ConfigOption,
     FunctionConfig,
 )
-from gshare.workflows.perf import PerfModel
+from gshare.workflows.perf import PerfModel, WorkflowPerf
 from gshare.workflows.spec import WorkflowSpec
 
 
@@ -118,6 +117,11 @@ class WorkflowSimConfig:
     initial_warm_per_pool: int = 0
     """Idle warm containers of every function on every invoker at time 0 (the steady state of
     a platform that has served the workload for longer than a keep-alive; 0 = cold cluster)."""
+    fixed_pools: bool = False
+    """gshare's live model (``gshare.runtime.gateway.esg``): the containers are the
+    ``initial_warm_per_pool`` running instances, never started nor evicted; a task needs an
+    idle one (an invoker offers a function ``min(free slots, idle instances)`` host units), so
+    a queue waits instead of cold-starting. Use with ``prewarm=None``."""
     warmup_ms: float = 0.0
     """Requests arriving before this are served but not measured."""
     drain_ms: float = 300_000.0
@@ -137,6 +141,8 @@ class WorkflowSimConfig:
             raise ValueError("initial_warm_per_pool must be >= 0")
         if self.warmup_ms < 0 or self.drain_ms < 0:
             raise ValueError("warmup_ms and drain_ms must be >= 0")
+        if self.fixed_pools and (self.prewarm is not None or self.initial_warm_per_pool < 1):
+            raise ValueError("fixed_pools needs prewarm=None and initial_warm_per_pool >= 1")
 
 
 @dataclass(slots=True)
@@ -178,7 +184,7 @@ class WorkflowSim:
         policy: WorkflowPolicy,
         config: WorkflowSimConfig | None = None,
         *,
-        perf: PerfModel | None = None,
+        perf: WorkflowPerf | None = None,
         seed: int = 0,
     ) -> None:
         if not workflows:
@@ -186,7 +192,7 @@ class WorkflowSim:
         self.workflows = dict(workflows)
         self.policy = policy
         self.config = config if config is not None else WorkflowSimConfig()
-        self.perf = perf if perf is not None else PerfModel.default()
+        self.perf: WorkflowPerf = perf if perf is not None else PerfModel.default()
         self.seed = seed
         self.loop = EventLoop()
         cfg = self.config
@@ -399,7 +405,14 @@ class WorkflowSim:
         request = DispatchRequest(fn, tuple(plan.candidates), preferred, first_stage=not preds)
         snapshot = [
             InvokerState(
-                n.invoker_id, n.free_vcpus, n.free_vgpus, n.warm_counts(), n.vcpus, n.vgpus
+                n.invoker_id,
+                min(n.free_vcpus, len(n.pool(fn).idle))
+                if self.config.fixed_pools
+                else n.free_vcpus,
+                n.free_vgpus,
+                n.warm_counts(),
+                n.vcpus,
+                n.vgpus,
             )
             for n in self.nodes
         ]
@@ -501,7 +514,7 @@ class WorkflowSim:
         )
         exec_ms = self.perf.sample_exec_ms(fn, cfg, self._rng_exec, self.config.noise_sigma_frac)
         billed = transfer_ms + exec_ms
-        cost = cfg.usd_per_hour * billed / MS_PER_HOUR
+        cost = self.perf.task_cost_usd(fn, cfg, billed)
         for j in jobs:
             self._requests[j.request_id].cost_usd += cost / len(jobs)
         self._c["tasks"] += 1
@@ -557,6 +570,8 @@ class WorkflowSim:
         return Container(self._next_container, fn, invoker_id, state, ready_ms, ready_ms)
 
     def _schedule_eviction(self, c: Container) -> None:
+        if self.config.fixed_pools:
+            return  # live instances stay (``WorkflowSimConfig.fixed_pools``)
         since = c.idle_since_ms
         self.loop.at(
             keep_alive_deadline_ms(since, self._keep_alive_ms),

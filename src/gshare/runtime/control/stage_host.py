@@ -1,0 +1,111 @@
+"""The controller's side of the live workflow scheduler (``gateway.stages.StageHost``).
+
+Who calls it: ``StageScheduler`` (built by ``control.api.ControlApi``), on the event loop, for
+the devices (its invokers), the ready instances of the stage functions, each function's share
+model, and to change an instance's token quota for a task. What holds: only ready, connected,
+non-profiling instances are offered; a function's SM partition is that of its instances (the
+first one's, when an update left several; before any, the spec's or the default share's); its
+latencies come from its live profile
+(``gshare profile``) when one covers that partition, else from the busy time its instances
+measured (``gateway.stages.fluid_table``; ``configs.DEFAULT_BUSY_MS_PER_REQUEST`` before any).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gshare.profiles import ProfileError, ProfileTable
+from gshare.runtime.control.configs import DEFAULT_BUSY_MS_PER_REQUEST, DEFAULT_SHARE
+from gshare.runtime.gateway.stages import StageFunction, StageInstance, fluid_table
+from gshare.runtime.messages import LiveState
+from gshare.workflows.shares import DEFAULT_QUOTAS_PCT, ShareFunction, quotas_of
+
+if TYPE_CHECKING:
+    from gshare.runtime.control.loop import Controller, LiveInstance
+
+BATCHES = (1, 2, 4, 8, 16, 32)
+"""Batches offered to the scheduler, up to the function's ``batching.max_batch``."""
+TABLE_TTL_S = 5.0
+"""How long a function's live profile is read from the state database once."""
+
+
+class ControllerStageHost:
+    """``StageHost`` over one ``Controller`` (module doc)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+        self._tables: dict[str, tuple[float, ProfileTable | None]] = {}
+
+    def device_count(self) -> int:
+        return len(self.c.devices)
+
+    def _ready(self, function: str | None = None) -> list[LiveInstance]:
+        gw = self.c.gateway
+        return [
+            i
+            for i in self.c.instances.values()
+            if i.state is LiveState.READY
+            and not i.profiling
+            and (function is None or i.function == function)
+            and gw.is_connected(i.function, i.instance_id)
+        ]
+
+    def stage_instances(self) -> Sequence[StageInstance]:
+        return [
+            StageInstance(
+                i.instance_id,
+                i.function,
+                i.device.index,
+                i.share.sm_pct,
+                i.share.quota_request * 100.0,
+            )
+            for i in self._ready()
+        ]
+
+    def _table(self, function: str) -> ProfileTable | None:
+        now = self.c.gateway.clock()
+        hit = self._tables.get(function)
+        if hit is None or now - hit[0] > TABLE_TTL_S:
+            hit = self._tables[function] = (now, self.c.state.profile_table(function))
+        return hit[1]
+
+    def stage_function(self, function: str) -> StageFunction | None:
+        fs = self.c.functions.get(function)
+        if fs is None:
+            return None
+        ready = self._ready(function)
+        if ready:
+            sm = ready[0].share.sm_pct
+        elif fs.spec.resources != "auto":
+            sm = fs.spec.resources.sm_pct
+        else:
+            sm = DEFAULT_SHARE.sm_pct
+        max_batch = fs.spec.batching.max_batch
+        batches = tuple(b for b in BATCHES if b <= max_batch) or (1,)
+        table = self._table(function)
+        if table is not None:
+            with contextlib.suppress(ProfileError):
+                table.latency_ms(function, sm, 100.0, 1)
+                share = ShareFunction(function, function, sm, batches, quotas_of(table, function))
+                return StageFunction(share, table, "live profile")
+        route = self.c.gateway.routes.get(function)
+        per_item = (
+            route.exec_ms_per_item if route is not None else None
+        ) or DEFAULT_BUSY_MS_PER_REQUEST
+        per_item = float(f"{per_item:.2g}")  # a new model only when the estimate really moved
+        share = ShareFunction(function, function, sm, batches, DEFAULT_QUOTAS_PCT)
+        return StageFunction(
+            share,
+            fluid_table(function, sm, per_item, share),
+            f"measured busy time {per_item:g} ms/item",
+        )
+
+    async def set_quota(self, instance_id: str, quota_pct: float) -> None:
+        inst = self.c.instances.get(instance_id)
+        if inst is None:
+            raise RuntimeError(f"instance {instance_id} is gone")
+        agent = self.c.agents[inst.device.node_id]
+        q = quota_pct / 100.0
+        await agent.handle.set_share(instance_id, q, q)
