@@ -19,6 +19,7 @@ input of the ESG search).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -165,3 +166,17 @@ class ConfigGrid:
             and config.vcpus in self.vcpus
             and config.vgpus in self.vgpus
         )
+
+
+def minimum_config(
+    options: Sequence[ConfigOption], default: FunctionConfig = MIN_CONFIG
+) -> FunctionConfig:
+    """A function's minimum configuration, the fallback of ESG and its baselines: ``default``
+    when it is one of ``options`` (ESG's grids: ``(1, 1, 1)``), else the batch-1 option holding
+    the least resources (a configuration space of another shape, such as gshare's quotas in
+    ``gshare.workflows.shares``); ``default`` when there are no options."""
+    configs = [o.config for o in options]
+    if not configs or default in configs:
+        return default
+    ones = [c for c in configs if c.batch == 1] or configs
+    return min(ones, key=lambda c: (c.vgpus, c.vcpus, c.batch))

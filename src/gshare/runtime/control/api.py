@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 from gshare.documents import DocumentError, load_json, load_yaml
-from gshare.policy.workflow.esg import make_policy
+from gshare.policy.workflow.esg import make_share_policy
 from gshare.policy.workflow.schedulers import WorkflowPolicy
 from gshare.runtime.control.loop import Controller, FunctionState, LiveInstance
 from gshare.runtime.control.stage_host import ControllerStageHost
@@ -43,7 +43,7 @@ def _stage_scheduler(c: Controller) -> StageScheduler | None:
     if factory is None:
 
         def factory(perf: SharePerf) -> WorkflowPolicy:
-            return make_policy(name, perf=perf, seed=0)
+            return make_share_policy(name, perf=perf, seed=0)
 
     return StageScheduler(c.gateway, ControllerStageHost(c), name, factory)
 

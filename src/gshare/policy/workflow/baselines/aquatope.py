@@ -36,7 +36,7 @@ from gshare.policy.workflow.dispatch import (
 )
 from gshare.policy.workflow.replan import WorkflowLike
 from gshare.policy.workflow.schedulers import StageContext, StagePlan
-from gshare.workflows.config import ConfigOption, FunctionConfig
+from gshare.workflows.config import ConfigOption, FunctionConfig, minimum_config
 
 StaticPlans = Mapping[str, Mapping[str, FunctionConfig]]
 """Application -> stage -> its static configuration."""
@@ -124,8 +124,9 @@ class AquatopePolicy:
         """The stage's static configuration (the whole static plan is carried too)."""
         plan = self._plans.get(ctx.application)
         if plan is None or ctx.stage not in plan:
+            fn = next(s.function for s in ctx.workflow.stages if s.name == ctx.stage)
             return StagePlan(
-                (FALLBACK_CONFIG,),
+                (minimum_config(ctx.options.get(fn, ()), FALLBACK_CONFIG),),
                 note=f"aquatope: no static plan for {ctx.application}/{ctx.stage}: min config",
             )
         cfg = plan[ctx.stage]

@@ -14,7 +14,7 @@ from typing import Final
 from gshare.policy.workflow.dispatch import DispatchRequest, InvokerState, Via
 from gshare.policy.workflow.replan import StageLike, WorkflowLike
 from gshare.policy.workflow.schedulers import StagePlan
-from gshare.workflows.config import MIN_CONFIG, ConfigOption, FunctionConfig
+from gshare.workflows.config import MIN_CONFIG, ConfigOption, FunctionConfig, minimum_config
 from gshare.workflows.dag import kahn_order
 
 Z_P95: Final[float] = 1.6448536269514722
@@ -193,12 +193,18 @@ def landed_via(inv: InvokerState, request: DispatchRequest) -> Via:
     return "warm" if inv.is_warm(request.function) else "cold"
 
 
-def candidates_plan(policy: str, configs: Sequence[FunctionConfig], target_ms: float) -> StagePlan:
+def candidates_plan(
+    policy: str,
+    configs: Sequence[FunctionConfig],
+    target_ms: float,
+    options: Sequence[ConfigOption] = (),
+) -> StagePlan:
     """The ``StagePlan`` of a per-function baseline: its feasible ``configs`` in preference
-    order, or the minimum configuration when none meets ``target_ms`` (a note says which)."""
+    order, or the function's minimum configuration (``config.minimum_config`` of its
+    ``options``) when none meets ``target_ms`` (a note says which)."""
     if not configs:
         return StagePlan(
-            (FALLBACK_CONFIG,),
+            (minimum_config(options, FALLBACK_CONFIG),),
             note=f"{policy}: nothing meets stage target {target_ms:.1f} ms: min config fallback",
         )
     return StagePlan(

@@ -157,7 +157,7 @@ class FastGSharePolicy:
         cands = fast_candidates(
             opts, target, ctx.queue_len, node_vcpus=self.node_vcpus, node_vgpus=self.node_vgpus
         )
-        return candidates_plan("fast-gshare", [o.config for o in cands], target)
+        return candidates_plan("fast-gshare", [o.config for o in cands], target, opts)
 
     def select_invoker(
         self,

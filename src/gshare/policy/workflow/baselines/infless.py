@@ -205,7 +205,7 @@ class InflessPolicy:
         cands = infless_candidates(
             opts, target, ctx.queue_len, batch_wait_half_slo=self.batch_wait_half_slo
         )
-        return candidates_plan("infless", [o.config for o in cands], target)
+        return candidates_plan("infless", [o.config for o in cands], target, opts)
 
     def select_invoker(
         self,
