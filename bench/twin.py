@@ -1,0 +1,188 @@
+"""The digital twin's fidelity: one workflow scenario run live and simulated, in one run.
+
+Usage: ``python bench/twin.py [--quick] [--json PATH] [--scenario FILE] [--duration-s S]``
+
+One scenario file (default ``examples/scenarios/mlp-chain.yaml``: a 3-stage chain of MLP
+functions with a 100 ms end-to-end SLO, Poisson arrivals) and one seed, so both worlds see the
+same arrival times:
+
+1. **live, ESG** — a real ``gshare serve --workflow-policy esg``; the scenario's functions are
+   deployed and each workflow function is profiled live (``gshare profile``: quotas 25/50/75/100
+   %, batches up to its ``max_batch``; ``--quick`` skips this and uses the scenario's shipped
+   measured profile); then ``gshare load`` drives it open loop (``experiments.scenario_load``);
+2. **simulated, ESG** — ``gshare simulate`` of the same scenario for the same duration, with
+   the profiles the live server measured (``--profiles-from``; ``experiments.scenario_sim``);
+3. **live, FaST-GShare** — the server restarted on the same state directory (functions and
+   profiles kept) with ``--workflow-policy fast-gshare``, driven by the same arrivals.
+
+Summary: ``slo_hit_rate_live``, ``slo_hit_rate_sim``, ``abs_hit_rate_diff_pp``,
+``p50_ratio_sim_over_live``, ``p99_ratio_sim_over_live``, ``esg_vs_fastgshare_hit_rate_live``
+(ESG's hit rate minus FaST-GShare's, pp), ``esg_vs_fastgshare_cost_live`` (ESG's cost per
+request over FaST-GShare's), the per-world figures behind them, and ``done_when`` (issue 10:
+``abs_hit_rate_diff_pp`` <= 10 and ``p50_ratio_sim_over_live`` in 0.8-1.25).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import bench_parser, machine_load, print_table, write_json
+from gshare.experiments.scenario_load import run_load
+from gshare.experiments.scenario_sim import fetch_live_profiles, simulate
+from gshare.scenario import load_scenario
+from gshare.testing import ServeProcess, wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SCENARIO = REPO / "examples" / "scenarios" / "mlp-chain.yaml"
+PROFILE_QUOTAS = [25, 50, 75, 100]
+
+
+def _profile(srv: ServeProcess, names: list[str], batches: list[int]) -> None:
+    """``gshare profile`` each function and wait for the rows."""
+    c = srv.client()
+    for n in names:
+        c.start_profile(n, quota_pct=PROFILE_QUOTAS, batch=batches)
+
+        def done(n: str = n) -> bool:
+            st = c.profile_status(n)
+            if st.get("state") not in ("running", "done"):
+                raise RuntimeError(f"profiling {n} failed: {st}")
+            return st.get("state") == "done"
+
+        wait_until(done, 600, f"the profile of {n}")
+        print(f"  profiled {n}: {len(c.profile_status(n).get('rows', []))} rows", flush=True)
+
+
+def _workflow_stats(result: Any, name: str) -> dict[str, Any]:
+    st: dict[str, Any] = result.summary["workflows"][name]
+    return st
+
+
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--scenario", type=Path, default=DEFAULT_SCENARIO)
+    parser.add_argument("--duration-s", type=float, default=None)
+    args = parser.parse_args()
+    scenario = load_scenario(args.scenario)
+    duration_s = args.duration_s or (20.0 if args.quick else 60.0)
+    wf_name = next(w.target for w in scenario.workloads if w.kind == "workflow")
+    wf_functions = sorted({s.function for s in scenario.workflows[wf_name].stages})
+    max_batch = max(scenario.functions[f].batching.max_batch for f in wf_functions)
+    batches = [b for b in (1, 2, 4, 8) if b <= max_batch]
+    state = Path(tempfile.mkdtemp(prefix="gshare-twin-")) / "state"
+    t0 = time.perf_counter()
+
+    print(f"1. live, ESG ({duration_s:g} s of {wf_name})", flush=True)
+    with ServeProcess("--workflow-policy", "esg", state_dir=state, cwd=REPO) as srv:
+        if not args.quick:
+            from gshare.experiments.scenario_load import deploy
+
+            deploy(srv.client(), scenario)
+            _profile(srv, wf_functions, batches)
+            live_profiles = fetch_live_profiles(srv.url, wf_functions, token=srv.token)
+        else:
+            live_profiles = None  # the scenario's shipped, measured profile
+        live = run_load(scenario, srv.url, token=srv.token, duration_s=duration_s, seed=args.seed)
+
+    print("2. simulated, ESG", flush=True)
+    sim = simulate(scenario, duration_s=duration_s, seed=args.seed, live_profiles=live_profiles)
+
+    print("3. live, FaST-GShare (same state: functions and profiles kept)", flush=True)
+    with ServeProcess("--workflow-policy", "fast-gshare", state_dir=state, cwd=REPO) as srv:
+        fast = run_load(scenario, srv.url, token=srv.token, duration_s=duration_s, seed=args.seed)
+
+    lv, sv, fv = (_workflow_stats(r, wf_name) for r in (live, sim, fast))
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    hl, hs, hf = lv["slo_hit_rate"], sv["slo_hit_rate"], fv["slo_hit_rate"]
+    summary: dict[str, Any] = {
+        "scenario": str(
+            args.scenario.relative_to(REPO) if args.scenario.is_relative_to(REPO) else args.scenario
+        ),
+        "workflow": wf_name,
+        "duration_s": duration_s,
+        "requests_live": lv["requests"],
+        "requests_sim": sv["requests"],
+        "slo_hit_rate_live": hl,
+        "slo_hit_rate_sim": hs,
+        "abs_hit_rate_diff_pp": abs(hs - hl) * 100.0 if hl is not None and hs is not None else None,
+        "p50_ms_live": lv["p50_ms"],
+        "p50_ms_sim": sv["p50_ms"],
+        "p99_ms_live": lv["p99_ms"],
+        "p99_ms_sim": sv["p99_ms"],
+        "p50_ratio_sim_over_live": ratio(sv["p50_ms"], lv["p50_ms"]),
+        "p99_ratio_sim_over_live": ratio(sv["p99_ms"], lv["p99_ms"]),
+        "slo_hit_rate_live_fastgshare": hf,
+        "esg_vs_fastgshare_hit_rate_live": (hl - hf) * 100.0
+        if hl is not None and hf is not None
+        else None,
+        "cost_per_request_usd_live": lv.get("cost_per_request_usd"),
+        "cost_per_request_usd_sim": sv.get("cost_per_request_usd"),
+        "cost_per_request_usd_live_fastgshare": fv.get("cost_per_request_usd"),
+        "esg_vs_fastgshare_cost_live": ratio(
+            lv.get("cost_per_request_usd"), fv.get("cost_per_request_usd")
+        ),
+        "profiles": "live (measured in this run)"
+        if live_profiles
+        else "scenario CSV (measured earlier)",
+        "wall_s": time.perf_counter() - t0,
+    }
+    d, p50r = summary["abs_hit_rate_diff_pp"], summary["p50_ratio_sim_over_live"]
+    summary["done_when"] = bool(
+        d is not None and d <= 10 and p50r is not None and 0.8 <= p50r <= 1.25
+    )
+    summary.update(machine_load())
+    rows = [
+        {
+            "world": w,
+            **{
+                k: st.get(k)
+                for k in (
+                    "requests",
+                    "answered",
+                    "slo_hit_rate",
+                    "p50_ms",
+                    "p99_ms",
+                    "cost_per_request_usd",
+                )
+            },
+        }
+        for w, st in (("live esg", lv), ("sim esg", sv), ("live fast-gshare", fv))
+    ]
+    print_table(
+        f"twin: {wf_name}",
+        ["world", "requests", "hit rate", "p50 ms", "p99 ms", "cost/req USD"],
+        [
+            [
+                r["world"],
+                r["requests"],
+                r["slo_hit_rate"],
+                r["p50_ms"],
+                r["p99_ms"],
+                r["cost_per_request_usd"],
+            ]
+            for r in rows
+        ],
+    )
+    for k in (
+        "abs_hit_rate_diff_pp",
+        "p50_ratio_sim_over_live",
+        "p99_ratio_sim_over_live",
+        "esg_vs_fastgshare_hit_rate_live",
+        "esg_vs_fastgshare_cost_live",
+        "done_when",
+    ):
+        print(f"{k}: {summary[k]}")
+    write_json(args.json, summary, rows=rows)
+    if not summary["done_when"]:
+        sys.exit(0)  # a bench reports; the README and the closing note carry the verdict
+
+
+if __name__ == "__main__":
+    main()

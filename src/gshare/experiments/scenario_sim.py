@@ -1,0 +1,669 @@
+"""``gshare simulate SCENARIO``: a scenario (``gshare.scenario``) in the simulator.
+
+The arrivals are ``scenario_arrivals.scenario_arrivals`` — the ones ``gshare load`` sends to a
+live server for the same seed. Two simulators share them:
+
+* **workflows** run in the workflow simulator (``sim.workflow.WorkflowSim``) as gshare's live
+  mechanism runs them (``gshare.workflows.shares``; docs/DESIGN.md §4): the configuration space
+  of a stage is ``(batch, time quota)`` at the SM partition of its function's spec
+  (``resources.sm_pct``), latencies from the function's profile (``SharePerf``), batches the
+  powers of two up to ``batching.max_batch``, quotas the profile's measured ones that are
+  multiples of 5 %; an invoker is a device (``cluster.nodes x devices_per_node``) with
+  ``shares.QUOTA_UNITS`` quota units and one task slot per instance of a workflow function on
+  it; the instances are fixed (``fixed_pools``: ``max(1, ceil(min_instances / devices))`` of
+  every workflow function on every device — the largest over the functions, as the simulator
+  takes one number), never cold-started; no pre-warming; stage inputs cost
+  ``cluster.local_latency_ms`` on the same device, ``remote_latency_ms`` across devices. The
+  scheduler is ``policies.workflow`` (``policy.workflow.esg.make_policy``; Aquatope with its
+  offline Bayesian optimiser, ``offline_bo.bo_optimiser``).
+* **plain function workloads** run in the GPU-cluster simulator (``sim.cluster.SimCluster``),
+  as ``autoscale-traces`` runs them: the controller's ``control_step`` with
+  ``policies.autoscaler`` every second, Maximal Rectangles placement on
+  ``cluster.nodes x devices_per_node`` devices, launch-gated bursts with interference, 5 %
+  service-time noise, the live fork launcher's cold start; the function's candidate configs
+  are the live controller's (``runtime.control.configs.configs_for`` over its profile: the
+  spec's own share when ``resources`` is explicit). The load starts when the functions'
+  ``min_instances`` are up (``LEAD_MS`` after t = 0, as ``gshare load`` starts after deploying
+  and waiting for readiness); reported times are from the load's start.
+
+The two run separately: a workflow and a plain function do not compete for devices in the
+simulator (they do on a live server).
+
+Profiles, per function (``function_profiles``), in this order: the live rows of
+``--profiles-from URL`` (``GET /system/profile/{name}``), the scenario's ``profiles`` CSV rows
+whose model is the function's name or its built-in model, the shipped V100 table when the
+built-in model is in it; otherwise an error that says how to get one.
+
+Output (``ExperimentResult``, written by ``results.write_result`` to ``OUT/<name>-simulate/``):
+``rows`` are the requests (``REQUEST_COLUMNS``), ``rows.csv`` the same, a latency-CDF PNG per
+workflow and function with its SLO, and the summary (``summarise``) per workflow and function:
+requests, answered, slo_hit_rate, p50/p95/p99/mean (answered requests), cost per request
+(workflows), devices and instances used (functions). ``scenario_load`` writes the same format
+from a live run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from gshare.experiments.results import ExperimentResult
+from gshare.experiments.scenario_arrivals import Arrival, scenario_arrivals
+from gshare.profiles import ProfileError, ProfilePoint, ProfileTable
+from gshare.scenario import Scenario, ScenarioError
+from gshare.spec import FunctionSpec
+
+Progress = Callable[[str, float, float], None]
+"""``(phase, done, total)``: the front end's progress bar (virtual seconds here)."""
+
+LEAD_MS = 2000.0
+"""Function workloads: virtual time between t = 0 (the functions deployed) and the load's start
+(their ``min_instances`` started and ready: cold start + one control period)."""
+NOISE_SIGMA = 0.05
+"""Relative noise of a simulated service time (the workflow simulator's default too)."""
+TICK_MS = 100.0
+"""How often the function simulation samples devices and instances in use."""
+REQUEST_COLUMNS = (
+    "kind",
+    "name",
+    "workload",
+    "request",
+    "arrival_ms",
+    "latency_ms",
+    "slo_ms",
+    "hit",
+    "status",
+    "measured",
+    "cost_uusd",
+)
+"""Columns of a request row, in both worlds (``scenario_load`` adds ``code``, ``late_ms`` and
+``error``). ``status``: ``ok``, ``unfinished`` (no answer by the end), ``error`` (an HTTP error
+or a failed connection), ``dropped_client`` (the load generator's ``--max-outstanding`` was
+reached: never sent). ``cost_uusd``: the request's cost in micro-USD (1e-6 USD: the result
+files keep 6 decimals), workflows in the simulator only."""
+
+
+# -- policies -----------------------------------------------------------------------------------
+
+
+def check_policies(scenario: Scenario, override: str | None = None) -> tuple[str, str]:
+    """``(workflow scheduler, autoscaler)``: the scenario's, with ``override`` (``--policy``)
+    replacing whichever registry it names; ``ScenarioError`` naming the field otherwise."""
+    from gshare.policy.autoscale import AUTOSCALERS
+    from gshare.policy.workflow.esg import WORKFLOW_POLICIES
+
+    wf, auto = scenario.policies.workflow, scenario.policies.autoscaler
+    if override is not None:
+        if override in WORKFLOW_POLICIES:
+            wf = override
+        elif override in AUTOSCALERS:
+            auto = override
+        else:
+            raise ScenarioError(
+                f"--policy: unknown policy {override!r} (workflow schedulers: "
+                f"{', '.join(WORKFLOW_POLICIES)}; autoscalers: {', '.join(AUTOSCALERS)})"
+            )
+    if wf not in WORKFLOW_POLICIES:
+        raise ScenarioError(
+            f"policies.workflow: unknown workflow scheduler {wf!r} (known: "
+            f"{', '.join(WORKFLOW_POLICIES)})"
+        )
+    if auto not in AUTOSCALERS:
+        raise ScenarioError(
+            f"policies.autoscaler: unknown autoscaler {auto!r} (known: {', '.join(AUTOSCALERS)})"
+        )
+    return wf, auto
+
+
+# -- profiles -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FunctionProfile:
+    """Where a function's latencies come from."""
+
+    table: ProfileTable
+    model: str
+    """The function's model name in ``table``."""
+    source: str
+    """``live``, ``scenario profiles`` or ``shipped V100``."""
+
+    def renamed(self, name: str) -> ProfileTable:
+        """The rows of ``model`` as a table whose model is ``name``."""
+        return ProfileTable(
+            ProfilePoint(name, p.sm_pct, p.quota_pct, p.batch, p.latency_ms)
+            for p in self.table.measured(self.model)
+        )
+
+
+def fetch_live_profiles(
+    url: str, names: Sequence[str], *, token: str | None = None, state_dir: Path | None = None
+) -> dict[str, list[ProfilePoint]]:
+    """The live profile rows of ``names`` from a server (``GET /system/profile/{name}``); a
+    function without rows (or not deployed) is left out. ``ScenarioError`` naming
+    ``--profiles-from`` when the server cannot be asked."""
+    from gshare.runtime.client import Client, ClientError
+
+    out: dict[str, list[ProfilePoint]] = {}
+    try:
+        with Client(url, token, state_dir=state_dir) as c:
+            for n in names:
+                try:
+                    doc = c.profile_status(n)
+                except ClientError as e:
+                    if e.status == 404:
+                        continue
+                    raise
+                rows = [
+                    ProfilePoint(
+                        n,
+                        float(r["sm_pct"]),
+                        float(r["quota_pct"]),
+                        int(r["batch"]),
+                        float(r["latency_ms"]),
+                    )
+                    for r in doc.get("rows") or []
+                ]
+                if rows:
+                    out[n] = rows
+    except ClientError as e:
+        raise ScenarioError(f"--profiles-from {url}: {e}") from None
+    return out
+
+
+def function_profiles(
+    scenario: Scenario,
+    names: Sequence[str],
+    live: Mapping[str, Sequence[ProfilePoint]] | None = None,
+) -> dict[str, FunctionProfile]:
+    """The profile of every function in ``names`` (module doc: the order of the sources);
+    ``ScenarioError`` naming the function and what to do when it has none."""
+    out: dict[str, FunctionProfile] = {}
+    shipped: ProfileTable | None = None
+    for n in names:
+        spec = scenario.functions[n]
+        rows = (live or {}).get(n)
+        if rows:
+            out[n] = FunctionProfile(ProfileTable(rows), n, "live")
+            continue
+        t = scenario.profiles
+        if t is not None and t.has_model(n):
+            out[n] = FunctionProfile(t, n, "scenario profiles")
+            continue
+        if t is not None and spec.model is not None and t.has_model(spec.model):
+            out[n] = FunctionProfile(t, spec.model, "scenario profiles")
+            continue
+        if spec.model is not None:
+            shipped = shipped or ProfileTable.shipped_v100()
+            if shipped.has_model(spec.model):
+                out[n] = FunctionProfile(shipped, spec.model, "shipped V100")
+                continue
+        what = (
+            f"model {spec.model!r} is not in the shipped V100 table"
+            if spec.model
+            else ("it runs a user handler")
+        )
+        raise ScenarioError(
+            f"functions: {n!r} has no profile ({what}): deploy it, run `gshare profile {n}` on "
+            "the server and pass --profiles-from URL, or give the scenario a `profiles:` CSV "
+            f"(model,sm_pct,quota_pct,batch,latency_ms) with rows for model {n!r}"
+        )
+    return out
+
+
+# -- workflows ----------------------------------------------------------------------------------
+
+
+def _batches(max_batch: int) -> tuple[int, ...]:
+    return tuple(2**k for k in range(int(math.log2(max_batch)) + 1))
+
+
+def share_perf(
+    scenario: Scenario, profiles: Mapping[str, FunctionProfile], functions: Sequence[str]
+) -> Any:
+    """gshare's share model (``workflows.shares.SharePerf``) of the workflow functions."""
+    from gshare.workflows.perf import PerfError
+    from gshare.workflows.shares import ShareError, ShareFunction, SharePerf, quotas_of
+
+    shares = []
+    for n in functions:
+        spec = scenario.functions[n]
+        if isinstance(spec.resources, str):
+            raise ScenarioError(
+                f"functions: {n!r} has resources: auto; the workflow simulator needs the SM "
+                "partition its instances run with: set resources.sm_pct (and quota_request) "
+                "in its spec"
+            )
+        p = profiles[n]
+        try:
+            shares.append(
+                ShareFunction(
+                    name=n,
+                    profile_model=p.model,
+                    sm_pct=float(spec.resources.sm_pct),
+                    batches=_batches(spec.batching.max_batch),
+                    quotas_pct=quotas_of(p.table, p.model),
+                )
+            )
+        except ShareError as e:
+            raise ScenarioError(f"functions: {e}") from None
+    try:
+        return SharePerf(shares, {n: profiles[n].table for n in functions})
+    except (PerfError, ProfileError) as e:
+        raise ScenarioError(f"functions: {e}") from None
+
+
+def instances_per_device(scenario: Scenario, functions: Sequence[str]) -> dict[str, int]:
+    """Per workflow function: ``max(1, ceil(min_instances / devices))``."""
+    d = scenario.cluster.devices
+    return {n: max(1, math.ceil(scenario.functions[n].min_instances / d)) for n in functions}
+
+
+def _ticks(loop: Any, horizon_ms: float, step_ms: float, fn: Callable[[], None]) -> None:
+    t = step_ms
+    while t < horizon_ms:
+        loop.at(t, fn)
+        t += step_ms
+
+
+def run_workflows(
+    scenario: Scenario,
+    arrivals: Sequence[Arrival],
+    horizon_ms: float,
+    policy_name: str,
+    profiles: Mapping[str, FunctionProfile],
+    *,
+    seed: int,
+    warmup_ms: float = 0.0,
+    progress: Progress | None = None,
+    bo_params: Mapping[str, Any] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The workflow requests in ``WorkflowSim`` (module doc): request rows and, per workflow,
+    the simulator's extra figures. ``bo_params``: Aquatope's ``offline_bo.BoParams`` fields
+    (default: ESG's budget)."""
+    from gshare.policy.workflow.esg import make_share_policy as make_policy
+    from gshare.sim.workflow import TransferModel, WorkflowSim, WorkflowSimConfig
+    from gshare.workflows.shares import QUOTA_UNITS
+
+    names = [w.target for w in scenario.workflow_workloads()]
+    workflows = {n: scenario.workflows[n] for n in dict.fromkeys(names)}
+    if not workflows:
+        return [], {}
+    functions = scenario.workflow_functions()
+    perf = share_perf(scenario, profiles, functions)
+    per_dev = instances_per_device(scenario, functions)
+    cl = scenario.cluster
+    cfg = WorkflowSimConfig(
+        nodes=cl.devices,
+        node_vcpus=sum(per_dev.values()),
+        node_vgpus=QUOTA_UNITS,
+        prewarm=None,
+        initial_warm_per_pool=max(per_dev.values()),
+        fixed_pools=True,
+        transfer=TransferModel(
+            local_latency_ms=float(cl.local_latency_ms),
+            remote_latency_ms=float(cl.remote_latency_ms),
+        ),
+        warmup_ms=warmup_ms,
+        noise_sigma_frac=NOISE_SIGMA,
+    )
+    kwargs: dict[str, Any] = {}
+    if policy_name == "aquatope":
+        from gshare.experiments.offline_bo import bo_optimiser
+
+        # SharePerf has PerfModel's surface where the optimiser reads it
+        kwargs["optimiser"] = bo_optimiser(cast(Any, perf), **dict(bo_params or {}))
+    policy = make_policy(policy_name, perf=perf, seed=seed, **kwargs)
+    sim = WorkflowSim(workflows, policy, cfg, perf=perf, seed=seed)
+    if progress is not None:
+        prog = progress
+        _ticks(sim.loop, horizon_ms, 1000.0, lambda: prog("workflows", sim.loop.now_ms, horizon_ms))
+    stream = [(a.time_ms, a.target) for a in arrivals if a.kind == "workflow"]
+    res = sim.run(stream, horizon_ms)
+    if progress is not None:
+        progress("workflows", horizon_ms, horizon_ms)
+    workload_of = {w.target: i for i, w in enumerate(scenario.workloads) if w.kind == "workflow"}
+    rows = [
+        {
+            "kind": "workflow",
+            "name": r.application,
+            "workload": workload_of[r.application],
+            "request": r.request_id,
+            "arrival_ms": r.arrival_ms,
+            "latency_ms": r.latency_ms,
+            "slo_ms": r.slo_ms,
+            "hit": r.hit,
+            "status": "ok" if r.latency_ms is not None else "unfinished",
+            "measured": r.measured,
+            "cost_uusd": r.cost_usd * 1e6,
+        }
+        for r in sorted(res.requests, key=lambda r: r.request_id)
+    ]
+    c = res.counters
+    extra = {
+        n: {
+            "devices": cl.devices,
+            "instances_per_device": per_dev,
+            "tasks": c.get("tasks"),
+            "mean_batch": (c["jobs"] / c["tasks"]) if c.get("tasks") else None,
+            "config_misses": c.get("config_misses"),
+            "no_invoker": c.get("no_invoker"),
+            "profiles": {f: profiles[f].source for f in functions},
+        }
+        for n in workflows
+    }
+    return rows, extra
+
+
+# -- plain functions ----------------------------------------------------------------------------
+
+
+def _sim_configs(spec: FunctionSpec, table: ProfileTable) -> list[Any]:
+    """The live controller's candidate configs of ``spec`` over ``table`` (model = its name)."""
+    from gshare.runtime.control.configs import configs_for
+
+    try:
+        return list(configs_for(spec, table, has_cuda=True, busy_ms_per_request=None).configs)
+    except ProfileError as e:
+        raise ScenarioError(f"functions: {spec.name}: {e}") from None
+
+
+def run_functions(
+    scenario: Scenario,
+    arrivals: Sequence[Arrival],
+    horizon_ms: float,
+    autoscaler: str,
+    profiles: Mapping[str, FunctionProfile],
+    *,
+    seed: int,
+    warmup_ms: float = 0.0,
+    progress: Progress | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The plain function requests in ``SimCluster`` (module doc): request rows and, per
+    function, devices and instances used."""
+    from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction
+    from gshare.sim.engine import EventLoop
+    from gshare.sim.workload import drive_open_loop
+
+    names = list(dict.fromkeys(w.target for w in scenario.function_workloads()))
+    if not names:
+        return [], {}
+    table = ProfileTable(p for n in names for p in profiles[n].renamed(n))
+    loop = EventLoop()
+    cfg = ClusterConfig(
+        max_gpus=scenario.cluster.devices, autoscaler=autoscaler, noise_sigma=NOISE_SIGMA
+    )
+    cluster = SimCluster(loop, table, cfg, np.random.default_rng([seed, 301]))
+    for n in names:
+        spec = scenario.functions[n]
+        limit = None if isinstance(spec.resources, str) else spec.resources.quota_limit * 100.0
+        cluster.add_function(
+            SimFunction(
+                n,
+                n,
+                float(spec.slo_ms) if spec.slo_ms is not None else math.inf,
+                tuple(_sim_configs(spec, table)),
+                min_instances=spec.min_instances,
+                max_instances=spec.max_instances,
+                max_wait_ms=float(spec.batching.max_wait_ms),
+                quota_limit_pct=limit,
+                keep_alive_s=float(spec.keep_alive_s),
+            )
+        )
+        times = [LEAD_MS + a.time_ms for a in arrivals if a.kind == "function" and a.target == n]
+        drive_open_loop(loop, cluster.gateway, n, times)
+    cluster.log.warmup_ms = LEAD_MS + warmup_ms
+    end_ms = LEAD_MS + horizon_ms
+    samples: dict[str, list[tuple[int, int]]] = {n: [] for n in names}
+
+    def sample() -> None:
+        if loop.now_ms < LEAD_MS + warmup_ms:
+            return
+        for n in names:
+            insts = [i for i in cluster.gateway.instances(n) if not i.stopped]
+            samples[n].append((len({i.gpu.gpu_id for i in insts}), len(insts)))
+
+    _ticks(loop, end_ms, TICK_MS, sample)
+    cluster.start(until_ms=end_ms)
+    step = 1000.0
+    t = 0.0
+    while t < end_ms:
+        t = min(end_ms, t + step)
+        loop.run(until_ms=t)
+        if progress is not None:
+            progress("functions", max(0.0, t - LEAD_MS), horizon_ms)
+    started = cluster.instances_started
+    loop.run()  # drain what is still queued (nothing accepted is dropped)
+    workload_of = {w.target: i for i, w in enumerate(scenario.workloads) if w.kind == "function"}
+    rows = []
+    done_ids = set()
+    for r in sorted(cluster.log.completed, key=lambda r: r.request_id):
+        done_ids.add(r.request_id)
+        rows.append(
+            {
+                "kind": "function",
+                "name": r.function,
+                "workload": workload_of[r.function],
+                "request": r.request_id,
+                "arrival_ms": r.arrival_ms - LEAD_MS,
+                "latency_ms": r.latency_ms,
+                "slo_ms": r.slo_ms if r.slo_ms is not None and math.isfinite(r.slo_ms) else None,
+                "hit": r.slo_met,
+                "status": "ok",
+                "measured": r.arrival_ms >= LEAD_MS + warmup_ms,
+                "cost_uusd": None,
+            }
+        )
+    extra: dict[str, dict[str, Any]] = {}
+    for n in names:
+        s = samples[n] or [(0, 0)]
+        extra[n] = {
+            "devices_mean": float(np.mean([d for d, _ in s])),
+            "devices_max": max(d for d, _ in s),
+            "instances_mean": float(np.mean([k for _, k in s])),
+            "instances_max": max(k for _, k in s),
+            "instances_started": started,
+            "capacity_shortfalls": cluster.capacity_shortfalls,
+            "configs": len(cluster.functions[n].configs),
+            "profile": profiles[n].source,
+        }
+    return rows, extra
+
+
+# -- summary and plots (shared with scenario_load) -------------------------------------------------
+
+
+def _pct(xs: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def summarise(rows: Sequence[Mapping[str, Any]], scenario: Scenario) -> dict[str, Any]:
+    """Per workflow and function, over the measured rows: ``requests`` (arrivals), the count
+    of each status, ``slo_hit_rate`` (hits / requests: an unanswered, failed or dropped request
+    is a miss; None without an SLO), latency percentiles over the answered ones, cost per
+    request when the rows carry costs (``cost_per_request_usd``, and
+    ``cost_per_1m_requests_usd``, which the result files' 6 decimals do not round away)."""
+    out: dict[str, dict[str, Any]] = {"workflows": {}, "functions": {}}
+    for w in scenario.workloads:
+        group = "workflows" if w.kind == "workflow" else "functions"
+        if w.target in out[group]:
+            continue
+        rs = [r for r in rows if r["kind"] == w.kind and r["name"] == w.target and r["measured"]]
+        ok = [float(r["latency_ms"]) for r in rs if r["status"] == "ok"]
+        slo = (
+            scenario.workflows[w.target].slo_ms
+            if w.kind == "workflow"
+            else scenario.functions[w.target].slo_ms
+        )
+        n = len(rs)
+        costs = [float(r["cost_uusd"]) for r in rs if r.get("cost_uusd") is not None]
+        st: dict[str, Any] = {
+            "requests": n,
+            "answered": len(ok),
+            "unfinished": sum(r["status"] == "unfinished" for r in rs),
+            "errors": sum(r["status"] == "error" for r in rs),
+            "dropped_client": sum(r["status"] == "dropped_client" for r in rs),
+            "slo_ms": slo,
+            "slo_hit_rate": (sum(bool(r["hit"]) for r in rs) / n) if n and slo else None,
+            "p50_ms": _pct(ok, 50),
+            "p95_ms": _pct(ok, 95),
+            "p99_ms": _pct(ok, 99),
+            "mean_ms": float(np.mean(ok)) if ok else None,
+            "cost_per_request_usd": (sum(costs) / n / 1e6) if costs and n else None,
+            "cost_per_1m_requests_usd": (sum(costs) / n) if costs and n else None,
+        }
+        out[group][w.target] = st
+    return out
+
+
+def latency_cdf_plot(title: str, file_stem: str) -> Callable[[ExperimentResult, Path], Path]:
+    """A PNG: the latency CDF of every workflow and function (answered requests), its SLO a
+    dashed line, and the hit rate in the legend."""
+
+    def plot(result: ExperimentResult, folder: Path) -> Path:
+        import matplotlib.pyplot as plt
+
+        groups = [
+            (kind, name, st)
+            for kind in ("workflows", "functions")
+            for name, st in result.summary.get(kind, {}).items()
+        ]
+        n = max(1, len(groups))
+        fig, axes = plt.subplots(1, n, figsize=(4.4 * n, 3.4), squeeze=False)
+        for ax, (kind, name, st) in zip(axes.flat, groups, strict=False):
+            lat = np.sort(
+                [
+                    float(r["latency_ms"])
+                    for r in result.rows
+                    if r["kind"] == kind[:-1]
+                    and r["name"] == name
+                    and r["measured"]
+                    and r["status"] == "ok"
+                ]
+            )
+            total = max(1, int(st["requests"]))
+            if len(lat):
+                ax.step(lat, np.arange(1, len(lat) + 1) / total, where="post", label="latency")
+            if st.get("slo_ms"):
+                hit = st.get("slo_hit_rate")
+                label = f"SLO {st['slo_ms']:g} ms" + (
+                    f" (hit {hit:.1%})" if hit is not None else ""
+                )
+                ax.axvline(float(st["slo_ms"]), color="red", linestyle="--", label=label)
+            ax.set_ylim(0, 1.02)
+            ax.set_title(f"{kind[:-1]} {name}", fontsize=9)
+            ax.set_xlabel("latency (ms)")
+            ax.set_ylabel("fraction of requests")
+            ax.legend(fontsize=7, loc="lower right")
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        out = folder / f"{file_stem}_latency_cdf.png"
+        fig.savefig(out, dpi=100)
+        plt.close(fig)
+        return out
+
+    return plot
+
+
+def accounted(rows: Sequence[Mapping[str, Any]], arrivals: Sequence[Arrival]) -> dict[str, Any]:
+    """Every arrival has one row: counts per status and whether they add up."""
+    by: dict[str, int] = {}
+    for r in rows:
+        by[str(r["status"])] = by.get(str(r["status"]), 0) + 1
+    return {"arrivals": len(arrivals), "rows": len(rows), "by_status": by,
+            "all_accounted": len(rows) == len(arrivals)}  # fmt: skip
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def simulate(
+    scenario: Scenario,
+    *,
+    quick: bool = False,
+    duration_s: float | None = None,
+    seed: int | None = None,
+    policy: str | None = None,
+    live_profiles: Mapping[str, Sequence[ProfilePoint]] | None = None,
+    progress: Progress | None = None,
+    bo_params: Mapping[str, Any] | None = None,
+) -> ExperimentResult:
+    """Run ``scenario`` in the simulator (module doc); ``ScenarioError`` for what the scenario
+    cannot run with (a policy name, a function without profile, ...)."""
+    wf_policy, autoscaler = check_policies(scenario, policy)
+    dur = duration_s if duration_s is not None else scenario.duration_s(quick)
+    s = scenario.seed if seed is None else seed
+    arrivals = scenario_arrivals(scenario, dur, s)
+    names = list(
+        dict.fromkeys(
+            [*scenario.workflow_functions(), *(w.target for w in scenario.function_workloads())]
+        )
+    )
+    profiles = function_profiles(scenario, names, live_profiles)
+    horizon_ms = dur * 1000.0
+    warmup_ms = min(scenario.doc.warmup_s * 1000.0, horizon_ms)
+    wf_rows, wf_extra = run_workflows(
+        scenario, arrivals, horizon_ms, wf_policy, profiles, seed=s, warmup_ms=warmup_ms,
+        progress=progress, bo_params=bo_params,
+    )  # fmt: skip
+    fn_rows, fn_extra = run_functions(
+        scenario, arrivals, horizon_ms, autoscaler, profiles, seed=s, warmup_ms=warmup_ms,
+        progress=progress,
+    )  # fmt: skip
+    rows = [*wf_rows, *fn_rows]
+    rows.sort(key=lambda r: (r["arrival_ms"], r["workload"]))
+    summary: dict[str, Any] = {
+        "scenario": scenario.name,
+        "world": "simulator",
+        "file": str(scenario.path),
+        "seed": s,
+        "duration_s": dur,
+        "quick": quick,
+        "policies": {"workflow": wf_policy, "autoscaler": autoscaler},
+        **accounted(rows, arrivals),
+    }
+    per = summarise(rows, scenario)
+    for name, st in per["workflows"].items():
+        st.update(wf_extra.get(name, {}))
+    for name, st in per["functions"].items():
+        st.update(fn_extra.get(name, {}))
+    summary.update(per)
+    exp = f"{scenario.name}-simulate"
+    return ExperimentResult(
+        experiment=exp,
+        seed=s,
+        params={
+            "scenario": str(scenario.path),
+            "duration_s": dur,
+            "quick": quick,
+            "policies": {"workflow": wf_policy, "autoscaler": autoscaler},
+            "cluster": scenario.cluster.model_dump(),
+        },
+        rows=rows,
+        summary=summary,
+        plots=[latency_cdf_plot(f"{scenario.name}: simulator ({wf_policy}, {autoscaler})", exp)],
+        table_columns=REQUEST_COLUMNS,
+    )
+
+
+__all__ = [
+    "LEAD_MS",
+    "REQUEST_COLUMNS",
+    "FunctionProfile",
+    "accounted",
+    "check_policies",
+    "fetch_live_profiles",
+    "function_profiles",
+    "instances_per_device",
+    "latency_cdf_plot",
+    "run_functions",
+    "run_workflows",
+    "share_perf",
+    "simulate",
+    "summarise",
+]
