@@ -3,27 +3,35 @@
 Usage: ``python bench/twin.py [--quick] [--json PATH] [--scenario FILE] [--duration-s S]``
 
 One scenario file (default ``examples/scenarios/mlp-chain.yaml``: a 3-stage chain of MLP
-functions with a 100 ms end-to-end SLO, Poisson arrivals) and one seed, so both worlds see the
-same arrival times:
+functions with a 100 ms end-to-end SLO, Poisson arrivals, beside a plain function) and one
+seed, so both worlds see the same arrival times:
 
 1. **live, ESG** — a real ``gshare serve --workflow-policy esg``; the scenario's functions are
-   deployed and each workflow function is profiled live (``gshare profile``: quotas 25/50/75/100
-   %, batches up to its ``max_batch``; ``--quick`` skips this and uses the scenario's shipped
-   measured profile); then ``gshare load`` drives it open loop (``experiments.scenario_load``);
+   deployed and each workflow function is profiled live (``gshare profile``; ``--quick``: a
+   short trial per point). Then a **calibration** run: the same scenario with another seed
+   (other arrival times at the same load), from which two platform constants are measured — per
+   stage task, the live stage latency beyond the profiled time of the configurations ESG chose
+   (``dispatch_ms``: the hop to the instance, the input's decoding, a quota change), and per
+   request, the client's latency beyond the server's (``frontend_ms``: the HTTP exchange).
+   Then the **evaluation**: ``gshare load`` drives the scenario open loop
+   (``experiments.scenario_load``);
 2. **simulated, ESG** — ``gshare simulate`` of the same scenario for the same duration, with
-   the profiles the live server measured (``--profiles-from``; ``experiments.scenario_sim``);
+   the profiles the live server measured and the two constants (in place of the scenario's
+   transfer latencies, which the constants include; ``experiments.scenario_sim``);
 3. **live, FaST-GShare** — the server restarted on the same state directory (functions and
    profiles kept) with ``--workflow-policy fast-gshare``, driven by the same arrivals.
 
 Summary: ``slo_hit_rate_live``, ``slo_hit_rate_sim``, ``abs_hit_rate_diff_pp``,
 ``p50_ratio_sim_over_live``, ``p99_ratio_sim_over_live``, ``esg_vs_fastgshare_hit_rate_live``
 (ESG's hit rate minus FaST-GShare's, pp), ``esg_vs_fastgshare_cost_live`` (ESG's cost per
-request over FaST-GShare's), the per-world figures behind them, and ``done_when`` (issue 10:
-``abs_hit_rate_diff_pp`` <= 10 and ``p50_ratio_sim_over_live`` in 0.8-1.25).
+request over FaST-GShare's), the calibrated constants, the per-world figures behind them, and
+``done_when`` (issue 10: ``abs_hit_rate_diff_pp`` <= 10 and ``p50_ratio_sim_over_live`` in
+0.8-1.25).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tempfile
 import time
@@ -31,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import bench_parser, machine_load, print_table, write_json
-from gshare.experiments.scenario_load import run_load
+from gshare.experiments.scenario_load import deploy, run_load
 from gshare.experiments.scenario_sim import fetch_live_profiles, simulate
 from gshare.scenario import load_scenario
 from gshare.testing import ServeProcess, wait_until
@@ -41,11 +49,11 @@ DEFAULT_SCENARIO = REPO / "examples" / "scenarios" / "mlp-chain.yaml"
 PROFILE_QUOTAS = [25, 50, 75, 100]
 
 
-def _profile(srv: ServeProcess, names: list[str], batches: list[int]) -> None:
+def _profile(srv: ServeProcess, names: list[str], batches: list[int], trial_s: float) -> None:
     """``gshare profile`` each function and wait for the rows."""
     c = srv.client()
     for n in names:
-        c.start_profile(n, quota_pct=PROFILE_QUOTAS, batch=batches)
+        c.start_profile(n, quota_pct=PROFILE_QUOTAS, batch=batches, trial_s=trial_s)
 
         def done(n: str = n) -> bool:
             st = c.profile_status(n)
@@ -62,6 +70,55 @@ def _workflow_stats(result: Any, name: str) -> dict[str, Any]:
     return st
 
 
+def _mean(counters: dict[str, float], name: str, labels: str = "") -> float | None:
+    key = f"{{{labels}}}" if labels else ""
+    n = counters.get(f"{name}_count{key}")
+    return counters[f"{name}_sum{key}"] / n if n else None
+
+
+def calibrate(
+    stats: dict[str, Any], scenario: Any, wf_name: str, profiles: dict[str, list[Any]]
+) -> dict[str, float]:
+    """``dispatch_ms`` and ``frontend_ms`` from a calibration run's client and server figures
+    (module doc): the mean stage latency (queue + task) minus the profiled time of the quotas
+    ESG chose there (weighted by its tasks), averaged over the stages; the client's mean
+    latency minus the server's."""
+    from gshare.profiles import ProfileTable
+
+    c = stats["server"]["counters"]
+    overheads = []
+    for st in scenario.workflows[wf_name].stages:
+        lat = _mean(c, "gshare_workflow_stage_latency_seconds", f"stage={st.name}")
+        spec = scenario.functions[st.function]
+        table = ProfileTable(profiles[st.function])
+        tasks = {
+            float(k.split("quota_pct=")[1].split(",")[0]): v
+            for k, v in c.items()
+            if k.startswith("gshare_workflow_tasks_total") and f"stage={st.name}" in k and v
+        }
+        if lat is None or not tasks:
+            continue
+        sm = spec.resources.sm_pct if spec.resources != "auto" else 50.0
+        exec_ms = sum(n * table.latency_ms(st.function, sm, q, 1) for q, n in tasks.items()) / sum(
+            tasks.values()
+        )
+        overheads.append(max(0.0, lat * 1000.0 - exec_ms))
+    server_ms = _mean(c, "gshare_workflow_latency_seconds")
+    client_ms = stats.get("mean_ms")
+    return {
+        "dispatch_ms": sum(overheads) / len(overheads) if overheads else 0.0,
+        "frontend_ms": max(0.0, client_ms - server_ms * 1000.0)
+        if client_ms is not None and server_ms is not None
+        else 0.0,
+    }
+
+
+def with_cluster(scenario: Any, **fields: float) -> Any:
+    """The scenario with its cluster's fields replaced (the simulator reads them)."""
+    doc = scenario.doc.model_copy(update={"cluster": scenario.cluster.model_copy(update=fields)})
+    return dataclasses.replace(scenario, doc=doc)
+
+
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--scenario", type=Path, default=DEFAULT_SCENARIO)
@@ -69,6 +126,7 @@ def main() -> None:
     args = parser.parse_args()
     scenario = load_scenario(args.scenario)
     duration_s = args.duration_s or (20.0 if args.quick else 60.0)
+    calib_s = 10.0 if args.quick else 30.0  # at the scenario's own rate, another seed
     wf_name = next(w.target for w in scenario.workloads if w.kind == "workflow")
     wf_functions = sorted({s.function for s in scenario.workflows[wf_name].stages})
     max_batch = max(scenario.functions[f].batching.max_batch for f in wf_functions)
@@ -78,18 +136,24 @@ def main() -> None:
 
     print(f"1. live, ESG ({duration_s:g} s of {wf_name})", flush=True)
     with ServeProcess("--workflow-policy", "esg", state_dir=state, cwd=REPO) as srv:
-        if not args.quick:
-            from gshare.experiments.scenario_load import deploy
-
-            deploy(srv.client(), scenario)
-            _profile(srv, wf_functions, batches)
-            live_profiles = fetch_live_profiles(srv.url, wf_functions, token=srv.token)
-        else:
-            live_profiles = None  # the scenario's shipped, measured profile
+        deploy(srv.client(), scenario)
+        _profile(srv, wf_functions, batches, 0.3 if args.quick else 1.0)
+        live_profiles = fetch_live_profiles(srv.url, wf_functions, token=srv.token)
+        print("  calibration run (the scenario's load, another seed)", flush=True)
+        calib = run_load(
+            scenario,
+            srv.url,
+            token=srv.token,
+            duration_s=calib_s,
+            seed=args.seed + 1000,
+        )
+        constants = calibrate(_workflow_stats(calib, wf_name), scenario, wf_name, live_profiles)
+        print(f"  calibrated: {constants}", flush=True)
         live = run_load(scenario, srv.url, token=srv.token, duration_s=duration_s, seed=args.seed)
 
     print("2. simulated, ESG", flush=True)
-    sim = simulate(scenario, duration_s=duration_s, seed=args.seed, live_profiles=live_profiles)
+    sim_scenario = with_cluster(scenario, local_latency_ms=0.0, remote_latency_ms=0.0, **constants)
+    sim = simulate(sim_scenario, duration_s=duration_s, seed=args.seed, live_profiles=live_profiles)
 
     print("3. live, FaST-GShare (same state: functions and profiles kept)", flush=True)
     with ServeProcess("--workflow-policy", "fast-gshare", state_dir=state, cwd=REPO) as srv:

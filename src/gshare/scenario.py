@@ -18,6 +18,8 @@ YAML form (``load_scenario``; paths are relative to the scenario file)::
       devices_per_node: 1
       local_latency_ms: 1.0            # a stage input on the same device (simulator)
       remote_latency_ms: 2.0           # ... from another device
+      dispatch_ms: 0.0                 # per stage task: the live hop beyond the profile
+      frontend_ms: 0.0                 # per workflow request: the client's HTTP exchange
     policies:
       workflow: esg                    # the workflow scheduler (policy.workflow.esg)
       autoscaler: gshare-burst         # for function workloads (policy.autoscale)
@@ -75,11 +77,16 @@ FIELD_RULES: Final[Mapping[str, str]] = {
     "functions": "a non-empty list of function spec files",
     "workflows": "a list of workflow spec files",
     "profiles": "a profile CSV file (model,sm_pct,quota_pct,batch,latency_ms) or a list of them",
-    "cluster": "a mapping with nodes, devices_per_node, local_latency_ms, remote_latency_ms",
+    "cluster": (
+        "a mapping with nodes, devices_per_node, local_latency_ms, remote_latency_ms, "
+        "dispatch_ms, frontend_ms"
+    ),
     "cluster.nodes": f"an integer in [1, {MAX_NODES}]",
     "cluster.devices_per_node": f"an integer in [1, {MAX_DEVICES_PER_NODE}]",
     "cluster.local_latency_ms": "a number >= 0 (ms)",
     "cluster.remote_latency_ms": "a number >= 0 (ms)",
+    "cluster.dispatch_ms": "a number >= 0 (ms)",
+    "cluster.frontend_ms": "a number >= 0 (ms)",
     "policies": "a mapping with workflow, autoscaler",
     "policies.workflow": "a workflow scheduler name (esg, fast-gshare, infless, orion, aquatope)",
     "policies.autoscaler": "an autoscaler name (gshare-burst, fast-heuristic, target-util)",
@@ -221,6 +228,11 @@ class Cluster(_Model):
     """A stage's input from a stage that ran on the same device."""
     remote_latency_ms: Num = Field(default=2.0, ge=0)
     """A stage's input from a stage that ran on another device."""
+    dispatch_ms: Num = Field(default=0.0, ge=0)
+    """The live mechanism's cost per stage task beyond the profiled time (the scheduler's hop,
+    input decoding, a quota change; ``WorkflowSimConfig.dispatch_ms``)."""
+    frontend_ms: Num = Field(default=0.0, ge=0)
+    """A workflow request's cost outside its stages (the client's HTTP exchange)."""
 
     @property
     def devices(self) -> int:

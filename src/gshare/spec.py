@@ -64,9 +64,33 @@ from pydantic import (
 from gshare.documents import DocumentError, load_yaml
 from gshare.resources import GpuShare
 
-BUILTIN_MODELS: Final[tuple[str, ...]] = ("resnet50", "bert-base", "bert-large", "vit-base", "mlp")
+BUILTIN_MODELS: Final[tuple[str, ...]] = (
+    "resnet50",
+    "bert-base",
+    "bert-large",
+    "vit-base",
+    "mlp",
+    "swin2sr",
+    "segformer",
+    "dpt",
+)
 """Built-in models (``gshare.runtime.instance.builtin_models`` builds them from ``transformers``
-configurations with random weights; nothing is ever downloaded)."""
+configurations with random weights; nothing is ever downloaded):
+
+==========  =====================================  ==================================
+model       task                                   input → output (one item)
+==========  =====================================  ==================================
+resnet50    image classification (ResNet-50)       image [3, 224, 224] → label, score
+bert-base   text classification (BERT-base)        token ids [seq] → label, score
+bert-large  text classification (BERT-large)       token ids [seq] → label, score
+vit-base    image classification (ViT-B/16)        image [3, 224, 224] → label, score
+mlp         vector classification (64-256-256-10)  vector [64] → label, score
+swin2sr     super-resolution x2 (Swin2SR)          image [3, 64, 64] → image [3, 128, 128]
+segformer   semantic segmentation (SegFormer-b0)   image [3, 128, 128] → classes [128, 128]
+dpt         depth estimation (DPT, ViT-S/16)       image [3, 128, 128] → depth [128, 128]
+==========  =====================================  ==================================
+
+Image models accept any height and width (resized to their input size)."""
 
 MAX_SLO_MS: Final[float] = 3_600_000.0
 """Largest accepted SLO: one hour."""

@@ -164,3 +164,26 @@ def test_esg_prefers_the_cheaper_share_when_batching_pays() -> None:
     cheapest = min((o for o in p.options("a") if o.config.batch <= 4), key=lambda o: o.cost_usd)
     assert first.batch == 4
     assert math.isclose(p.cost_usd("a", first), cheapest.cost_usd)
+
+
+def test_anl_over_spaces_without_a_common_configuration_uses_the_shared_batches() -> None:
+    from gshare.policy.workflow.replan import anl_from_options
+
+    # a offers only quota 50 %, b only 25 %: no common config; batch 1 and 2 are shared
+    p = SharePerf(
+        [
+            ShareFunction("a", "a", 50.0, (1, 2), (50.0,)),
+            ShareFunction("b", "b", 50.0, (1, 2), (25.0,)),
+        ],
+        {"a": fluid("a", 10.0), "b": fluid("b", 20.0)},
+    )
+    labels = anl_from_options({"a": p.options("a"), "b": p.options("b")})
+    # batch b: a = b x 20 ms, b = b x 80 ms -> a's share is 20 / 100 at every batch
+    assert labels["a"] == pytest.approx(0.2) and labels["b"] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="no batch"):
+        anl_from_options(
+            {
+                "a": [o for o in p.options("a") if o.config.batch == 1],
+                "b": [o for o in p.options("b") if o.config.batch == 2],
+            }
+        )

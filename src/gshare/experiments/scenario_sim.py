@@ -309,6 +309,8 @@ def run_workflows(
             local_latency_ms=float(cl.local_latency_ms),
             remote_latency_ms=float(cl.remote_latency_ms),
         ),
+        dispatch_ms=float(cl.dispatch_ms),
+        frontend_ms=float(cl.frontend_ms),
         warmup_ms=warmup_ms,
         noise_sigma_frac=NOISE_SIGMA,
     )

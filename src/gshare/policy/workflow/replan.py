@@ -102,16 +102,33 @@ class RemainingPlan:
 
 def anl_from_options(options_by_stage: Mapping[str, Sequence[ConfigOption]]) -> dict[str, float]:
     """ANL labels of the given stages from their options, over the configurations that every
-    stage has (ESG §3.3 averages over configurations ``c`` common to all functions)."""
+    stage has (ESG §3.3 averages over configurations ``c`` common to all functions). When the
+    stages share none — gshare's spaces differ per function (each its own quotas,
+    ``gshare.workflows.shares``) — over the batches they share, a stage's time at a batch being
+    the mean over its own configurations of that batch. ``ValueError`` when they share no
+    batch either."""
     stages = list(options_by_stage)
     if not stages:
         return {}
     by_cfg = [{o.config: o.time_ms for o in options_by_stage[s]} for s in stages]
     common = [c for c in by_cfg[0] if all(c in d for d in by_cfg[1:])]
-    if not common:
-        raise ValueError(f"stages {', '.join(stages)} share no configuration: ANL is undefined")
-    common.sort()
-    return anl_labels({s: [d[c] for c in common] for s, d in zip(stages, by_cfg, strict=True)})
+    if common:
+        common.sort()
+        return anl_labels({s: [d[c] for c in common] for s, d in zip(stages, by_cfg, strict=True)})
+    by_batch: list[dict[int, list[float]]] = []
+    for d in by_cfg:
+        per: dict[int, list[float]] = {}
+        for c, t in d.items():
+            per.setdefault(c.batch, []).append(t)
+        by_batch.append(per)
+    batches = sorted(b for b in by_batch[0] if all(b in d for d in by_batch[1:]))
+    if not batches:
+        raise ValueError(
+            f"stages {', '.join(stages)} share no configuration and no batch: ANL is undefined"
+        )
+    return anl_labels(
+        {s: [sum(d[b]) / len(d[b]) for b in batches] for s, d in zip(stages, by_batch, strict=True)}
+    )
 
 
 def plan_remaining(

@@ -20,10 +20,11 @@ NOTE (ESG §3.1's controller loop, Figure 2, on gshare's spatio-temporal shares)
   next change.
 * The configuration space (``gshare.workflows.shares``): ``(batch, time quota)`` at the SM
   partition the function's instances run with; latency from the function's live profile
-  (``gshare profile``), else from its measured busy time (fluid: ``batch x busy / quota``);
-  cost = share area x time. An invoker is a device: ``QUOTA_UNITS`` units of its window and
-  one host unit per idle instance of the function on it (a task runs on a running instance,
-  never a new one: instances are the autoscaler's business).
+  (``gshare profile``); without one, only batches at the instance's own quota, each
+  ``batch x`` the measured time per item (``measured_table``); cost = share area x time.
+  An invoker is a device: ``QUOTA_UNITS`` units of its window and one host unit per idle
+  instance of the function on it (a task runs on a running instance, never a new one:
+  instances are the autoscaler's business).
 * A task: take up to ``batch`` jobs, hold the quota units on the device, set the instance's
   token quota to the config's (``StageHost.set_quota``, in place, only when it changes), send
   the jobs to that instance in one write (``Gateway.submit_to``; the instance's own batching
@@ -111,13 +112,12 @@ PolicyFactory = Callable[[SharePerf], WorkflowPolicy]
 optimises over it)."""
 
 
-def fluid_table(
-    function: str, sm_pct: float, busy_ms_per_item: float, fn: ShareFunction
-) -> ProfileTable:
-    """A profile from a measured busy time per item: ``batch x busy / quota`` at every offered
-    point (the token scheduler's fluid share; ``gshare profile`` measures the real one)."""
+def measured_table(function: str, fn: ShareFunction, ms_per_item: float) -> ProfileTable:
+    """A profile from the time per item the function's instances measured, as they ran (at
+    their own quota, ``fn.quotas_pct``): ``batch x ms_per_item`` at each offered batch —
+    batching is assumed not to help until ``gshare profile`` measures that it does."""
     rows = [
-        ProfilePoint(function, sm_pct, q, b, b * busy_ms_per_item * 100.0 / q)
+        ProfilePoint(function, fn.sm_pct, q, b, b * ms_per_item)
         for b in fn.batches
         for q in fn.quotas_pct
     ]

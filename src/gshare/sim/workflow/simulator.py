@@ -117,6 +117,13 @@ class WorkflowSimConfig:
     initial_warm_per_pool: int = 0
     """Idle warm containers of every function on every invoker at time 0 (the steady state of
     a platform that has served the workload for longer than a keep-alive; 0 = cold cluster)."""
+    dispatch_ms: float = 0.0
+    """A live mechanism's cost per task beyond the profiled execution (gshare: the scheduler's
+    hop to the instance, the input's decoding, a quota change), added to every task's billed
+    time; 0 for ESG's platform (its cost is in the transfer model)."""
+    frontend_ms: float = 0.0
+    """A request's cost outside the stages (gshare: the client's HTTP exchange with the
+    gateway): its source stages are queued this long after its arrival."""
     fixed_pools: bool = False
     """gshare's live model (``gshare.runtime.gateway.esg``): the containers are the
     ``initial_warm_per_pool`` running instances, never started nor evicted; a task needs an
@@ -141,6 +148,8 @@ class WorkflowSimConfig:
             raise ValueError("initial_warm_per_pool must be >= 0")
         if self.warmup_ms < 0 or self.drain_ms < 0:
             raise ValueError("warmup_ms and drain_ms must be >= 0")
+        if self.dispatch_ms < 0 or self.frontend_ms < 0:
+            raise ValueError("dispatch_ms and frontend_ms must be >= 0")
         if self.fixed_pools and (self.prewarm is not None or self.initial_warm_per_pool < 1):
             raise ValueError("fixed_pools needs prewarm=None and initial_warm_per_pool >= 1")
 
@@ -328,11 +337,20 @@ class WorkflowSim:
         )
         self._requests[rid] = req
         self._unfinished += 1
+        if self.config.frontend_ms > 0:
+            self.loop.at(now + self.config.frontend_ms, lambda: self._enter(req), PRIO_ARRIVAL)
+        else:
+            self._enter(req)
+        self._schedule_next_arrival(it)
+
+    def _enter(self, req: _Request) -> None:
+        """Queue the request's source stages (after the front end, ``frontend_ms``)."""
+        now = self.loop.now_ms
         for st, n in req.pending.items():
             if n == 0:
-                self.queues = self.queues.push(AfwKey(app, st), AfwJob(rid, now, now))
+                job = AfwJob(req.request_id, req.arrival_ms, now)
+                self.queues = self.queues.push(AfwKey(req.application, st), job)
         self._request_round()
-        self._schedule_next_arrival(it)
 
     # -- the controller ---------------------------------------------------------------------------
 
@@ -513,7 +531,7 @@ class WorkflowSim:
             local_n * info.input_mb, local_n, remote_n * info.input_mb, remote_n
         )
         exec_ms = self.perf.sample_exec_ms(fn, cfg, self._rng_exec, self.config.noise_sigma_frac)
-        billed = transfer_ms + exec_ms
+        billed = self.config.dispatch_ms + transfer_ms + exec_ms
         cost = self.perf.task_cost_usd(fn, cfg, billed)
         for j in jobs:
             self._requests[j.request_id].cost_usd += cost / len(jobs)
