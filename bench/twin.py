@@ -76,6 +76,24 @@ def _mean(counters: dict[str, float], name: str, labels: str = "") -> float | No
     return counters[f"{name}_sum{key}"] / n if n else None
 
 
+def _tasks_by_quota(stats: dict[str, Any]) -> dict[str, float]:
+    """A live world's tasks per ``stage@quota%`` (the server's counters over the run)."""
+    c = (stats.get("server") or {}).get("counters") or {}
+    out = {}
+    for k, v in c.items():
+        if k.startswith("gshare_workflow_tasks_total{") and v:
+            labels = dict(x.split("=", 1) for x in k[k.index("{") + 1 : -1].split(","))
+            out[f"{labels['stage']}@{labels['quota_pct']}"] = v
+    return dict(sorted(out.items()))
+
+
+def _decision_ms(stats: dict[str, Any]) -> float | None:
+    """A live world's mean decision time per serving attempt (plan + dispatch), ms."""
+    c = (stats.get("server") or {}).get("counters") or {}
+    m = _mean(c, "gshare_workflow_decision_seconds")
+    return m * 1000.0 if m is not None else None
+
+
 def calibrate(
     stats: dict[str, Any], scenario: Any, wf_name: str, profiles: dict[str, list[Any]]
 ) -> dict[str, float]:
@@ -216,6 +234,8 @@ def main() -> None:
                     "cost_per_request_usd",
                 )
             },
+            "tasks_by_stage_quota": _tasks_by_quota(st),
+            "decision_ms_mean": _decision_ms(st),
         }
         for w, st in (("live esg", lv), ("sim esg", sv), ("live fast-gshare", fv))
     ]
@@ -234,6 +254,10 @@ def main() -> None:
             for r in rows
         ],
     )
+    for r in rows:
+        if r["tasks_by_stage_quota"]:
+            print(f"{r['world']} tasks by stage@quota: {r['tasks_by_stage_quota']}")
+            print(f"{r['world']} mean decision: {r['decision_ms_mean']} ms")
     for k in (
         "abs_hit_rate_diff_pp",
         "p50_ratio_sim_over_live",

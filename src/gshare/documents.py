@@ -20,6 +20,7 @@ Every failure is a ``DocumentError`` with a one-line message. Data layer: no I/O
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import yaml
@@ -164,3 +165,43 @@ __all__ = [
     "load_json",
     "load_yaml",
 ]
+
+
+def short_repr(v: Any) -> str:
+    """``repr(v)`` cut to 60 characters (an offending value in an error line)."""
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def one_line_errors(
+    errors: Iterable[Mapping[str, Any]],
+    *,
+    path_of: Callable[[list[Any]], list[Any]],
+    rule_of: Callable[[list[Any]], str | None],
+    allowed_of: Callable[[list[Any]], Sequence[str]],
+) -> str:
+    """pydantic's ``ValidationError.errors()`` as ONE line, ``path: must be <rule>, got
+    <value>`` per error joined by ``"; "`` (duplicates dropped) — the wording of every spec
+    error (``gshare.spec``, ``gshare.scenario``). ``path_of`` normalises a location (drops the
+    union member names pydantic adds), ``rule_of`` gives the allowed values of a field,
+    ``allowed_of`` the fields of a mapping (for an unknown field). A cross-field check whose
+    message starts with ``@sub: ...`` names its sub-field itself."""
+    out: list[str] = []
+    for err in errors:
+        loc = path_of(list(err["loc"]))
+        path = ".".join(str(x) for x in loc)
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if msg.startswith("@"):
+            sub, _, rest = msg[1:].partition(": ")
+            out.append(f"{path + '.' if path else ''}{sub}: {rest}")
+        elif err["type"] == "missing":
+            out.append(f"{path}: required, must be {rule_of(loc) or 'set'}")
+        elif err["type"] == "extra_forbidden":
+            out.append(f"{path}: unknown field (allowed: {', '.join(allowed_of(loc[:-1]))})")
+        else:
+            rule = rule_of(loc)
+            got = short_repr(err.get("input"))
+            out.append(
+                f"{path}: must be {rule}, got {got}" if rule else f"{path}: {msg}, got {got}"
+            )
+    return "; ".join(dict.fromkeys(out))

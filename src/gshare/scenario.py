@@ -53,7 +53,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gshare.documents import DocumentError, load_yaml
+from gshare.documents import DocumentError, load_yaml, one_line_errors
 from gshare.profiles import ProfileError, ProfilePoint, ProfileTable
 from gshare.spec import FunctionSpec, Int, Num, SpecError, load_function_spec
 from gshare.workflows.spec import WorkflowSpec, WorkflowSpecError, load_workflow
@@ -341,11 +341,6 @@ class Scenario:
 # -- errors -------------------------------------------------------------------------------------
 
 
-def _short(v: Any) -> str:
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
-
-
 _MODELS: Final[Mapping[str, type[BaseModel]]] = {
     "": ScenarioDoc,
     "cluster": Cluster,
@@ -362,37 +357,22 @@ def _rule_path(loc: Sequence[str | int]) -> str:
     return ".".join(str(x) for x in loc if not isinstance(x, int))
 
 
+def _path_of(loc: list[Any]) -> list[Any]:
+    """A location without the union member name pydantic adds under ``profiles``."""
+    if loc[:1] == ["profiles"] and loc[1:2] and loc[1] in ("str", "tuple[str, ...]"):
+        del loc[1]
+    return loc
+
+
 def _format_errors(e: ValidationError) -> str:
     """One line: ``path: must be <rule>, got <value>`` per error, joined by ``"; "`` (the
-    wording of ``gshare.spec``'s errors)."""
-    out: list[str] = []
-    for err in e.errors():
-        loc = list(err["loc"])
-        if (
-            len(loc) >= 1
-            and loc[0] == "profiles"
-            and loc[1:2]
-            and loc[1] in ("str", "tuple[str, ...]")
-        ):
-            del loc[1]  # pydantic names the union member it tried
-        path = ".".join(str(x) for x in loc)
-        rule_key = _rule_path(loc)
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if msg.startswith("@"):  # our cross-field checks name a sub-field themselves
-            sub, _, rest = msg[1:].partition(": ")
-            out.append(f"{path + '.' if path else ''}{sub}: {rest}")
-        elif err["type"] == "missing":
-            out.append(f"{path}: required, must be {FIELD_RULES.get(rule_key, 'set')}")
-        elif err["type"] == "extra_forbidden":
-            model = _MODELS.get(_rule_path(loc[:-1]), ScenarioDoc)
-            out.append(f"{path}: unknown field (allowed: {', '.join(model.model_fields)})")
-        else:
-            rule = FIELD_RULES.get(rule_key)
-            got = _short(err.get("input"))
-            out.append(
-                f"{path}: must be {rule}, got {got}" if rule else f"{path}: {msg}, got {got}"
-            )
-    return "; ".join(dict.fromkeys(out))
+    wording of ``gshare.spec``'s errors, ``documents.one_line_errors``)."""
+    return one_line_errors(
+        e.errors(),
+        path_of=_path_of,
+        rule_of=lambda loc: FIELD_RULES.get(_rule_path(loc)),
+        allowed_of=lambda parent: list(_MODELS.get(_rule_path(parent), ScenarioDoc).model_fields),
+    )
 
 
 # -- loading ------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ from pydantic import (
     model_validator,
 )
 
-from gshare.documents import DocumentError, load_yaml
+from gshare.documents import DocumentError, load_yaml, one_line_errors
 from gshare.resources import GpuShare
 
 BUILTIN_MODELS: Final[tuple[str, ...]] = (
@@ -345,39 +345,24 @@ class FunctionSpec(BaseModel):
 # -- loading ------------------------------------------------------------------------------------
 
 
-def _short(v: Any) -> str:
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
+def _path_of(loc: list[Any]) -> list[Any]:
+    """A location without the union member names pydantic adds."""
+    loc = [str(x) for x in loc]
+    if loc[:1] == ["resources"] and loc[1:2] and loc[1] in ("share", "auto"):
+        del loc[1]
+    if loc[:2] == ["resources", "mem_mb"] and loc[2:3] and loc[2] in ("fixed", "auto", "steps"):
+        del loc[2]
+    return loc
 
 
 def _format_errors(e: ValidationError) -> str:
     """One line: ``path: must be <rule>, got <value>`` per error, joined by ``"; "``."""
-    out: list[str] = []
-    for err in e.errors():
-        loc = [str(x) for x in err["loc"]]
-        if loc[:1] == ["resources"] and loc[1:2] and loc[1] in ("share", "auto"):
-            del loc[1]
-        if loc[:2] == ["resources", "mem_mb"] and loc[2:3] and loc[2] in ("fixed", "auto", "steps"):
-            del loc[2]
-        path = ".".join(loc)
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if msg.startswith("@"):  # our cross-field checks name a sub-field themselves
-            sub, _, rest = msg[1:].partition(": ")
-            out.append(f"{path + '.' if path else ''}{sub}: {rest}")
-        elif err["type"] == "missing":
-            out.append(f"{path}: required, must be {FIELD_RULES.get(path, 'set')}")
-        elif err["type"] == "extra_forbidden":
-            parent = ".".join(loc[:-1])
-            allowed = _allowed_keys(parent)
-            out.append(f"{path}: unknown field (allowed: {', '.join(allowed)})")
-        else:
-            rule = FIELD_RULES.get(path)
-            got = _short(err.get("input"))
-            out.append(
-                f"{path}: must be {rule}, got {got}" if rule else f"{path}: {msg}, got {got}"
-            )
-    # One line per spec: dedupe while keeping the order.
-    return "; ".join(dict.fromkeys(out))
+    return one_line_errors(
+        e.errors(),
+        path_of=_path_of,
+        rule_of=lambda loc: FIELD_RULES.get(".".join(loc)),
+        allowed_of=lambda parent: _allowed_keys(".".join(parent)),
+    )
 
 
 def _allowed_keys(parent: str) -> list[str]:

@@ -172,7 +172,33 @@ class WorkflowPerf(Protocol):
     ) -> float: ...
 
 
-class PerfModel:
+class NoisyTimes:
+    """``sample_exec_ms`` for a model with ``exec_ms`` and ``params`` (``PerfModel``,
+    ``shares.SharePerf``): ESG §4's Gaussian noise around the mean time."""
+
+    params: PerfParams
+
+    def exec_ms(self, function: str, config: FunctionConfig) -> float:
+        raise NotImplementedError
+
+    def sample_exec_ms(
+        self,
+        function: str,
+        config: FunctionConfig,
+        rng: np.random.Generator,
+        sigma_frac: float | None = None,
+    ) -> float:
+        """One noisy execution time: ``mean * max(floor, 1 + sigma * N(0, 1))``. Draws exactly
+        one standard normal from ``rng`` (so a seeded run is reproducible)."""
+        return noisy(
+            self.exec_ms(function, config),
+            rng,
+            self.params.noise_sigma_frac if sigma_frac is None else sigma_frac,
+            self.params.noise_floor_frac,
+        )
+
+
+class PerfModel(NoisyTimes):
     """Mean execution time, cost and noisy samples of ``(function, FunctionConfig)``.
 
     ``functions`` default to ESG's catalogue, ``table`` to the shipped V100 table, ``proxies``
@@ -303,24 +329,6 @@ class PerfModel:
             sm = _SLICE_SM_PCT * min(vgpus, VGPUS_PER_GPU)
             hit = self._raw_cache[key] = self._table.latency_ms(model, sm, 100.0, batch) / base
         return hit
-
-    # -- noise --------------------------------------------------------------------------------
-
-    def sample_exec_ms(
-        self,
-        function: str,
-        config: FunctionConfig,
-        rng: np.random.Generator,
-        sigma_frac: float | None = None,
-    ) -> float:
-        """One noisy execution time: ``mean * max(floor, 1 + sigma * N(0, 1))``. Draws exactly
-        one standard normal from ``rng`` (so a seeded run is reproducible)."""
-        return noisy(
-            self.exec_ms(function, config),
-            rng,
-            self.params.noise_sigma_frac if sigma_frac is None else sigma_frac,
-            self.params.noise_floor_frac,
-        )
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -39,8 +39,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-import numpy as np
-
 from gshare.profiles import ProfileError, ProfileTable
 from gshare.workflows.config import (
     MS_PER_HOUR,
@@ -51,7 +49,7 @@ from gshare.workflows.config import (
     FunctionConfig,
 )
 from gshare.workflows.functions import FunctionInfo
-from gshare.workflows.perf import PerfError, PerfParams, noisy
+from gshare.workflows.perf import NoisyTimes, PerfError, PerfParams
 
 QUOTA_UNITS: Final[int] = 20
 """Accelerator units of one device: its token window in steps of 5 %."""
@@ -123,13 +121,13 @@ class ShareFunction:
         )
 
 
-class SharePerf:
+class SharePerf(NoisyTimes):
     """Mean time, cost and noisy samples of ``(function, share config)`` from a profile table.
 
     The same surface as ``gshare.workflows.perf.PerfModel`` where the workflow simulator and
     the schedulers read it (``functions``, ``params``, ``exec_ms``, ``cost_usd``, ``options``,
-    ``sample_exec_ms``), so either model drives them. ``options`` ignores ESG's ``ConfigGrid``:
-    the space is each function's ``ShareFunction.configs()``.
+    ``sample_exec_ms`` from ``perf.NoisyTimes``), so either model drives them. ``options``
+    ignores ESG's ``ConfigGrid``: the space is each function's ``ShareFunction.configs()``.
     """
 
     def __init__(
@@ -205,21 +203,6 @@ class SharePerf:
             opts.sort(key=lambda o: (o.time_ms, o.cost_usd, o.config))
             hit = self._options[function] = tuple(opts)
         return hit
-
-    def sample_exec_ms(
-        self,
-        function: str,
-        config: FunctionConfig,
-        rng: np.random.Generator,
-        sigma_frac: float | None = None,
-    ) -> float:
-        """One noisy time (``perf.noisy``; one draw from ``rng``)."""
-        return noisy(
-            self.exec_ms(function, config),
-            rng,
-            self.params.noise_sigma_frac if sigma_frac is None else sigma_frac,
-            self.params.noise_floor_frac,
-        )
 
 
 def quotas_of(table: ProfileTable, model: str, batch: int = 1) -> tuple[float, ...]:

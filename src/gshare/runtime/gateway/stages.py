@@ -26,7 +26,8 @@ NOTE (ESG §3.1's controller loop, Figure 2, on gshare's spatio-temporal shares)
   instance of the function on it (a task runs on a running instance, never a new one:
   instances are the autoscaler's business).
 * A task: take up to ``batch`` jobs, hold the quota units on the device, set the instance's
-  token quota to the config's (``StageHost.set_quota``, in place, only when it changes), send
+  token quota to the config's (``StageHost.set_quota``, in place, only when it changes, without
+  waiting for it: the token server applies it at the instance's next token), send
   the jobs to that instance in one write (``Gateway.submit_to``; the instance's own batching
   wait is set to 0 once, so it runs them as one batch), release when all answered.
 
@@ -155,6 +156,7 @@ class _Metrics:
     cost: Counter
     tasks: Counter
     no_invoker: Counter
+    decision: Histogram
 
 
 def _make_metrics(gw: Gateway) -> _Metrics:
@@ -192,6 +194,13 @@ def _make_metrics(gw: Gateway) -> _Metrics:
             ["workflow", "stage"],
             registry=r,
         ),
+        Histogram(
+            "gshare_workflow_decision_seconds",
+            "The scheduler's plan_stage + select_invoker for one serving attempt (event loop)",
+            ["workflow"],
+            buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1),
+            registry=r,
+        ),
     )
 
 
@@ -220,6 +229,7 @@ class StageScheduler:
         self._busy: set[str] = set()
         self._held_units: dict[int, int] = {}
         self._quota: dict[str, float] = {}
+        self._quota_tasks: dict[str, asyncio.Task[None]] = {}
         self._zero_wait: set[int] = set()
         """Channels (``id``) whose instance's batching wait was set to 0."""
         self._perf: SharePerf | None = None
@@ -410,6 +420,7 @@ class StageScheduler:
             request_plan=req.plan,
             now_ms=now * 1000.0,
         )
+        t_decide = time.perf_counter()
         plan = policy.plan_stage(ctx)
         preds = next(s.after for s in wf.stages if s.name == key.stage)
         n_dev = max(1, self.host.device_count())
@@ -432,6 +443,7 @@ class StageScheduler:
             snapshot,
             ctx,
         )
+        self.metrics.decision.labels(key.application).observe(time.perf_counter() - t_decide)
         if not isinstance(decision, Dispatch):
             self.metrics.no_invoker.labels(key.application, key.stage).inc()
             self._blocked.add(key)
@@ -494,8 +506,8 @@ class StageScheduler:
         fn, iid = inst.function, inst.instance_id
         try:
             if abs(self._quota.get(iid, inst.quota_pct) - q) > 1e-6:
-                await self.host.set_quota(iid, q)
                 self._quota[iid] = q
+                self._set_quota_later(iid, q)
             await self._zero_batching_wait(fn, iid, cfg.batch)
             ps = self.gw.submit_to(fn, iid, [(j.enc, j.payload) for j in batch])
             results = await asyncio.gather(*(self.gw.wait(p) for p in ps), return_exceptions=True)
@@ -537,6 +549,28 @@ class StageScheduler:
             self._held_units[inst.device] = self._held_units.get(inst.device, 0) - cfg.vgpus
             self._blocked.clear()
             self._request_round()
+
+    def _set_quota_later(self, iid: str, quota_pct: float) -> None:
+        """Change an instance's quota without holding up the task: the change is a round trip
+        to its node agent (~1-2 ms, longer than a small model's batch), and the token server
+        applies it at the instance's next token, so the batch sent now runs under it unless its
+        first token was granted first. Changes to one instance are applied in order."""
+        prev = self._quota_tasks.get(iid)
+
+        async def apply() -> None:
+            if prev is not None:
+                with contextlib.suppress(Exception):
+                    await prev
+            try:
+                await self.host.set_quota(iid, quota_pct)
+            except Exception as e:  # the instance went away; its tasks fail on their own
+                log.warning("workflow scheduler: quota of %s not set: %s", iid, e)
+                self._quota.pop(iid, None)
+
+        t = asyncio.get_running_loop().create_task(apply())
+        self._quota_tasks[iid] = t
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
 
     @staticmethod
     def _settle(job: _Job, err: HttpError) -> None:
