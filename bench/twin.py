@@ -62,7 +62,7 @@ def _profile(srv: ServeProcess, names: list[str], batches: list[int], trial_s: f
             return st.get("state") == "done"
 
         wait_until(done, 600, f"the profile of {n}")
-        print(f"  profiled {n}: {len(c.profile_status(n).get('rows', []))} rows", flush=True)
+        print(f"  profiled {n}: {len(c.profile_status(n).get('table', []))} rows", flush=True)
 
 
 def _workflow_stats(result: Any, name: str) -> dict[str, Any]:

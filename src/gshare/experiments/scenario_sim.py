@@ -30,9 +30,9 @@ The two run separately: a workflow and a plain function do not compete for devic
 simulator (they do on a live server).
 
 Profiles, per function (``function_profiles``), in this order: the live rows of
-``--profiles-from URL`` (``GET /system/profile/{name}``), the scenario's ``profiles`` CSV rows
-whose model is the function's name or its built-in model, the shipped V100 table when the
-built-in model is in it; otherwise an error that says how to get one.
+``--profiles-from URL`` (the ``table`` of ``GET /system/profile/{name}``), the scenario's
+``profiles`` CSV rows whose model is the function's name or its built-in model, the shipped
+V100 table when the built-in model is in it; otherwise an error that says how to get one.
 
 Output (``ExperimentResult``, written by ``results.write_result`` to ``OUT/<name>-simulate/``):
 ``rows`` are the requests (``REQUEST_COLUMNS``), ``rows.csv`` the same, a latency-CDF PNG per
@@ -167,7 +167,7 @@ def fetch_live_profiles(
                         int(r["batch"]),
                         float(r["latency_ms"]),
                     )
-                    for r in doc.get("rows") or []
+                    for r in doc.get("table") or []
                 ]
                 if rows:
                     out[n] = rows

@@ -261,10 +261,10 @@ class ControlApi(ControlPlane):
         return result
 
     def profile_status(self, name: str) -> dict[str, Any]:
-        """The profiling job's progress and the function's stored profile rows
-        (``rows``: ``[{sm_pct, quota_pct, batch, latency_ms}]``, what ``gshare simulate
+        """The profiling job's progress (its ``rows`` as measured) and the function's stored
+        profile (``table``: ``[{sm_pct, quota_pct, batch, latency_ms}]``, what ``gshare simulate
         --profiles-from`` reads); 404 when it has neither."""
-        rows = [
+        table = [
             {
                 "sm_pct": p.sm_pct,
                 "quota_pct": p.quota_pct,
@@ -273,16 +273,16 @@ class ControlApi(ControlPlane):
             }
             for p in self.c.state.profile_rows(name)
         ]
-        result: dict[str, Any] = {"name": name, "state": "none"}
+        result: dict[str, Any] = {"function": name, "state": "none"}
         if self.c.profiler is not None:
             try:
                 result = self.c.profiler.status(name)
             except HttpError:
-                if not rows:
+                if not table:
                     raise
-        elif not rows:
+        elif not table:
             raise HttpError(503, "the profiler is not available")
-        return {**result, "rows": rows}
+        return {**result, "table": table}
 
     def status_view(self) -> dict[str, Any]:
         """The status page's document (``runtime.control.status``)."""

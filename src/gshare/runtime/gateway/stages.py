@@ -17,7 +17,9 @@ NOTE (ESG §3.1's controller loop, Figure 2, on gshare's spatio-temporal shares)
   ``plan_stage`` (ESG_1Q over the stage's options) → a ``DispatchRequest`` (the home invoker
   for a first stage, else the devices that ran the predecessors of the jobs to batch) →
   ``select_invoker`` over a snapshot of the devices. ``NoInvoker`` blocks the queue until the
-  next change.
+  next change; so does a function without an idle instance anywhere, before the policy is
+  asked (no configuration could run; ESG's recheck list counts rounds where resources were
+  short, not where the pool was busy — the simulator's ``fixed_pools`` does the same).
 * The configuration space (``gshare.workflows.shares``): ``(batch, time quota)`` at the SM
   partition the function's instances run with; latency from the function's live profile
   (``gshare profile``); without one, only batches at the instance's own quota, each
@@ -407,6 +409,10 @@ class StageScheduler:
                 key, HttpError(424, f"a function of workflow {wf.name!r} is not deployed")
             )
             return True
+        idle = self._idle_instances(fn)
+        if not idle:  # nothing can run, whatever the configuration: do not ask the policy
+            self._blocked.add(key)
+            return False
         req = head.req
         ctx = StageContext(
             application=key.application,
@@ -436,7 +442,6 @@ class StageScheduler:
             )
         else:
             preferred = (home_invoker(key.application, fn, n_dev),)
-        idle = self._idle_instances(fn)
         snapshot = self._snapshot(fn, idle, n_dev)
         decision = policy.select_invoker(
             DispatchRequest(fn, tuple(plan.candidates), preferred, first_stage=not preds),

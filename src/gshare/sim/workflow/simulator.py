@@ -128,7 +128,8 @@ class WorkflowSimConfig:
     """gshare's live model (``gshare.runtime.gateway.esg``): the containers are the
     ``initial_warm_per_pool`` running instances, never started nor evicted; a task needs an
     idle one (an invoker offers a function ``min(free slots, idle instances)`` host units), so
-    a queue waits instead of cold-starting. Use with ``prewarm=None``."""
+    a queue waits instead of cold-starting — without asking the policy while no instance of
+    its function is idle anywhere. Use with ``prewarm=None``."""
     warmup_ms: float = 0.0
     """Requests arriving before this are served but not measured."""
     drain_ms: float = 300_000.0
@@ -394,6 +395,9 @@ class WorkflowSim:
         req = self._requests[head.request_id]
         app, stage = key.application, key.stage
         fn = self._fn[app][stage]
+        if self.config.fixed_pools and not any(n.pool(fn).idle for n in self.nodes):
+            self._blocked[key] = self._epoch  # no idle instance: nothing can run (as live)
+            return False
         ctx = StageContext(
             application=app,
             workflow=self.workflows[app],
