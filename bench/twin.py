@@ -210,9 +210,10 @@ def main() -> None:
         "esg_vs_fastgshare_cost_live": ratio(
             lv.get("cost_per_request_usd"), fv.get("cost_per_request_usd")
         ),
-        "profiles": "live (measured in this run)"
-        if live_profiles
-        else "scenario CSV (measured earlier)",
+        "dispatch_ms": constants["dispatch_ms"],
+        "frontend_ms": constants["frontend_ms"],
+        "decision_ms_live": _decision_ms(lv),
+        "decision_ms_live_fastgshare": _decision_ms(fv),
         "wall_s": time.perf_counter() - t0,
     }
     d, p50r = summary["abs_hit_rate_diff_pp"], summary["p50_ratio_sim_over_live"]
