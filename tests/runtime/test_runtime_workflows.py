@@ -58,6 +58,10 @@ def test_a_workflow_is_deployed_run_kept_across_a_restart_and_fails_clearly(
         assert 'gshare_workflow_slo_total{outcome="hit",workflow="diamond"}' in metrics
         # ESG (the default scheduler) ran every stage as a task with a quota, and billed it
         assert 'gshare_workflow_tasks_total{quota_pct="' in metrics
+        info = c.info()
+        assert info["workflow_policy"] == "esg"
+        assert info["workflow_scheduler"]["queued"] == 0
+        assert set(info["workflow_scheduler"]["options"]) == {"wrap-a", "wrap-b", "wrap-c"}
         cost = [
             ln for ln in metrics.splitlines() if ln.startswith("gshare_workflow_cost_usd_total")
         ]

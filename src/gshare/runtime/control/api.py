@@ -298,6 +298,10 @@ class ControlApi(ControlPlane):
             "version": __version__,
             "autoscaler": c.config.autoscaler,
             "placer": c.config.placer,
+            "workflow_policy": c.config.workflow_policy,
+            "workflow_scheduler": (
+                self.workflows.scheduler.view() if self.workflows.scheduler is not None else None
+            ),
             "period_s": c.config.period_s,
             "nodes": [
                 {

@@ -4,14 +4,18 @@ Who calls it: ``StageScheduler`` (built by ``control.api.ControlApi``), on the e
 the devices (its invokers), the ready instances of the stage functions, each function's share
 model, and to change an instance's token quota for a task. What holds: only ready, connected,
 non-profiling instances are offered; a function's SM partition is that of its instances (the
-first one's, when an update left several; before any, the spec's or the default share's); its
-latencies come from its live profile
-(``gshare profile``) when one covers that partition — then the scheduler searches batches x
-quotas — else from the busy time its instances measured (``gateway.stages.measured_table``;
-``configs.DEFAULT_BUSY_MS_PER_REQUEST`` before any), and then only batches at the instance's own
-quota: how a quota below it would slow a burst that overruns the token window is what a profile
-measures, and a guess there made ESG starve a fixed pool (the demo's swin2sr at 25 %: 2.4 s
-measured against 0.8 s estimated).
+first one's, when an update left several; before any, the spec's or the default share's).
+Its latencies come from, in this order:
+
+1. its live profile (``gshare profile``) when one covers that partition: the scheduler then
+   searches batches x quotas;
+2. on a CUDA device, the shipped V100 table when the spec's built-in model is in it (as
+   ``configs.configs_for`` does; never run on a GPU);
+3. the busy time its instances measured (``gateway.stages.measured_table``;
+   ``configs.DEFAULT_BUSY_MS_PER_REQUEST`` before any), and then only batches at the
+   instance's own quota: how a quota below it would slow a burst that overruns the token
+   window is what a profile measures, and a guess there made ESG starve a fixed pool (the
+   demo's swin2sr at 25 %: 2.4 s measured against 0.8 s estimated).
 """
 
 from __future__ import annotations
@@ -94,6 +98,18 @@ class ControllerStageHost:
                 table.latency_ms(function, sm, 100.0, 1)
                 share = ShareFunction(function, function, sm, batches, quotas_of(table, function))
                 return StageFunction(share, table, "live profile")
+        model = fs.spec.model
+        if (
+            model
+            and fs.spec.device != "cpu"
+            and any(d.name.startswith("cuda") for d in self.c.devices)
+        ):
+            v100 = ProfileTable.shipped_v100()  # as configs.configs_for: only for a GPU
+            if v100.has_model(model):
+                with contextlib.suppress(ProfileError):
+                    v100.latency_ms(model, sm, 100.0, 1)
+                    share = ShareFunction(function, model, sm, batches, quotas_of(v100, model))
+                    return StageFunction(share, v100, "shipped V100 table")
         route = self.c.gateway.routes.get(function)
         per_item = (
             route.exec_ms_per_item if route is not None else None
