@@ -34,7 +34,7 @@ from gshare.policy.workflow.dispatch import (
     esg_dispatch,
     home_invoker,
 )
-from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, next_queue
+from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, next_queue, round_robin_pass
 from gshare.policy.workflow.replan import (
     GroupPlan,
     RemainingPlan,
@@ -84,5 +84,6 @@ __all__ = [
     "next_queue",
     "pareto_front",
     "plan_remaining",
+    "round_robin_pass",
     "split_slo",
 ]

@@ -17,7 +17,7 @@ after the one served last, so a ready queue is served within one pass over the q
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, replace
 
 
@@ -111,3 +111,26 @@ def next_queue(queues: AfwQueues, ready: ReadyFn | None = None) -> tuple[AfwKey 
         if jobs and (ready is None or ready(queues.order[i], jobs)):
             return queues.order[i], replace(queues, cursor=(i + 1) % n)
     return None, queues
+
+
+def round_robin_pass(
+    get_queues: Callable[[], AfwQueues],
+    set_queues: Callable[[AfwQueues], None],
+    blocked: Container[AfwKey],
+    serve: Callable[[AfwKey], bool],
+) -> bool:
+    """One pass of ESG's controller round (§3.1, Figure 2): every non-empty queue not in
+    ``blocked`` is served once, round-robin from the cursor (``next_queue``); True when a
+    ``serve`` started a task. Who calls it: the rounds of both mechanisms — the workflow
+    simulator and the live stage scheduler — which repeat passes while one made progress.
+    ``serve`` may change the queues (it takes jobs): the state is read through ``get_queues``
+    before every step and written back through ``set_queues``."""
+    visited: set[AfwKey] = set()
+    progress = False
+    while True:
+        key, q = next_queue(get_queues(), lambda k, _jobs: k not in visited and k not in blocked)
+        set_queues(q)
+        if key is None:
+            return progress
+        visited.add(key)
+        progress |= serve(key)

@@ -52,7 +52,7 @@ from typing import Any, Protocol
 from prometheus_client import Counter, Histogram
 
 from gshare.policy.workflow.dispatch import Dispatch, DispatchRequest, InvokerState, home_invoker
-from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, next_queue
+from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, round_robin_pass
 from gshare.policy.workflow.schedulers import StageContext, WorkflowPolicy
 from gshare.profiles import ProfilePoint, ProfileTable
 from gshare.runtime.gateway.errors import HttpError, status_of
@@ -361,27 +361,22 @@ class StageScheduler:
         if policy is None:
             self._schedule_retry()
             return
-        while True:
-            progress = False
-            visited: set[AfwKey] = set()
 
-            def ready(k: AfwKey, _jobs: tuple[AfwJob, ...], visited: set[AfwKey] = visited) -> bool:
-                return k not in visited and k not in self._blocked
+        def serve(key: AfwKey) -> bool:
+            try:
+                return self._serve(policy, key)
+            except Exception as e:  # a policy bug must not stop serving: fail the head job
+                log.exception("workflow scheduler: serving %s failed", key)
+                self._fail_head(key, HttpError(500, f"workflow scheduler error: {e}"))
+                return False
 
-            while True:
-                key, self.queues = next_queue(self.queues, ready)
-                if key is None:
-                    break
-                visited.add(key)
-                try:
-                    progress |= self._serve(policy, key)
-                except Exception as e:  # a policy bug must not stop serving: fail the head job
-                    log.exception("workflow scheduler: serving %s failed", key)
-                    self._fail_head(key, HttpError(500, f"workflow scheduler error: {e}"))
-            if not progress:
-                break
+        while round_robin_pass(lambda: self.queues, self._set_queues, self._blocked, serve):
+            pass
         if self._blocked:
             self._schedule_retry()
+
+    def _set_queues(self, q: AfwQueues) -> None:
+        self.queues = q
 
     def _fail_head(self, key: AfwKey, err: HttpError) -> None:
         taken, self.queues = self.queues.take(key, 1)

@@ -74,7 +74,7 @@ from gshare.policy.workflow.dispatch import (
     NoInvoker,
     home_invoker,
 )
-from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, next_queue
+from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, round_robin_pass
 from gshare.policy.workflow.schedulers import StageContext, WorkflowPolicy
 from gshare.sim.engine import EventLoop, SimulationError
 from gshare.sim.priorities import (
@@ -373,19 +373,14 @@ class WorkflowSim:
                 del self._blocked[stale]
                 if self.queues.length(stale):
                     progress |= self._serve(stale)
-            visited: set[AfwKey] = set()
-
-            def ready(k: AfwKey, jobs: tuple[AfwJob, ...], visited: set[AfwKey] = visited) -> bool:
-                return k not in visited and k not in self._blocked
-
-            while True:
-                key, self.queues = next_queue(self.queues, ready)
-                if key is None:
-                    break
-                visited.add(key)
-                progress |= self._serve(key)
+            progress |= round_robin_pass(
+                lambda: self.queues, self._set_queues, self._blocked, self._serve
+            )
             if not progress:
                 return
+
+    def _set_queues(self, q: AfwQueues) -> None:
+        self.queues = q
 
     def _serve(self, key: AfwKey) -> bool:
         """One plan + dispatch attempt for queue ``key`` (non-empty). True if a task started."""
