@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gshare.cli import _new_lines
+from gshare.cli.serving import _new_lines
 
 
 @pytest.mark.parametrize(

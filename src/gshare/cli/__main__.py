@@ -1,0 +1,5 @@
+"""``python -m gshare.cli``."""
+
+from gshare.cli import main
+
+main()
