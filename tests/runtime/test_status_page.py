@@ -116,11 +116,16 @@ def test_status_page_login_and_live_view(served: ServeProcess, browser: Any) -> 
     box.send_keys(served.token)
     browser.find_element(By.CSS_SELECTOR, "#login button").click()
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "rect.share")) == 2)
-    rects = browser.find_elements(By.CSS_SELECTOR, "rect.share")
-    assert sorted(r.get_attribute("data-function") for r in rects) == ["ui-large", "ui-small"]
+    # read the rectangles in one script: the page re-renders as it polls, and an element found
+    # by one call can be gone by the next (a stale reference)
+    drawn = browser.execute_script(
+        "return [...document.querySelectorAll('rect.share')].map(r => [r.dataset.function,"
+        " ...['x', 'y', 'width', 'height'].map(k => parseFloat(r.getAttribute(k)))])"
+    )
+    assert sorted(d[0] for d in drawn) == ["ui-large", "ui-small"]
     # both rectangles lie in the device's square and do not overlap (the placer's invariant,
     # as drawn): compare their boxes in the SVG's coordinates
-    boxes = [tuple(float(r.get_attribute(k)) for k in ("x", "y", "width", "height")) for r in rects]
+    boxes = [tuple(d[1:]) for d in drawn]
     for x, y, w, h in boxes:
         assert x >= 0 and y >= 0 and x + w <= 220.01 and y + h <= 220.01
     (ax, ay, aw, ah), (bx, by, bw, bh) = boxes
@@ -129,10 +134,12 @@ def test_status_page_login_and_live_view(served: ServeProcess, browser: Any) -> 
     )
     # the function rows: latency against the SLO, one instance each, live-updated
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "div.function")) == 2)
-    text = browser.find_element(By.ID, "functions").text
+    text = browser.execute_script("return document.getElementById('functions').innerText")
     assert "ui-small" in text and "SLO 50 ms" in text and "SLO 200 ms" in text
-    p50 = browser.find_element(By.CSS_SELECTOR, 'div.function[data-function="ui-small"] .p50')
-    assert p50.text != "—" and float(p50.text) > 0
+    p50 = browser.execute_script(
+        "return document.querySelector('div.function[data-function=\"ui-small\"] .p50').textContent"
+    )
+    assert p50 != "—" and float(p50) > 0
     assert len(browser.find_elements(By.CSS_SELECTOR, "tr.instance")) == 2
     # the page polls: a third function appears without a reload
     served.client().deploy(
