@@ -9,7 +9,9 @@ seed, so both worlds see the same arrival times:
 1. **live, ESG** — a real ``gshare serve --workflow-policy esg``; the scenario's functions are
    deployed and each workflow function is profiled live (``gshare profile``; ``--quick``: a
    short trial per point). Then a **calibration** run: the same scenario with another seed
-   (other arrival times at the same load), from which two platform constants are measured — per
+   (other arrival times at the same load), from which the platform's latency spread (each
+   request's latency above the run's median, drawn per simulated request) and two platform
+   constants are measured — per
    stage task, the live stage latency beyond the profiled time of the configurations ESG chose
    (``dispatch_ms``: the hop to the instance, the input's decoding, a quota change), and per
    request, the client's latency beyond the server's (``frontend_ms``: the HTTP exchange).
@@ -131,6 +133,21 @@ def calibrate(
     }
 
 
+def spread_above_median(result: Any, wf_name: str) -> list[float]:
+    """The calibration run's latency spread: each answered workflow request's latency above
+    the run's median (0 for the faster half), ms — drawn per request by the simulator
+    (``WorkflowSimConfig.frontend_jitter_ms``)."""
+    lat = sorted(
+        float(r["latency_ms"])
+        for r in result.rows
+        if r.get("kind") == "workflow" and r.get("name") == wf_name and r.get("status") == "ok"
+    )
+    if not lat:
+        return []
+    med = lat[len(lat) // 2]
+    return [max(0.0, x - med) for x in lat]
+
+
 def with_cluster(scenario: Any, **fields: float) -> Any:
     """The scenario with its cluster's fields replaced (the simulator reads them)."""
     doc = scenario.doc.model_copy(update={"cluster": scenario.cluster.model_copy(update=fields)})
@@ -166,7 +183,8 @@ def main() -> None:
             seed=args.seed + 1000,
         )
         constants = calibrate(_workflow_stats(calib, wf_name), scenario, wf_name, live_profiles)
-        print(f"  calibrated: {constants}", flush=True)
+        jitter = spread_above_median(calib, wf_name)
+        print(f"  calibrated: {constants}, {len(jitter)} jitter samples", flush=True)
         live = run_load(scenario, srv.url, token=srv.token, duration_s=duration_s, seed=args.seed)
 
     print("2. simulated, ESG", flush=True)

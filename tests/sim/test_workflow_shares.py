@@ -40,7 +40,7 @@ def chain(slo_ms: float):  # type: ignore[no-untyped-def]
     )
 
 
-def run(arrivals: list[float], **cfg: float):  # type: ignore[no-untyped-def]
+def run(arrivals: list[float], **cfg: object):  # type: ignore[no-untyped-def]
     p = perf()
     config = WorkflowSimConfig(
         nodes=1,
@@ -64,6 +64,16 @@ def test_one_request_takes_the_front_end_plus_each_task_and_its_dispatch() -> No
     # 2 (front end) + (0.5 + 4) + (0.5 + 6) = 13 ms
     assert r.latency_ms == pytest.approx(13.0)
     assert res.counters["cold_starts"] == 0
+
+
+def test_a_measured_spread_is_drawn_per_request_from_its_samples() -> None:
+    arrivals = [20.0 * i for i in range(40)]
+    res = run(arrivals, frontend_ms=2.0, frontend_jitter_ms=(0.0, 5.0))
+    lats = {round(r.latency_ms or -1.0, 6) for r in res.requests}
+    # 2 + 4 + 6 = 12 ms, plus 0 or 5 ms drawn per request (20 ms apart: no overlap): both occur
+    assert lats == {12.0, 17.0}
+    with pytest.raises(ValueError, match="frontend_jitter_ms"):
+        WorkflowSimConfig(frontend_jitter_ms=(-1.0,))
 
 
 def test_without_the_constants_the_latency_is_the_profile() -> None:

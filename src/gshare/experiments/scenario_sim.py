@@ -282,10 +282,11 @@ def run_workflows(
     warmup_ms: float = 0.0,
     progress: Progress | None = None,
     bo_params: Mapping[str, Any] | None = None,
+    frontend_jitter_ms: Sequence[float] = (),
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The workflow requests in ``WorkflowSim`` (module doc): request rows and, per workflow,
     the simulator's extra figures. ``bo_params``: Aquatope's ``offline_bo.BoParams`` fields
-    (default: ESG's budget)."""
+    (default: ESG's budget); ``frontend_jitter_ms``: ``WorkflowSimConfig.frontend_jitter_ms``."""
     from gshare.policy.workflow.esg import make_share_policy as make_policy
     from gshare.sim.workflow import TransferModel, WorkflowSim, WorkflowSimConfig
     from gshare.workflows.shares import QUOTA_UNITS
@@ -311,6 +312,7 @@ def run_workflows(
         ),
         dispatch_ms=float(cl.dispatch_ms),
         frontend_ms=float(cl.frontend_ms),
+        frontend_jitter_ms=tuple(float(x) for x in frontend_jitter_ms),
         warmup_ms=warmup_ms,
         noise_sigma_frac=NOISE_SIGMA,
     )
@@ -594,9 +596,11 @@ def simulate(
     live_profiles: Mapping[str, Sequence[ProfilePoint]] | None = None,
     progress: Progress | None = None,
     bo_params: Mapping[str, Any] | None = None,
+    frontend_jitter_ms: Sequence[float] = (),
 ) -> ExperimentResult:
     """Run ``scenario`` in the simulator (module doc); ``ScenarioError`` for what the scenario
-    cannot run with (a policy name, a function without profile, ...)."""
+    cannot run with (a policy name, a function without profile, ...). ``frontend_jitter_ms``:
+    measured latency spread added per workflow request (``bench/twin.py``)."""
     wf_policy, autoscaler = check_policies(scenario, policy)
     dur = duration_s if duration_s is not None else scenario.duration_s(quick)
     s = scenario.seed if seed is None else seed
@@ -611,7 +615,7 @@ def simulate(
     warmup_ms = min(scenario.doc.warmup_s * 1000.0, horizon_ms)
     wf_rows, wf_extra = run_workflows(
         scenario, arrivals, horizon_ms, wf_policy, profiles, seed=s, warmup_ms=warmup_ms,
-        progress=progress, bo_params=bo_params,
+        progress=progress, bo_params=bo_params, frontend_jitter_ms=frontend_jitter_ms,
     )  # fmt: skip
     fn_rows, fn_extra = run_functions(
         scenario, arrivals, horizon_ms, autoscaler, profiles, seed=s, warmup_ms=warmup_ms,

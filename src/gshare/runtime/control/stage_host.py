@@ -125,9 +125,14 @@ class ControllerStageHost:
         )
 
     async def set_quota(self, instance_id: str, quota_pct: float) -> None:
+        """The task's quota becomes the instance's guaranteed share (``quota_request``, what
+        the task is billed for); its limit stays the larger of that and the instance's own
+        ``quota_limit``, so it may still use idle time as its spec allows (setting the limit
+        to the quota too capped every task: measured, the tight mlp chain met 22 % of its SLOs
+        under ESG against 83 % under FaST-GShare, which never changed a quota)."""
         inst = self.c.instances.get(instance_id)
         if inst is None:
             raise RuntimeError(f"instance {instance_id} is gone")
         agent = self.c.agents[inst.device.node_id]
         q = quota_pct / 100.0
-        await agent.handle.set_share(instance_id, q, q)
+        await agent.handle.set_share(instance_id, q, max(q, inst.share.quota_limit))

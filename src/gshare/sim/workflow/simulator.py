@@ -124,6 +124,11 @@ class WorkflowSimConfig:
     frontend_ms: float = 0.0
     """A request's cost outside the stages (gshare: the client's HTTP exchange with the
     gateway): its source stages are queued this long after its arrival."""
+    frontend_jitter_ms: tuple[float, ...] = ()
+    """Extra front-end delays, one drawn per request (uniformly, seeded) and added to
+    ``frontend_ms``: a live platform's latency spread that the model's per-task noise does
+    not produce (``bench/twin.py`` takes them from a calibration run: each request's latency
+    above the run's median). Empty: none."""
     fixed_pools: bool = False
     """gshare's live model (``gshare.runtime.gateway.esg``): the containers are the
     ``initial_warm_per_pool`` running instances, never started nor evicted; a task needs an
@@ -151,6 +156,8 @@ class WorkflowSimConfig:
             raise ValueError("warmup_ms and drain_ms must be >= 0")
         if self.dispatch_ms < 0 or self.frontend_ms < 0:
             raise ValueError("dispatch_ms and frontend_ms must be >= 0")
+        if any(not x >= 0 for x in self.frontend_jitter_ms):
+            raise ValueError("frontend_jitter_ms must hold numbers >= 0")
         if self.fixed_pools and (self.prewarm is not None or self.initial_warm_per_pool < 1):
             raise ValueError("fixed_pools needs prewarm=None and initial_warm_per_pool >= 1")
 
@@ -216,6 +223,7 @@ class WorkflowSim:
         self._pred = {a: wf.predecessors() for a, wf in self.workflows.items()}
         self._fn = {a: {s.name: s.function for s in wf.stages} for a, wf in self.workflows.items()}
         self._rng_exec = np.random.default_rng([seed, 201])
+        self._rng_front = np.random.default_rng([seed, 307])
         self.queues = AfwQueues()
         for a, wf in self.workflows.items():
             for st in wf.topological_order():
@@ -338,8 +346,12 @@ class WorkflowSim:
         )
         self._requests[rid] = req
         self._unfinished += 1
-        if self.config.frontend_ms > 0:
-            self.loop.at(now + self.config.frontend_ms, lambda: self._enter(req), PRIO_ARRIVAL)
+        front = self.config.frontend_ms
+        jitter = self.config.frontend_jitter_ms
+        if jitter:
+            front += jitter[int(self._rng_front.integers(len(jitter)))]
+        if front > 0:
+            self.loop.at(now + front, lambda: self._enter(req), PRIO_ARRIVAL)
         else:
             self._enter(req)
         self._schedule_next_arrival(it)
