@@ -8,10 +8,8 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-if TYPE_CHECKING:  # the table is only queried; importing it at run time is not needed
-    pass
 from gshare.policy.autoscale.core import (
     _EPS_RPS,
     AutoscaleError,

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the table is only queried; importing it at run time is not needed
-    pass
 from gshare.policy.autoscale.core import (
     _EPS_RPS,
     AutoscaleError,
