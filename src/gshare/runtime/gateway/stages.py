@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -232,8 +233,9 @@ class StageScheduler:
         self._held_units: dict[int, int] = {}
         self._quota: dict[str, float] = {}
         self._quota_tasks: dict[str, asyncio.Task[None]] = {}
-        self._zero_wait: set[int] = set()
-        """Channels (``id``) whose instance's batching wait was set to 0."""
+        self._zero_wait: weakref.WeakSet[Any] = weakref.WeakSet()
+        """Channels whose instance's batching wait was set to 0 (weak: a new connection, even at
+        a reused address, is set again)."""
         self._perf: SharePerf | None = None
         self._options: dict[str, tuple[ConfigOption, ...]] = {}
         self._sources: dict[str, str] = {}
@@ -582,7 +584,7 @@ class StageScheduler:
         batches), up to the larger of its own ``max_batch`` and this batch."""
         r = self.gw.routes.get(fn)
         ch = r.channels.get(iid) if r is not None else None
-        if ch is None or id(ch) in self._zero_wait:
+        if ch is None or ch in self._zero_wait:
             return
         await self.gw.control(
             fn,
@@ -593,7 +595,7 @@ class StageScheduler:
                 "max_wait_ms": 0,
             },
         )
-        self._zero_wait.add(id(ch))
+        self._zero_wait.add(ch)
 
     # -- options and the policy ----------------------------------------------------------------
 
