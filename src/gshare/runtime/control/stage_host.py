@@ -60,7 +60,7 @@ class ControllerStageHost:
             and gw.is_connected(i.function, i.instance_id)
         ]
 
-    def stage_instances(self) -> Sequence[StageInstance]:
+    def stage_instances(self, function: str | None = None) -> Sequence[StageInstance]:
         return [
             StageInstance(
                 i.instance_id,
@@ -69,7 +69,7 @@ class ControllerStageHost:
                 i.share.sm_pct,
                 i.share.quota_request * 100.0,
             )
-            for i in self._ready()
+            for i in self._ready(function)
         ]
 
     def _table(self, function: str) -> ProfileTable | None:

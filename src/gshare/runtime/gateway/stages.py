@@ -68,6 +68,8 @@ log = logging.getLogger("gshare.stages")
 RETRY_S = 0.1
 """A blocked queue is retried at least this often (instances may have come)."""
 PERF_REFRESH_S = 5.0
+PRUNE_S = 30.0
+"""How often the remembered quotas of instances that are gone are dropped."""
 """How often the options are rebuilt from new profiles or measurements."""
 WORKFLOW_POLICY_NAMES: tuple[str, ...] = ("esg", "fast-gshare", "infless", "orion", "aquatope")
 """``gshare serve --workflow-policy``: ESG and the baselines; ``direct`` (no scheduler: every
@@ -102,7 +104,9 @@ class StageHost(Protocol):
 
     def device_count(self) -> int: ...
 
-    def stage_instances(self) -> Sequence[StageInstance]: ...
+    def stage_instances(self, function: str | None = None) -> Sequence[StageInstance]:
+        """The ready instances (of ``function``, or of every function)."""
+        ...
 
     def stage_function(self, function: str) -> StageFunction | None:
         """None when the function is not deployed."""
@@ -233,6 +237,7 @@ class StageScheduler:
         self._held_units: dict[int, int] = {}
         self._quota: dict[str, float] = {}
         self._quota_tasks: dict[str, asyncio.Task[None]] = {}
+        self._pruned_at = 0.0
         self._zero_wait: weakref.WeakSet[Any] = weakref.WeakSet()
         """Channels whose instance's batching wait was set to 0 (weak: a new connection, even at
         a reused address, is set again)."""
@@ -359,6 +364,7 @@ class StageScheduler:
         self._round_pending = False
         if not self.queues.total():
             return
+        self._prune_quotas()
         policy = self._ready_policy()
         if policy is None:
             self._schedule_retry()
@@ -477,11 +483,18 @@ class StageScheduler:
         return True
 
     def _idle_instances(self, fn: str) -> list[StageInstance]:
-        return [
-            i
-            for i in self.host.stage_instances()
-            if i.function == fn and i.instance_id not in self._busy
-        ]
+        return [i for i in self.host.stage_instances(fn) if i.instance_id not in self._busy]
+
+    def _prune_quotas(self) -> None:
+        """Forget the quotas set on instances that are gone (every ``PRUNE_S``): an instance
+        that is only briefly not ready is asked for its quota again, which is harmless."""
+        now = self.clock()
+        if now - self._pruned_at < PRUNE_S:
+            return
+        self._pruned_at = now
+        live = {i.instance_id for i in self.host.stage_instances()}
+        for iid in [i for i in self._quota if i not in live]:
+            del self._quota[iid]
 
     def _snapshot(self, fn: str, idle: list[StageInstance], n_dev: int) -> list[InvokerState]:
         """Every device as an invoker: quota units free, one host unit per idle instance of
@@ -573,6 +586,11 @@ class StageScheduler:
         self._quota_tasks[iid] = t
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+        t.add_done_callback(lambda t: self._quota_done(iid, t))
+
+    def _quota_done(self, iid: str, t: asyncio.Task[None]) -> None:
+        if self._quota_tasks.get(iid) is t:  # the last change queued for ``iid``
+            del self._quota_tasks[iid]
 
     @staticmethod
     def _settle(job: _Job, err: HttpError) -> None:
