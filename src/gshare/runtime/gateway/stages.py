@@ -68,9 +68,9 @@ log = logging.getLogger("gshare.stages")
 RETRY_S = 0.1
 """A blocked queue is retried at least this often (instances may have come)."""
 PERF_REFRESH_S = 5.0
+"""How often the options are rebuilt from new profiles or measurements."""
 PRUNE_S = 30.0
 """How often the remembered quotas of instances that are gone are dropped."""
-"""How often the options are rebuilt from new profiles or measurements."""
 WORKFLOW_POLICY_NAMES: tuple[str, ...] = ("esg", "fast-gshare", "infless", "orion", "aquatope")
 """``gshare serve --workflow-policy``: ESG and the baselines; ``direct`` (no scheduler: every
 stage goes through its function's own queue and batching) is accepted too."""
