@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gshare.policy.control import ControlParams
-from gshare.runtime.control.loop import Controller, ControllerConfig
+from gshare.runtime.control.loop import Controller
+from gshare.runtime.control.records import ControllerConfig
 from gshare.runtime.control.state import StateStore
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.router import Gateway

@@ -71,7 +71,7 @@ class Warmth(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class ControlParams:
     """Knobs of the step: one set of defaults for both worlds (``sim.cluster.ClusterConfig``
-    and ``runtime.control.loop.ControllerConfig`` hold one of these)."""
+    and ``runtime.control.records.ControllerConfig`` hold one of these)."""
 
     headroom: float = 1.2
     """The predicted rate is multiplied by this before autoscaling (burst head-room)."""

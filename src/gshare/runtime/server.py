@@ -456,8 +456,9 @@ class _Runtime:
 
         from gshare.runtime.control.agents import RayAgentHandle
         from gshare.runtime.control.api import ControlApi
-        from gshare.runtime.control.loop import Controller, ControllerConfig
+        from gshare.runtime.control.loop import Controller
         from gshare.runtime.control.profiler import LiveProfiler
+        from gshare.runtime.control.records import ControllerConfig
         from gshare.runtime.gateway.app import build_app
         from gshare.runtime.gateway.oip_service import OipService
         from gshare.runtime.gateway.router import Gateway

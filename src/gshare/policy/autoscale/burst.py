@@ -217,4 +217,4 @@ def reads_load_signals(autoscaler: object) -> bool:
 
 DEFAULT_AUTOSCALER: Final[str] = "gshare-burst"
 """The autoscaler both worlds run unless told otherwise (``sim.cluster.ClusterConfig``,
-``runtime.control.loop.ControllerConfig``, ``gshare serve --autoscaler``)."""
+``runtime.control.records.ControllerConfig``, ``gshare serve --autoscaler``)."""

@@ -14,7 +14,8 @@ from typing import Any
 from gshare.documents import DocumentError, load_json, load_yaml
 from gshare.policy.workflow.esg import make_share_policy
 from gshare.policy.workflow.schedulers import WorkflowPolicy
-from gshare.runtime.control.loop import Controller, FunctionState, LiveInstance
+from gshare.runtime.control.loop import Controller
+from gshare.runtime.control.records import FunctionState, LiveInstance
 from gshare.runtime.control.stage_host import ControllerStageHost
 from gshare.runtime.gateway.app import ControlPlane
 from gshare.runtime.gateway.errors import HttpError

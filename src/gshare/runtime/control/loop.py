@@ -3,11 +3,9 @@
 Who runs it: the server process, on the same asyncio loop as the gateway. Every ``period_s``
 (1 s) ``reconcile`` does, for the whole cluster:
 
-1. **observe** — each node agent's ``status()`` (a typed ``NodeStatus``): instance states
-   (ready instances are connected to the gateway; crashes and restarts are logged; a failed
-   start releases the instance, backs the function off and, when the function has no other
-   instance, fails its queued requests with the start error), and the token servers'
-   per-client ``total_used_ms``, whose growth over the period is each instance's achieved share;
+1. **observe** — each node agent's ``status()`` (a typed ``NodeStatus``), applied to the
+   records (``control.records``) by ``control.observe.StatusObserver``: instance states,
+   restarts, failed starts, achieved shares, memory and FIKIT reports;
 2. **step** — per function, ``policy.control.control_step`` (the simulator calls the same):
    the arrivals the gateway counted over the period feed the rate predictor; keep-alive, scale
    to zero, the queued-demand floor and the start back-off decide the floor and what may be
@@ -32,44 +30,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from gshare.policy import autoscale
 from gshare.policy.control import (
-    ControlParams,
     ControlState,
     FunctionObservation,
     cold_start_wanted,
     control_step,
     drain_finished,
-    on_start_failed,
-    on_started,
 )
 from gshare.policy.placement import NoCapacity, make_placer
-from gshare.profiles import ProfileTable
 from gshare.resources import GpuShare
-from gshare.runtime.control.configs import FunctionConfigs, configs_for, share_for
-from gshare.runtime.control.memory import FunctionMemory
+from gshare.runtime.control.configs import configs_for, share_for
+from gshare.runtime.control.observe import StatusObserver
+from gshare.runtime.control.records import (
+    AgentRef,
+    ControllerConfig,
+    Device,
+    FunctionState,
+    LiveInstance,
+)
 from gshare.runtime.control.state import StateStore, kernel_code_key
 from gshare.runtime.gateway.router import Gateway
-from gshare.runtime.instance.server import InstanceLaunch, launch_to_dict
-from gshare.runtime.messages import (
-    AgentGone,
-    AgentHandle,
-    ConfigSource,
-    FikitUsage,
-    InstanceState,
-    LiveState,
-    MemoryUsage,
-    NodeInfo,
-    NodeStatus,
-)
+from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
+from gshare.runtime.messages import AgentHandle, LiveState, NodeInfo
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
 
 log = logging.getLogger("gshare.controller")
@@ -83,107 +73,6 @@ MAX_DEVICES = 256
 """Upper bound of devices the placer tracks (devices of nodes that join later included)."""
 SHORTFALL_LOG_S = 30.0
 """At most one "no room" event per function per this long."""
-
-
-@dataclass
-class ControllerConfig:
-    """Knobs of the control loop (defaults as the simulator's ``ClusterConfig``)."""
-
-    period_s: float = 1.0
-    control: ControlParams = field(default_factory=ControlParams)
-    """Rate prediction, keep-alive and back-off knobs (``policy.control``; the simulator's
-    defaults)."""
-    autoscaler: str = autoscale.DEFAULT_AUTOSCALER
-    placer: str = "mra"
-    drain_timeout_s: float = 120.0
-    """Longest a removed instance drains its in-flight requests before it is stopped."""
-    agent_timeout_s: float = 10.0
-    workflow_policy: str = "esg"
-    """The live workflow scheduler (``gateway.stages.WORKFLOW_POLICY_NAMES`` or ``direct``)."""
-    workflow_policy_factory: Any = None
-    """``gateway.stages.PolicyFactory`` building it (None: ``policy.workflow.make_policy`` by
-    name; the CLI passes Aquatope's, whose optimiser lives in ``gshare.experiments``)."""
-
-
-@dataclass
-class AgentRef:
-    node_id: str
-    handle: AgentHandle
-    info: NodeInfo
-    alive: bool = True
-
-
-@dataclass(frozen=True)
-class Device:
-    index: int
-    """The placer's GPU index."""
-    node_id: str
-    local_index: int
-    name: str
-
-
-@dataclass
-class LiveInstance:
-    instance_id: str
-    function: str
-    config: autoscale.ScaleConfig
-    share: GpuShare
-    device: Device
-    created_s: float
-    """``clock`` when it was asked to start (or began restarting)."""
-    state: LiveState = LiveState.STARTING
-    incarnation: int = -1
-    """Incarnation the gateway is connected to (-1: none yet)."""
-    pid: int | None = None
-    restarts: int = 0
-    uds_path: str | None = None
-    tcp_port: int | None = None
-    used_ms: float | None = None
-    used_t: float | None = None
-    achieved_share: float | None = None
-    drain_since: float | None = None
-    profiling: bool = False
-    cores: list[int] | None = None
-    rss_mb: float = 0.0
-    last_exit: str | None = None
-    channel_secret: str = ""
-    """What the gateway presents on a TCP connection to it (``protocol.OP_AUTH``)."""
-    route: str = ""
-    """The gateway route it serves (the function's; a private one for profiling)."""
-    memory: MemoryUsage | None = None
-    """Its memory limit and measured peaks, from its node's last status."""
-    fikit: FikitUsage | None = None
-    """Its FIKIT phase and counters, from its node's last status (None: tokens alone)."""
-
-    def __post_init__(self) -> None:
-        self.route = self.route or self.function
-
-
-@dataclass
-class FunctionState:
-    spec: FunctionSpec
-    version: int
-    control: ControlState
-    """The reconcile step's state (``policy.control``)."""
-    inputs: list[dict[str, Any]] = field(default_factory=list)
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    """The handler's OIP outputs (``output_spec``), for model metadata; [] when undeclared."""
-    predicted_rps: float = 0.0
-    observed_rps: float = 0.0
-    invocations: int = 0
-    start_error: str | None = None
-    configs: FunctionConfigs = field(
-        default_factory=lambda: FunctionConfigs([], ConfigSource.DEFAULT_SHARE)
-    )
-    table: ProfileTable | None = None
-    table_loaded: bool = False
-    last_reason: str = ""
-    last_shortfall_s: float = -1e18
-    memory: FunctionMemory = field(default_factory=FunctionMemory)
-    """Resource-centric memory sizing (``runtime.control.memory``)."""
-    kernel_runs: int = 0
-    """Runs of the FIKIT kernel profile kept for it in the state database (0: none yet)."""
-    kernel_fetching: bool = False
 
 
 class Controller:
@@ -221,6 +110,7 @@ class Controller:
         self._last_observe = clock()
         self._started = False
         self.profiler: Any = None
+        self._observer = StatusObserver(self)
         gateway.on_cold = self._on_cold
 
     # -- setup -----------------------------------------------------------------------------------
@@ -238,7 +128,7 @@ class Controller:
         for i, name in enumerate(info.devices):
             self.devices.append(Device(len(self.devices), handle.node_id, i, name))
 
-    def _fence(self, node_id: str) -> None:
+    def fence(self, node_id: str) -> None:
         """Keep the placer off a lost node's devices: each gets a reservation of the whole
         device (``FENCE`` ids). The placer API places anywhere, and a whole-device rectangle
         fits only an empty device, so reservations are placed until every device of the node
@@ -451,12 +341,12 @@ class Controller:
                 obs, fs.control, self.clock(), self.scale, self.config.control
             )
         except autoscale.AutoscaleError as e:
-            self._event(name, f"autoscaler: {e}", level="error")
+            self.event(name, f"autoscaler: {e}", level="error")
             return
         fs.predicted_rps = decision.predicted_rps
         if decision.changes:
             fs.last_reason = decision.scale.reason
-            self._event(
+            self.event(
                 name,
                 f"scale: R={decision.predicted_rps:.2f} rps, {decision.scale.reason}; "
                 f"+{len(decision.add)} -{len(decision.remove)}",
@@ -474,7 +364,7 @@ class Controller:
         now = self.clock()
         if now - fs.last_shortfall_s > SHORTFALL_LOG_S:
             fs.last_shortfall_s = now
-            self._event(fs.spec.name, message, level="warn")
+            self.event(fs.spec.name, message, level="warn")
 
     async def start_instance(
         self,
@@ -549,11 +439,11 @@ class Controller:
             del self.instances[iid]
             if not profiling:
                 self.placer.release(iid)
-            self._event(name, f"cannot start instance {iid}: {e}", level="error")
+            self.event(name, f"cannot start instance {iid}: {e}", level="error")
             return None
         if not profiling:
             self.gateway.metrics.cold_starts.labels(name).inc()
-        self._event(
+        self.event(
             name,
             f"starting on node {device.node_id[:8]} {device.name}: sm {share.sm_pct:g}%, quota "
             f"{share.quota_request:g}/{share.quota_limit:g}, batch {cfg.batch}, "
@@ -569,7 +459,7 @@ class Controller:
         inst.state = LiveState.DRAINING
         inst.drain_since = self.clock()
         self.gateway.drain(inst.route, inst.instance_id)
-        self._event(inst.function, f"draining ({why})", instance=inst.instance_id)
+        self.event(inst.function, f"draining ({why})", instance=inst.instance_id)
 
     async def _finish_drains(self) -> None:
         now = self.clock()
@@ -601,105 +491,13 @@ class Controller:
         if fs is not None:
             fs.memory.forget(iid)
         if log_event:
-            self._event(inst.function, why, instance=iid)
+            self.event(inst.function, why, instance=iid)
 
     # -- observation -----------------------------------------------------------------------------
 
     async def observe(self) -> None:
-        """Ask every live agent for its status and apply it."""
-        refs = [a for a in self.agents.values() if a.alive]
-        results = await asyncio.gather(*(a.handle.status() for a in refs), return_exceptions=True)
-        for agent, res in zip(refs, results, strict=True):
-            if isinstance(res, AgentGone):
-                await self._agent_lost(agent, res)
-            elif isinstance(res, BaseException):
-                log.warning("agent on node %s did not answer: %s", agent.node_id[:8], res)
-            else:
-                await self._apply_status(agent.node_id, res)
-
-    async def _agent_lost(self, agent: AgentRef, err: BaseException) -> None:
-        agent.alive = False
-        log.error("agent on node %s is gone: %s", agent.node_id[:8], err)
-        with contextlib.suppress(KeyError):
-            self.gateway.metrics.node_up.remove(agent.node_id[:12])
-        for inst in list(self.instances.values()):
-            if inst.device.node_id == agent.node_id:
-                self._event(
-                    inst.function,
-                    f"lost with node {agent.node_id[:8]}",
-                    instance=inst.instance_id,
-                    level="error",
-                )
-                await self.stop_instance(inst.instance_id, log_event=False)
-        self._fence(agent.node_id)
-
-    async def _apply_status(self, node_id: str, status: NodeStatus) -> None:
-        by_id = {s.instance_id: s for s in status.instances}
-        local = node_id == self.gateway_node_id
-        for inst in [i for i in self.instances.values() if i.device.node_id == node_id]:
-            st = by_id.get(inst.instance_id)
-            iid = inst.instance_id
-            if st is None:
-                if self.clock() - inst.created_s > self.config.agent_timeout_s:
-                    self._event(
-                        inst.function, "vanished from its node agent", instance=iid, level="error"
-                    )
-                    await self.stop_instance(iid, log_event=False)
-                continue
-            fs = self.functions.get(inst.function)
-            inst.pid, inst.rss_mb, inst.cores = st.pid, st.rss_mb, st.cores
-            if st.memory is not None and fs is not None and not inst.profiling:
-                self._observe_memory(fs, inst, st.memory)
-            if st.fikit is not None and fs is not None and not inst.profiling:
-                await self._observe_fikit(fs, inst, st.fikit)
-            inst.uds_path, inst.tcp_port = st.uds_path, st.tcp_port
-            if st.restarts > inst.restarts:
-                self.gateway.metrics.restarts.labels(inst.function).inc(st.restarts - inst.restarts)
-                inst.restarts = st.restarts
-                inst.last_exit = st.last_exit
-                self._event(
-                    inst.function,
-                    f"crashed and restarted ({inst.last_exit})",
-                    instance=iid,
-                    level="warn",
-                )
-            if st.state is InstanceState.READY:
-                await self._connect(inst, st.incarnation, status.node_ip, local)
-                connected = self.gateway.is_connected(inst.route, iid)
-                if inst.state in (LiveState.STARTING, LiveState.RESTARTING) and connected:
-                    took = self.clock() - inst.created_s
-                    inst.state = LiveState.READY
-                    self._event(
-                        inst.function,
-                        f"ready (pid {inst.pid}, cores {inst.cores}, after {took:.1f} s)",
-                        instance=iid,
-                    )
-                    if fs is not None:
-                        fs.control = on_started(fs.control)
-                        fs.start_error = None
-                        if st.inputs and not fs.inputs:
-                            self._learn_inputs(fs, st.inputs)
-            elif st.state is InstanceState.STARTING and inst.state is LiveState.READY:
-                inst.state = LiveState.RESTARTING
-                inst.created_s = self.clock()
-                self.gateway.instance_restarting(inst.route, iid)
-            elif st.state is InstanceState.FAILED:
-                err = st.error or "unknown error"
-                self._event(inst.function, f"failed: {err}", instance=iid, level="error")
-                await self.stop_instance(iid, log_event=False)
-                if fs is not None and not inst.profiling:
-                    fs.control = on_start_failed(fs.control, self.clock(), self.config.control)
-                    fs.start_error = f"function {inst.function!r} failed to start: {err}"
-                    if not any(i.state is LiveState.READY for i in self.live_of(inst.function)):
-                        self.gateway.set_start_error(inst.function, fs.start_error)
-                continue
-            tok = status.tokens.get(iid)
-            if tok is not None:
-                used, now_s = tok.total_used_ms, status.now_s
-                if inst.used_ms is not None and inst.used_t is not None and now_s > inst.used_t:
-                    elapsed_ms = (now_s - inst.used_t) * 1000.0
-                    inst.achieved_share = max(0.0, (used - inst.used_ms) / elapsed_ms)
-                inst.used_ms, inst.used_t = used, now_s
+        """Ask every live agent for its status and apply it (``control.observe``)."""
+        await self._observer.observe()
 
     def _node_ip(self, node_id: str) -> str:
         """The address a node's instances bind their TCP listener to (its agent's report)."""
@@ -707,108 +505,16 @@ class Controller:
         ip = ref.info.extra.get("node_ip") if ref is not None else None
         return str(ip) if ip else "0.0.0.0"
 
-    async def _connect(
-        self, inst: LiveInstance, incarnation: int, node_ip: str, local: bool
-    ) -> None:
-        """Connect the gateway to a ready instance (again, after a restart in place)."""
-        iid = inst.instance_id
-        if inst.incarnation == incarnation and self.gateway.is_connected(inst.route, iid):
-            return
-        tcp = (node_ip, inst.tcp_port) if inst.tcp_port and not local else None
-        uds = inst.uds_path if local else None
-        await self.gateway.instance_ready(
-            inst.route,
-            iid,
-            uds_path=uds,
-            tcp=tcp,
-            max_batch=inst.config.batch,
-            secret=inst.channel_secret,
-        )
-        if self.gateway.is_connected(inst.route, iid):
-            inst.incarnation = incarnation
-            if inst.state is LiveState.DRAINING:
-                self.gateway.drain(inst.route, iid)
-
-    def _learn_inputs(self, fs: FunctionState, inputs: list[dict[str, Any]]) -> None:
-        fs.inputs = inputs
-        self.state.set_function_io(fs.spec.name, {"inputs": inputs, "outputs": fs.outputs})
-        r = self.gateway.routes.get(fs.spec.name)
-        if r is not None:
-            r.inputs = inputs
-
-    def _observe_memory(self, fs: FunctionState, inst: LiveInstance, usage: MemoryUsage) -> None:
-        """An instance's memory report: its reservation as it changes, and the counters."""
-        grows, steps, refusals = fs.memory.observe(inst.instance_id, usage)
-        inst.share = replace(inst.share, mem_mb=usage.limit_mb)
-        inst.memory = usage
-        mt = self.gateway.metrics
-        if grows:
-            mt.memory_kills_avoided.labels(inst.function).inc(grows)
-        if steps:
-            mt.memory_steps.labels(inst.function).inc(steps)
-        if refusals:
-            mt.memory_refusals.labels(inst.function).inc(refusals)
-
-    async def _observe_fikit(
-        self, fs: FunctionState, inst: LiveInstance, usage: FikitUsage
-    ) -> None:
-        """An instance's FIKIT report: the counters' growth into the metrics, and once the
-        function's first instance is in the sharing phase, its kernel profile into the state
-        database (the instance's ``kernel_profile`` command)."""
-        prev = inst.fikit
-        inst.fikit = usage
-        mt = self.gateway.metrics
-        for counter, new, old in (
-            (mt.fikit_preemptions, usage.preemptions, prev.preemptions if prev else 0),
-            (mt.fikit_fills, usage.fills, prev.fills if prev else 0),
-            (mt.fikit_measure, usage.measure_s, prev.measure_s if prev else 0.0),
-        ):
-            delta = new - old if new >= old else new  # below: the slot was re-registered
-            if delta > 0:
-                counter.labels(inst.function).inc(delta)
-        if (
-            usage.phase == "sharing"
-            and fs.kernel_runs == 0
-            and not fs.kernel_fetching
-            and inst.state is LiveState.READY
-        ):
-            fs.kernel_fetching = True
-            await self._store_kernel_profile(fs, inst)
-
-    async def _store_kernel_profile(self, fs: FunctionState, inst: LiveInstance) -> None:
-        name = fs.spec.name
-        try:
-            raw = await self.gateway.control(
-                inst.route, inst.instance_id, {"cmd": "kernel_profile", "profile": True}
-            )
-            doc = json.loads(raw)
-            profile = doc.get("profile")
-            if isinstance(profile, dict) and int(profile.get("runs", 0)) > 0:
-                code = kernel_code_key(fs.spec.model_dump(mode="json"))
-                self.state.put_kernel_profile(name, code, profile, int(profile["runs"]))
-                fs.kernel_runs = int(profile["runs"])
-                self._event(
-                    name,
-                    f"FIKIT: kernel profile measured ({fs.kernel_runs} runs, "
-                    f"{doc.get('kernels', 0)} op ids, {doc.get('fillable', 0)} followed by a "
-                    f"gap >= 0.1 ms); sharing phase",
-                    instance=inst.instance_id,
-                )
-        except Exception as e:
-            log.warning("%s: cannot fetch the kernel profile of %s: %s", name, inst.instance_id, e)
-        finally:
-            fs.kernel_fetching = False
-
     async def _resize_memory(self, fs: FunctionState) -> None:
         """Re-solve an ``auto`` function's memory sizing and push it to its instances."""
         try:
             plan = fs.memory.resolve(fs.spec)
         except Exception as e:  # a solver failure keeps the old sizing
-            self._event(fs.spec.name, f"memory sizing failed: {e}", level="warn")
+            self.event(fs.spec.name, f"memory sizing failed: {e}", level="warn")
             return
         if plan is None:
             return
-        self._event(
+        self.event(
             fs.spec.name,
             f"memory sizing: init {plan.init_mb:.0f} MiB, step {plan.step_mb:.0f} MiB "
             f"(from {len(fs.memory.history)} measured batches)",
@@ -845,20 +551,15 @@ class Controller:
                 mt.memory_reserved.labels(name).set(sum(u.limit_mb for u in usage))
                 mt.memory_used.labels(name).set(sum(u.samples[-1][0] for u in usage if u.samples))
 
-    def _event(
+    def event(
         self, function: str, message: str, *, instance: str | None = None, level: str = "info"
     ) -> None:
+        """Log ``message`` for ``function`` and keep it in the state database's events (what
+        ``gshare logs`` and the status page show); a state error never stops the caller."""
         emit = getattr(log, {"warn": "warning"}.get(level, level), log.info)
         emit("%s%s: %s", function, f" [{instance}]" if instance else "", message)
         with contextlib.suppress(Exception):
             self.state.add_event(function, message, instance=instance, level=level)
 
 
-__all__ = [
-    "AgentRef",
-    "Controller",
-    "ControllerConfig",
-    "Device",
-    "FunctionState",
-    "LiveInstance",
-]
+__all__ = ["Controller"]

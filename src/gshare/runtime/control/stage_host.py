@@ -31,7 +31,8 @@ from gshare.runtime.messages import LiveState
 from gshare.workflows.shares import QUOTA_STEP_PCT, ShareFunction, quotas_of
 
 if TYPE_CHECKING:
-    from gshare.runtime.control.loop import Controller, LiveInstance
+    from gshare.runtime.control.loop import Controller
+    from gshare.runtime.control.records import LiveInstance
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 """Batches offered to the scheduler, up to the function's ``batching.max_batch``."""
