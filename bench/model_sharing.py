@@ -120,7 +120,7 @@ def run_fork_group(shared: bool, model: str, root: str, n: int, work: str) -> di
     each answers one request on the model's example input; measured with the template."""
     from gshare.policy.tokens import ClientSpec, TokenConfig
     from gshare.runtime.instance import protocol as P
-    from gshare.runtime.instance.server import InstanceLaunch, launch_to_dict
+    from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
     from gshare.runtime.node.launcher import Launcher
     from gshare.runtime.tokens import TokenServer
 

@@ -16,7 +16,7 @@ import pytest
 
 from gshare.policy.tokens import ClientSpec, TokenConfig
 from gshare.runtime.instance import protocol as P
-from gshare.runtime.instance.server import InstanceLaunch, launch_to_dict
+from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
 from gshare.runtime.node.launcher import Launcher, LauncherError
 from gshare.runtime.tokens import TokenServer
 from gshare.testing import TINY_MODELS_ENV, wait_until

@@ -70,8 +70,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from gshare.policy.tokens import ClientSpec
+from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
 from gshare.runtime.instance.memory import SAMPLE
-from gshare.runtime.instance.server import InstanceActor, InstanceLaunch, launch_to_dict
+from gshare.runtime.instance.server import InstanceActor
 from gshare.runtime.messages import (
     FikitUsage,
     InstanceState,

@@ -320,7 +320,8 @@ def _write_atomic(path: str, text: str) -> None:
 
 def run_instance(launch: dict[str, Any]) -> None:
     """(In a forked child) Serve one instance until SIGTERM; never returns."""
-    from gshare.runtime.instance.server import InstanceLaunch, InstanceServer
+    from gshare.runtime.instance.launch import InstanceLaunch
+    from gshare.runtime.instance.server import InstanceServer
 
     il = InstanceLaunch(**launch)
     try:

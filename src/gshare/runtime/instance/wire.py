@@ -1,0 +1,207 @@
+"""An instance's data path on the wire: the gateway connections and the IO thread that serves them.
+
+Who calls it: ``instance.server.InstanceServer`` owns one ``DataPath`` (cold-start step 4). Its
+IO thread runs an asyncio loop with a Unix-domain listener (and a TCP one when the gateway runs
+on another node); each accepted connection is a ``Conn``, which parses ``instance.protocol``
+request frames, answers ``OP_CONTROL`` / ``OP_CANCEL`` at once through its owner (``ConnOwner``)
+and hands every request to it as an ``Item`` (``enqueue``). The batching thread writes the
+responses back with ``DataPath.send`` (one loop wake-up per batch); ``json_default`` is how a
+handler's output is JSON-encoded.
+
+What must hold: a ``Conn``'s transport is touched only on the IO thread (other threads go through
+``send`` or ``loop.call_soon_threadsafe``); a TCP connection carries nothing until its first frame
+(``OP_AUTH``) proved the channel secret; ``DataPath.start`` returns only once the listeners are
+bound (or raises why they are not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gshare.runtime.instance import protocol as P
+from gshare.runtime.instance.launch import InstanceLaunch
+
+log = logging.getLogger(__name__)
+
+
+class ConnOwner(Protocol):
+    """What a ``Conn`` calls on the IO thread (``InstanceServer``)."""
+
+    draining: bool
+
+    def control(self, req_id: int, payload: bytes) -> bytes: ...
+
+    def cancel(self, conn: Conn, req_id: int) -> bool: ...
+
+    def enqueue(self, items: list[Item]) -> None: ...
+
+
+@dataclass
+class Item:
+    req_id: int
+    op: int
+    enc: int
+    payload: bytes
+    writer: Conn
+    arrived: float
+    ctx: Any = None
+    """An OIP request's context (``gateway.oip_codec.OipCall``), from ``_decode`` to ``_encode``."""
+
+
+class Conn(asyncio.Protocol):
+    """One gateway connection on the instance's IO loop."""
+
+    def __init__(self, server: ConnOwner, secret: str = "") -> None:
+        self.server = server
+        self.reader = P.FrameReader(P.REQ_FIXED)
+        self.transport: asyncio.Transport | None = None
+        self.secret = secret.encode()
+        """Non-empty on a TCP connection until its ``OP_AUTH`` frame proved it."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
+        P.set_nodelay(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.reader.feed(data)
+        except P.ProtocolError:
+            if self.transport:
+                self.transport.close()
+            return
+        now = time.perf_counter()
+        srv = self.server
+        items: list[Item] = []
+        for f in frames:
+            req_id, op, enc = P.REQ_REST.unpack_from(f)
+            payload = f[P.REQ_FIXED :]
+            if self.secret:  # a TCP connection: the first frame must prove the secret
+                if op != P.OP_AUTH or not hmac.compare_digest(bytes(payload), self.secret):
+                    log.warning("instance: a TCP connection did not authenticate; closed")
+                    if self.transport:
+                        self.transport.close()
+                    return
+                self.secret = b""
+                continue
+            if op == P.OP_AUTH:
+                continue
+            if op == P.OP_CONTROL:
+                self.write(srv.control(req_id, payload))
+            elif op == P.OP_CANCEL:
+                if srv.cancel(self, req_id):
+                    self.write(P.encode_response(req_id, P.ST_CANCELLED, P.ENC_RAW, b"cancelled"))
+            elif srv.draining:
+                self.write(P.encode_response(req_id, P.ST_DRAINING, P.ENC_RAW, b"draining"))
+            else:
+                items.append(Item(req_id, op, enc, payload, self, now))
+        if items:
+            srv.enqueue(items)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps``' ``default`` for a handler's output (arrays, bytes, sets, tuples)."""
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, bytes | bytearray):
+        return o.decode("utf-8", errors="replace")
+    if isinstance(o, set | tuple):
+        return list(o)
+    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
+
+
+class DataPath:
+    """The instance's IO thread: an asyncio loop serving one ``Conn`` per connection for
+    ``owner`` on the launch's Unix socket (and a TCP port when ``listen_tcp``)."""
+
+    def __init__(self, owner: ConnOwner, launch: InstanceLaunch) -> None:
+        self.owner = owner
+        self.launch = launch
+        self.loop = asyncio.new_event_loop()
+        self.servers: list[asyncio.AbstractServer] = []
+        self.tcp_port: int | None = None
+
+    def start(self) -> None:
+        """Start the IO thread and wait (at most 30 s) for its listeners."""
+        ready = threading.Event()
+        errors: list[BaseException] = []
+        self.thread = threading.Thread(
+            target=self._main, args=(ready, errors), name="gshare-io", daemon=True
+        )
+        self.thread.start()
+        ready.wait(30)
+        if errors:
+            raise RuntimeError(f"instance {self.launch.instance_id}: cannot listen: {errors[0]}")
+
+    def _main(self, ready: threading.Event, errors: list[BaseException]) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            path = self.launch.uds_path
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            srv = self.loop.run_until_complete(
+                self.loop.create_unix_server(lambda: Conn(self.owner), path=path, backlog=256)
+            )
+            self.servers.append(srv)
+            if self.launch.listen_tcp:
+                if not self.launch.channel_secret:
+                    raise RuntimeError("a TCP listener needs a channel secret")
+                secret = self.launch.channel_secret
+                tcp = self.loop.run_until_complete(
+                    self.loop.create_server(
+                        lambda: Conn(self.owner, secret), host=self.launch.tcp_host, port=0
+                    )
+                )
+                self.servers.append(tcp)
+                self.tcp_port = tcp.sockets[0].getsockname()[1]
+        except BaseException as e:  # reported to start
+            errors.append(e)
+            ready.set()
+            return
+        ready.set()
+        self.loop.run_forever()
+
+    def send(self, out: list[tuple[Conn, bytes]]) -> None:
+        """Write responses from the batching thread (one loop wake-up per batch)."""
+        if not out or self.loop.is_closed():
+            return
+
+        def write_all() -> None:
+            for conn, data in out:
+                conn.write(data)
+
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(write_all)
+
+    def call_soon(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the IO thread (``RuntimeError`` when the loop is closed)."""
+        self.loop.call_soon_threadsafe(fn)
+
+    def close(self) -> None:
+        """Close the listeners and stop the loop (from any thread; a no-op once closed)."""
+
+        def close() -> None:
+            for s in self.servers:
+                s.close()
+            self.loop.stop()
+
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(close)
+
+
+__all__ = ["Conn", "ConnOwner", "DataPath", "Item", "json_default"]
