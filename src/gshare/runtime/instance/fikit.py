@@ -1,9 +1,9 @@
 """FIKIT in an instance process: the measurement phase and the per-op decisions at the instance's
 preemption points (torch module calls), through the device's board.
 
-Who calls it: ``instance.server.InstanceServer`` owns one ``FikitHost`` when its device's board
-is in FIKIT mode (``tokens.board.open_board``; otherwise the instance shares by tokens alone, as
-before). The batching thread calls ``begin_batch`` / ``end_batch`` around each batch, and the
+Who calls it: the instance's device gate (``instance.gate.DeviceGate``) owns one ``FikitHost``
+when its device's board is in FIKIT mode (``tokens.board.open_board``; otherwise the instance
+shares by tokens alone, as before). The batching thread calls ``begin_batch`` / ``end_batch`` around each batch, and the
 global torch forward pre-hook calls ``must_yield``, ``hold`` and ``before_op`` before every module
 call; the host installs its own forward (post) hook, ``after_op``, only while it measures or
 publishes gaps. The decisions are ``policy.priority`` (``live``: task switching, the gap after a
