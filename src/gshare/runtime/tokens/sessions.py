@@ -157,10 +157,7 @@ class Sessions:
             conn.memory_of = client_id
             conn.label = f"memory channel of {client_id!r}"
             self._memory_conns[client_id] = conn
-            FRAME.pack_into(
-                self._out, 0, OP_WELCOME, PROTOCOL_VERSION, 0, seq, self.config.window_ms
-            )
-            self._wire.send(conn, self._out)
+            self._welcome(conn, seq)
         elif client_id in self.by_client and not self._take_over(client_id):
             self._wire.send_error(
                 conn, ERR_BAD_STATE, seq, f"client {client_id!r} is already connected"
@@ -169,10 +166,11 @@ class Sessions:
             conn.client_id = client_id
             conn.label = f"client {client_id!r}"
             self.by_client[client_id] = conn
-            FRAME.pack_into(
-                self._out, 0, OP_WELCOME, PROTOCOL_VERSION, 0, seq, self.config.window_ms
-            )
-            self._wire.send(conn, self._out)
+            self._welcome(conn, seq)
+
+    def _welcome(self, conn: Conn, seq: int) -> None:
+        FRAME.pack_into(self._out, 0, OP_WELCOME, PROTOCOL_VERSION, 0, seq, self.config.window_ms)
+        self._wire.send(conn, self._out)
 
     def _on_memory(self, conn: Conn, seq: int, limit_mb: float, flags: int) -> None:
         cid = conn.memory_of
