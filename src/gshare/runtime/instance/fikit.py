@@ -3,10 +3,10 @@ preemption points (torch module calls), through the device's board.
 
 Who calls it: the instance's device gate (``instance.gate.DeviceGate``) owns one ``FikitHost``
 when its device's board is in FIKIT mode (``tokens.board.open_board``; otherwise the instance
-shares by tokens alone, as before). The batching thread calls ``begin_batch`` / ``end_batch`` around each batch, and the
-global torch forward pre-hook calls ``must_yield``, ``hold`` and ``before_op`` before every module
-call; the host installs its own forward (post) hook, ``after_op``, only while it measures or
-publishes gaps. The decisions are ``policy.priority`` (``live``: task switching, the gap after a
+shares by tokens alone, as before). The batching thread calls ``begin_batch`` / ``end_batch``
+around each batch, and the global torch forward pre-hook calls ``must_yield``, ``hold`` and
+``before_op`` before every module call; the host installs its own forward (post) hook,
+``after_op``, only while it measures or publishes gaps. The decisions are ``policy.priority`` (``live``: task switching, the gap after a
 kernel, the idle window and BestPrioFit over the waiting launches; ``profile``: SK / SG;
 ``kernel_id``: an op's identity); this module measures, reads and writes the board, and waits.
 
