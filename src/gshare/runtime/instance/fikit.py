@@ -6,9 +6,10 @@ when its device's board is in FIKIT mode (``tokens.board.open_board``; otherwise
 shares by tokens alone, as before). The batching thread calls ``begin_batch`` / ``end_batch``
 around each batch, and the global torch forward pre-hook calls ``must_yield``, ``hold`` and
 ``before_op`` before every module call; the host installs its own forward (post) hook,
-``after_op``, only while it measures or publishes gaps. The decisions are ``policy.priority`` (``live``: task switching, the gap after a
-kernel, the idle window and BestPrioFit over the waiting launches; ``profile``: SK / SG;
-``kernel_id``: an op's identity); this module measures, reads and writes the board, and waits.
+``after_op``, only while it measures or publishes gaps. The decisions are ``policy.priority``
+(``live``: task switching, the gap after a kernel, the idle window and BestPrioFit over the
+waiting launches; ``profile``: SK / SG; ``kernel_id``: an op's identity); this module
+measures, reads and writes the board, and waits.
 
 * **Kernels** are leaf modules (no children): their pre- and post-hook bracket the op's work.
   Their id is ``KernelId.cpu(type name, input tensor shapes)`` — also on CUDA, where the module
