@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gshare.policy.workflow import slo_split
 from gshare.policy.workflow.slo_split import (
     anl_labels,
     immediate_dominators,
@@ -226,6 +227,26 @@ def test_split_is_a_partition_into_chains_within_the_slo(
     dag: tuple[dict[str, list[str]], dict[str, float]], g: int
 ) -> None:
     _check_structure(*dag, g)
+
+
+@settings(max_examples=100, deadline=None)
+@given(dags_with_anl(), st.integers(1, 4), st.floats(1.0, 5000.0))
+def test_the_memoised_grouping_splits_as_a_fresh_one(
+    dag: tuple[dict[str, list[str]], dict[str, float]], g: int, slo_ms: float
+) -> None:
+    """``split_slo`` builds a grouping once per (DAG, labels, g): a split served from the memo
+    equals one built from scratch, at any budget, and other labels on the same DAG are never
+    served the first labels' grouping."""
+    preds, anl = dag
+    first = next(iter(preds))
+    relabelled = {**anl, first: anl[first] * 3.0 + 0.5}
+    slo_split._structure.cache_clear()
+    fresh = split_slo(preds, anl, slo_ms, max_group_size=g)
+    slo_split._structure.cache_clear()
+    fresh_relabelled = split_slo(preds, relabelled, slo_ms, max_group_size=g)
+    split_slo(preds, anl, 1000.0, max_group_size=g)  # the memo now holds both groupings
+    assert split_slo(preds, anl, slo_ms, max_group_size=g) == fresh
+    assert split_slo(preds, relabelled, slo_ms, max_group_size=g) == fresh_relabelled
 
 
 @st.composite

@@ -22,6 +22,8 @@ Algorithm", 2001) rather than taken from networkx, because importing networkx pu
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -33,6 +35,8 @@ DEFAULT_MAX_GROUP_SIZE: Final[int] = 3
 VIRTUAL_ROOT: Final[str] = "<root>"
 """Root added above several source stages so that the dominator tree is a tree. Not a valid
 stage name in specs (they start with a letter or digit)."""
+STRUCTURE_CACHE_SIZE: Final[int] = 1024
+"""Groupings ``split_slo`` keeps (one per remaining-stage set, ANL labels and group size)."""
 
 
 # -- dominators --------------------------------------------------------------------------------
@@ -213,7 +217,50 @@ def split_slo(
     """Group the stages of the DAG ``predecessors`` (stage -> the stages it runs after; the
     mapping order breaks ties) and split ``slo_ms`` among the groups by ``anl`` (stage ->
     ANL). ``ValueError`` on an empty DAG, a cycle, an unknown predecessor, a missing ANL or
-    ``max_group_size < 1``."""
+    ``max_group_size < 1``.
+
+    The grouping does not depend on ``slo_ms``: it is built once per (DAG, ANL, group size)
+    (``_structure``, memoised: ESG re-plans the same remaining stages before every dispatch)
+    and only the split of ``slo_ms`` runs per call."""
+    final, anl_of = _structure(
+        tuple((s, tuple(ps)) for s, ps in predecessors.items()),
+        tuple((s, anl[s]) for s in predecessors if s in anl),
+        max_group_size,
+    )
+    out: list[SloGroup] = []
+
+    def assign(items: Sequence[_Item], share_ms: float) -> None:
+        total = sum(_anl(i, anl_of) for i in items)
+        for it in items:
+            part = share_ms * (_anl(it, anl_of) / total if total > 0 else 1.0 / len(items))
+            if isinstance(it, _Group):
+                quota = part / slo_ms if slo_ms != 0 else 0.0
+                out.append(SloGroup(tuple(it.stages), it.anl, part, quota))
+            elif isinstance(it, _Reduced):
+                for branch in it.branches:
+                    assign(branch, part)
+
+    assign(final, slo_ms)
+    return SloSplit(slo_ms=slo_ms, groups=tuple(out), structure=_render(final))
+
+
+@functools.lru_cache(maxsize=STRUCTURE_CACHE_SIZE)
+def _structure(
+    predecessors: tuple[tuple[str, tuple[str, ...]], ...],
+    anl: tuple[tuple[str, float], ...],
+    max_group_size: int,
+) -> tuple[tuple[_Item, ...], Mapping[str, float]]:
+    """``_build_structure`` memoised on hashable arguments (errors are not cached)."""
+    return _build_structure(dict(predecessors), dict(anl), max_group_size)
+
+
+def _build_structure(
+    predecessors: Mapping[str, Sequence[str]],
+    anl: Mapping[str, float],
+    max_group_size: int,
+) -> tuple[tuple[_Item, ...], Mapping[str, float]]:
+    """Steps 1-3 of the module NOTE: the validated DAG's items (groups and reduced nodes) in
+    order, and the ANL labels they were built with (read-only)."""
     if max_group_size < 1:
         raise ValueError(f"max_group_size must be >= 1, got {max_group_size}")
     if not predecessors:
@@ -325,22 +372,7 @@ def split_slo(
             items += reduce(kids, child_edges(kids))
         return items
 
-    final = group(chain(root))
-    out: list[SloGroup] = []
-
-    def assign(items: list[_Item], share_ms: float) -> None:
-        total = sum(_anl(i, anl) for i in items)
-        for it in items:
-            part = share_ms * (_anl(it, anl) / total if total > 0 else 1.0 / len(items))
-            if isinstance(it, _Group):
-                quota = part / slo_ms if slo_ms != 0 else 0.0
-                out.append(SloGroup(tuple(it.stages), it.anl, part, quota))
-            elif isinstance(it, _Reduced):
-                for branch in it.branches:
-                    assign(branch, part)
-
-    assign(final, slo_ms)
-    return SloSplit(slo_ms=slo_ms, groups=tuple(out), structure=_render(final))
+    return tuple(group(chain(root))), types.MappingProxyType(dict(anl))
 
 
 def _components(nodes: list[str], edges: Mapping[str, set[str]]) -> list[list[str]]:
