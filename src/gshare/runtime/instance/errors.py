@@ -19,7 +19,8 @@ import traceback
 
 from gshare.runtime.instance import protocol as P
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gshare.runtime.instance.server")
+"""The instance server's logger (its parts log under the server's name)."""
 
 
 def input_error(e: Exception) -> str:

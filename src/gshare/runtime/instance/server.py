@@ -96,13 +96,17 @@ class InstanceServer:
         # 4. data path.
         self._wire = DataPath(self, launch)
         self._wire.start()
-        self.tcp_port = self._wire.tcp_port
         self._worker = threading.Thread(target=self._batch_loop, name="gshare-batch", daemon=True)
         self._worker.start()
         if cs.governed:
             self.gate.start_memory(self.baseline_mb, die=self._die_over_limit, idle=self._is_idle)
 
     # -- info --------------------------------------------------------------------------------
+
+    @property
+    def tcp_port(self) -> int | None:
+        """The TCP listener's port (None: no listener, or not bound yet)."""
+        return self._wire.tcp_port
 
     def info(self) -> dict[str, Any]:
         """What the agent reports once the instance is ready."""

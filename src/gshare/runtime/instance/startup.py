@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from gshare.runtime.instance.sandbox import Sandbox
     from gshare.spec import FunctionSpec
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gshare.runtime.instance.server")
+"""The instance server's logger (its parts log under the server's name)."""
 
 
 @dataclass

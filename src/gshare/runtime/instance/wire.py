@@ -30,7 +30,8 @@ from typing import Any, Protocol
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.launch import InstanceLaunch
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gshare.runtime.instance.server")
+"""The instance server's logger (its parts log under the server's name)."""
 
 
 class ConnOwner(Protocol):

@@ -55,12 +55,8 @@ class TokenServer:
         if len(os.fsencode(socket_path)) > 107:
             raise ValueError(f"socket path too long for AF_UNIX (max 107 bytes): {socket_path}")
         self.socket_path = socket_path
-        self.config = config
         self._clock = clock
-        self.epoch_s = clock()
-        """Clock reading that is time 0 of the scheduler (windows are aligned to it)."""
-        self.memory = DeviceMemory(memory_mb) if memory_mb else None
-        """The device's memory ledger (None: memory is not accounted)."""
+        self._memory = DeviceMemory(memory_mb) if memory_mb else None
         self._lock = threading.Lock()
         self._stats = new_stats()
         self._listener: socket.socket | None = None
@@ -68,10 +64,6 @@ class TokenServer:
         self._wake_w: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.priority_classes = priority_classes
-        """FIKIT across priority classes (``policy.priority.plan_classes``): a client below the
-        top active class gets no token (its ACQUIRE is held until its class may run), and the
-        top class is published on the board. False: priorities only order the token queue."""
         board_writer: BoardWriter | None = None
         if board is not None:
             board_writer = BoardWriter(board, MODE_FIKIT if priority_classes else MODE_TOKENS)
@@ -80,7 +72,7 @@ class TokenServer:
         self._dispatch = TokenDispatch(
             config,
             clock,
-            self.epoch_s,
+            clock(),
             wire=self._wire,
             by_client=by_client,
             board=board_writer,
@@ -92,8 +84,31 @@ class TokenServer:
             wire=self._wire,
             dispatch=self._dispatch,
             by_client=by_client,
-            memory=self.memory,
+            memory=self._memory,
         )
+
+    # -- settings (read-only: the parts that use them hold them) ------------------------------
+
+    @property
+    def config(self) -> TokenConfig:
+        return self._dispatch.config
+
+    @property
+    def epoch_s(self) -> float:
+        """Clock reading that is time 0 of the scheduler (windows are aligned to it)."""
+        return self._dispatch.epoch_s
+
+    @property
+    def memory(self) -> DeviceMemory | None:
+        """The device's memory ledger (None: memory is not accounted)."""
+        return self._memory
+
+    @property
+    def priority_classes(self) -> bool:
+        """FIKIT across priority classes (``policy.priority.plan_classes``): a client below the
+        top active class gets no token (its ACQUIRE is held until its class may run), and the
+        top class is published on the board. False: priorities only order the token queue."""
+        return self._dispatch.priority_classes
 
     # -- lifecycle (node agent) ---------------------------------------------------------------
 
@@ -194,22 +209,22 @@ class TokenServer:
     def reserve_memory(self, client_id: str, limit_mb: float) -> MemoryGrant:
         """Reserve an instance's starting memory limit (the agent, before it starts)."""
         with self._lock:
-            if self.memory is None:
+            if self._memory is None:
                 return MemoryGrant(limit_mb, math.inf)
-            return self.memory.reserve(client_id, limit_mb)
+            return self._memory.reserve(client_id, limit_mb)
 
     def release_memory(self, client_id: str) -> None:
         """Drop an instance's reservation (the agent, once it stopped)."""
         with self._lock:
-            if self.memory is not None:
-                self.memory.release(client_id)
+            if self._memory is not None:
+                self._memory.release(client_id)
 
     def memory_snapshot(self) -> tuple[float, dict[str, Reservation]]:
         """(capacity MiB, the reservations); (0, {}) without a ledger."""
         with self._lock:
-            if self.memory is None:
+            if self._memory is None:
                 return 0.0, {}
-            return self.memory.capacity_mb, self.memory.snapshot()
+            return self._memory.capacity_mb, self._memory.snapshot()
 
     def snapshot(self) -> Mapping[str, ClientView]:
         """The scheduler's table (immutable copies), as of the last event. Thread-safe."""
