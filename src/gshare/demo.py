@@ -51,6 +51,7 @@ from rich.table import Table
 
 from gshare.runtime.client import Client
 from gshare.testing import ServeProcess, ServeStartError
+from gshare.workflows.dag import render_stages
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if not EXAMPLES.is_dir():  # not an editable install: run from the repository root
@@ -354,7 +355,7 @@ def run_workflow_part(
     name = client.deploy_workflow(EXAMPLES / WORKFLOW)["name"]
     wf = next(w for w in client.list_workflows() if w["name"] == name)
     wl = WorkflowLoad(name, float(wf["slo_ms"]))
-    stages = " -> ".join(f"{s['name']}({s['function']})" for s in wf["stages"])
+    stages = render_stages(wf["stages"])
     console.print(
         f"deployed workflow {wl.name}: {stages}, SLO {wl.slo_ms:g} ms end to end; stages "
         f"scheduled by gshare serve --workflow-policy {policy or 'esg (the default)'}"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import gshare.workflows.spec as spec_module
+from gshare.workflows.dag import render_stages
 from gshare.workflows.spec import (
     MAX_SLO_MS,
     WorkflowSpec,
@@ -177,3 +178,41 @@ def test_spec_does_not_import_the_catalogue() -> None:
         and id(node) not in top_level
     ]
     assert nested == [], f"function-level gshare imports in spec.py at lines {nested}"
+
+
+@pytest.mark.parametrize(
+    ("stages", "line"),
+    [
+        ([{"name": "a", "function": "f"}], "a(f)"),
+        (
+            [{"name": "a", "function": "f"}, {"name": "b", "function": "g", "after": ["a"]}],
+            "a(f) -> b(g)",
+        ),
+        (  # a split (examples/workflows/scene.yaml): both run once sr has answered
+            [
+                {"name": "sr", "function": "swin2sr"},
+                {"name": "seg", "function": "segformer", "after": ["sr"]},
+                {"name": "depth", "function": "dpt", "after": ["sr"]},
+            ],
+            "sr(swin2sr) -> {seg(segformer) | depth(dpt)}",
+        ),
+        (  # two sources and a join; listed out of order, placed by level
+            [
+                {"name": "j", "function": "h", "after": ["a", "b"]},
+                {"name": "a", "function": "f"},
+                {"name": "b", "function": "g", "after": []},
+            ],
+            "{a(f) | b(g)} -> j(h)",
+        ),
+        (  # a skip edge: c waits for b, so it is on b's next level, not a's
+            [
+                {"name": "a", "function": "f"},
+                {"name": "b", "function": "g", "after": ["a"]},
+                {"name": "c", "function": "h", "after": ["a", "b"]},
+            ],
+            "a(f) -> b(g) -> c(h)",
+        ),
+    ],
+)
+def test_a_workflow_renders_by_level(stages: list[dict[str, object]], line: str) -> None:
+    assert render_stages(stages) == line

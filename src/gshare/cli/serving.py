@@ -26,6 +26,7 @@ from gshare.cli import (
     console,
     err_console,
 )
+from gshare.workflows.dag import render_stages
 
 
 @app.command("serve")
@@ -251,7 +252,7 @@ def list_cmd(
             wt.add_row(
                 w["name"],
                 f"{w['slo_ms']:g}",
-                " -> ".join(f"{s['name']}({s['function']})" for s in w["stages"]),
+                render_stages(w["stages"]),
                 ", ".join(w["missing_functions"]) or "-",
             )
         console.print(wt)

@@ -37,3 +37,29 @@ def kahn_order(predecessors: Mapping[str, Collection[str]]) -> list[str]:
         stuck = next(n for n in predecessors if n not in done)
         raise ValueError(f"the DAG has a cycle through stage {stuck!r}")
     return out
+
+
+def render_stages(stages: Collection[Mapping[str, object]]) -> str:
+    """One line for a workflow's stages (``name``, ``function``, ``after`` as a spec's or the
+    API's stage dicts): stages by level — a stage's level is one more than its predecessors'
+    highest — with ``->`` between levels and stages that run side by side in ``{a | b}``.
+    ``gshare list`` and the demo print it; a chain reads ``a(f) -> b(g)``. Predecessors that
+    are not stages are ignored."""
+    preds: dict[str, list[str]] = {}
+    label: dict[str, str] = {}
+    for s in stages:
+        name = str(s["name"])
+        after = s.get("after") or ()
+        preds[name] = [str(p) for p in after] if isinstance(after, (list, tuple)) else []
+        label[name] = f"{name}({s['function']})"
+    level: dict[str, int] = {}
+    for n in kahn_order(preds):
+        level[n] = 1 + max((level[p] for p in preds[n] if p in level), default=-1)
+    by_level: dict[int, list[str]] = {}
+    for n in preds:  # spec order within a level
+        by_level.setdefault(level[n], []).append(label[n])
+    parts = [
+        names[0] if len(names) == 1 else "{" + " | ".join(names) + "}"
+        for _, names in sorted(by_level.items())
+    ]
+    return " -> ".join(parts)
