@@ -263,3 +263,38 @@ def test_lost_agent_loses_its_instances(tmp_path: Path) -> None:
             assert not ctl.ready()
 
     run(go())
+
+
+def test_a_request_that_times_out_without_room_says_why(tmp_path: Path) -> None:
+    """f's instance holds 60 % x 60 % of the only device, so g's (60 % x 60 %) cannot be
+    placed: g's request waits (room may free up) and, timed out, names the placer's reason;
+    once an instance of g is placed the reason is gone."""
+    share = {"sm_pct": 60, "quota_request": 0.6, "quota_limit": 0.6}
+
+    async def go() -> None:
+        async with world(tmp_path, resources=share) as (ctl, gw, agent, clock):
+            submit(gw)
+            await ctl.cold_starts()
+            await ctl.observe()
+            assert agent.started == ["f-1"]
+            g = {"name": "g", "handler": "gshare.runtime.demo_handlers:Echo", "device": "cpu"}
+            ctl.register(parse_function_spec({**g, "resources": share}), 1, [])
+            gw.request_timeout_s = 0.2
+            p = gw.submit("g", P.OP_INVOKE, P.ENC_RAW, b"x")
+            await ctl.cold_starts()
+            assert agent.started == ["f-1"]  # no room for g
+            reason = gw.routes["g"].waiting_reason
+            assert reason is not None and "no room for another instance" in reason
+            try:
+                await gw.wait(p)
+                raise AssertionError("g's request was answered without an instance")
+            except HttpError as e:
+                assert e.status == 504 and "no room for another instance" in e.message, e
+            await ctl.stop_instance("f-1")  # room again
+            gw.request_timeout_s = 3600.0
+            gw.submit("g", P.OP_INVOKE, P.ENC_RAW, b"x")
+            await ctl.cold_starts()
+            assert [i.split("-")[0] for i in agent.started] == ["f", "g"]
+            assert gw.routes["g"].waiting_reason is None
+
+    run(go())

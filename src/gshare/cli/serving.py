@@ -382,6 +382,7 @@ def describe_cmd(
             + (f" (auto, from {mem['measured_batches']} batches)" if mem["auto"] else ""),
         ),
         ("start error", f["start_error"] or "-"),
+        ("waiting", f.get("waiting_reason") or "-"),
     ]
     head = Table(box=None, show_header=False)
     for k, v in rows:

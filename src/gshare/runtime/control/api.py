@@ -238,6 +238,7 @@ class ControlApi(ControlPlane):
             "inputs": fs.inputs,
             "outputs": fs.outputs,
             "start_error": fs.start_error,
+            "waiting_reason": route.waiting_reason if route else None,
             "config_source": fs.configs.describe(),
             "configs": len(fs.configs.configs),
             "last_decision": fs.last_reason,

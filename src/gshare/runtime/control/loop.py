@@ -361,6 +361,9 @@ class Controller:
     # -- instance lifecycle ----------------------------------------------------------------------
 
     def _shortfall(self, fs: FunctionState, message: str) -> None:
+        """No room for an instance of ``fs``: the gateway keeps the reason for requests that
+        time out waiting; the event log gets it at most every ``SHORTFALL_LOG_S``."""
+        self.gateway.set_waiting_reason(fs.spec.name, message)
         now = self.clock()
         if now - fs.last_shortfall_s > SHORTFALL_LOG_S:
             fs.last_shortfall_s = now
@@ -400,6 +403,7 @@ class Controller:
                 return None
             device = self.devices[binding.gpu]
             sm_offset = binding.rect.y
+            self.gateway.set_waiting_reason(name, None)
         else:
             sm_offset = 0.0
         spec = fs.spec

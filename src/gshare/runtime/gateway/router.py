@@ -94,6 +94,9 @@ class FunctionRoute:
     inputs: list[dict[str, Any]] = field(default_factory=list)
     start_error: str | None = None
     """Why the function's last instance start failed (queued requests fail with it)."""
+    waiting_reason: str | None = None
+    """Why no instance can be started for it now (the controller's "no room ..."); a request
+    that times out waiting for an instance names it. Cleared when an instance connects."""
     exec_ms_per_item: float | None = None
     """EWMA of the measured busy time per request (exec_ms / batch), for the controller's
     throughput estimate when the function is not profiled."""
@@ -209,6 +212,7 @@ class Gateway:
             return
         r.channels[instance_id] = ch
         r.start_error = None
+        r.waiting_reason = None
         self.dispatch(function)
 
     def is_connected(self, function: str, instance_id: str) -> bool:
@@ -284,6 +288,14 @@ class Gateway:
             return None
         times = [t for t in (r.last_arrival_s, r.last_done_s) if t is not None]
         return max(times) if times else None
+
+    def set_waiting_reason(self, function: str, message: str | None) -> None:
+        """The controller could not place an instance of ``function`` (``message``; None: it
+        can again). Queued requests keep waiting — room may free up — and one that times out
+        says why."""
+        r = self.routes.get(function)
+        if r is not None:
+            r.waiting_reason = message
 
     def set_start_error(self, function: str, message: str) -> None:
         """No instance of the function could start: fail what waits for one (503)."""
@@ -513,6 +525,8 @@ class Gateway:
         elif r is not None:
             with contextlib.suppress(ValueError):
                 r.queue.remove(p)
+            if r.waiting_reason:
+                where += f"; {r.waiting_reason}"
         p.future.set_exception(
             HttpError(
                 504,

@@ -315,10 +315,11 @@ class StageScheduler:
         try:
             return await asyncio.wait_for(asyncio.shield(fut), self.gw.request_timeout_s)
         except TimeoutError:
+            why = route.waiting_reason if route is not None and not route.channels else None
             raise HttpError(
                 504,
                 f"stage {stage!r} ({function}) got no answer within "
-                f"{self.gw.request_timeout_s:g} s",
+                f"{self.gw.request_timeout_s:g} s" + (f"; {why}" if why else ""),
             ) from None
         finally:
             if not fut.done():  # the request was cancelled: drop the job if still queued
