@@ -74,12 +74,37 @@ def experiment_list() -> None:
     console.print(table)
 
 
+@experiment_app.command("params")
+def experiment_params(
+    name: str = typer.Argument(..., help="Experiment name (see `gshare experiment list`)."),
+    quick: bool = typer.Option(False, "--quick", help="The --quick version's parameters."),
+) -> None:
+    """Print an experiment's parameters (YAML): what `gshare experiment run --set` changes."""
+    import yaml
+
+    from gshare.experiments import registry
+    from gshare.experiments.results import jsonable
+
+    try:
+        exp = registry.get(name)
+    except registry.UnknownExperiment as e:
+        raise CliError(str(e)) from None
+    doc = jsonable(exp.params(quick))
+    sys.stdout.write(yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100))
+
+
 @experiment_app.command("run")
 def experiment_run(
     name: str = typer.Argument(..., help="Experiment name (see `gshare experiment list`)."),
     quick: bool = typer.Option(False, "--quick", help="Run the small version (seconds)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Random seed (runs are deterministic)."),
     out: Path = typer.Option(Path("results"), "--out", help="Output folder."),
+    sets: list[str] = typer.Option(  # noqa: B008
+        [],
+        "--set",
+        help="Override a parameter, KEY=VALUE (YAML value; repeatable; dotted keys reach into "
+        "mappings). `gshare experiment params NAME` lists them.",
+    ),
 ) -> None:
     """Run an experiment; write OUT/NAME/results.json, rows.csv and PNG plots; print a table."""
     from gshare.experiments import registry
@@ -87,15 +112,24 @@ def experiment_run(
 
     try:
         exp = registry.get(name)
-    except registry.UnknownExperiment as e:
+        params = registry.override(exp.params(quick), sets)
+    except (registry.UnknownExperiment, registry.ParamError) as e:
         raise CliError(str(e)) from None
-    params = exp.params(quick)
+    changed = f", {len(sets)} parameter(s) set" if sets else ""
     err_console.print(
-        f"[bold]{exp.name}[/] ({'quick' if quick else 'full'}, seed {seed}): {exp.description}"
+        f"[bold]{exp.name}[/] ({'quick' if quick else 'full'}, seed {seed}{changed}): "
+        f"{exp.description}"
     )
     t0 = time.perf_counter()
     with err_console.status(f"running {exp.name} ..."):
-        result = exp.run(params, seed)
+        try:
+            result = exp.run(params, seed)
+        except Exception as e:
+            if not sets:
+                raise  # not the user's input: a bug, shown whole
+            raise CliError(
+                f"{exp.name} cannot run with {' '.join(sets)}: {type(e).__name__}: {e}"
+            ) from None
     elapsed = time.perf_counter() - t0
     try:
         folder = write_result(result, out)

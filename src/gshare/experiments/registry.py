@@ -9,7 +9,7 @@ Who calls it: ``gshare.cli`` (``experiment list|run``), ``make demo`` and the te
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,10 @@ EXPERIMENT_MODULES = (
     "gshare.experiments.fikit_overhead",
     "gshare.experiments.bulkx_sizing",
 )
+
+
+class ParamError(ValueError):
+    """A ``--set`` override that does not fit the experiment's parameters (one line)."""
 
 
 class UnknownExperiment(KeyError):
@@ -109,6 +113,82 @@ def get(name: str) -> Experiment:
         raise UnknownExperiment(f"unknown experiment {name!r} (known: {known})") from None
 
 
-def run_experiment(name: str, *, quick: bool = False, seed: int = 0) -> ExperimentResult:
+def override(params: Mapping[str, Any], assignments: Sequence[str]) -> dict[str, Any]:
+    """``params`` with each ``KEY=VALUE`` of ``assignments`` applied (``gshare experiment run
+    --set``). ``VALUE`` is read as YAML (``5000``, ``[0.025, 0.05]``, ``{a: 1}``, ``true``, a
+    bare string); a dotted ``KEY`` reaches into a mapping (``pair_sets.services=[[a, b]]``).
+    The key must exist, the value must have its kind (number, bool, string, list, mapping)
+    and a number whose default is >= 0 must stay >= 0: ``ParamError`` names the problem (and
+    the known keys) otherwise. ``params`` is not
+    changed."""
+    import copy
+
+    import yaml
+
+    out = copy.deepcopy(dict(params))
+    for a in assignments:
+        key, sep, raw = a.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ParamError(f"--set {a!r}: expected KEY=VALUE")
+        try:
+            value: Any = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            first = str(e).splitlines()[0]
+            raise ParamError(f"--set {key}: the value is not valid YAML ({first})") from None
+        *path, last = key.split(".")
+        where: Any = out
+        for i, part in enumerate(path):
+            where = where.get(part) if isinstance(where, dict) else None
+            if not isinstance(where, dict):
+                raise ParamError(f"--set {key}: {'.'.join(path[: i + 1])} is not a mapping")
+        if last not in where:
+            known = ", ".join(sorted(where)) or "none"
+            raise ParamError(f"--set {key}: no such parameter (known: {known})")
+        old = where[last]
+        if not _same_kind(old, value):
+            raise ParamError(
+                f"--set {key}: expected {_kind(old)} like {old!r}, got {_kind(value)} {value!r}"
+            )
+        if _is_number(old) and _is_number(value) and old >= 0 > value:  # durations, counts, rates
+            raise ParamError(f"--set {key}: must be >= 0 (default {old!r}), got {value!r}")
+        where[last] = float(value) if isinstance(old, float) and _is_number(value) else value
+    return out
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a bool"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, (list, tuple)):
+        return "a list"
+    if isinstance(v, dict):
+        return "a mapping"
+    return type(v).__name__
+
+
+def _same_kind(old: Any, new: Any) -> bool:
+    """A default of None takes anything; a float default takes an integer too."""
+    if old is None:
+        return True
+    if isinstance(old, float):
+        return _is_number(new)
+    return _kind(old) == _kind(new)
+
+
+def run_experiment(
+    name: str, *, quick: bool = False, seed: int = 0, overrides: Sequence[str] = ()
+) -> ExperimentResult:
     exp = get(name)
-    return exp.run(exp.params(quick), seed)
+    return exp.run(override(exp.params(quick), overrides), seed)

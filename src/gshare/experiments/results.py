@@ -34,21 +34,21 @@ class ExperimentResult:
         return {
             "experiment": self.experiment,
             "seed": self.seed,
-            "params": _jsonable(self.params),
-            "rows": _jsonable(self.rows),
-            "summary": _jsonable(self.summary),
+            "params": jsonable(self.params),
+            "rows": jsonable(self.rows),
+            "summary": jsonable(self.summary),
         }
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, float):
         return None if math.isnan(x) or math.isinf(x) else round(x, 6)
     if hasattr(x, "item") and callable(x.item):  # numpy scalars
-        return _jsonable(x.item())
+        return jsonable(x.item())
     return x
 
 
@@ -67,7 +67,7 @@ def write_result(result: ExperimentResult, out_dir: Path) -> Path:
             w = csv.DictWriter(f, fieldnames=cols)
             w.writeheader()
             for r in result.rows:
-                w.writerow({k: _jsonable(v) for k, v in r.items()})
+                w.writerow({k: jsonable(v) for k, v in r.items()})
     if result.plots:
         import matplotlib
 
