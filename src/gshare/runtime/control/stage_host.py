@@ -61,7 +61,10 @@ class ControllerStageHost:
             and gw.is_connected(i.function, i.instance_id)
         ]
 
-    def stage_instances(self, function: str | None = None) -> Sequence[StageInstance]:
+    def instance_exists(self, instance_id: str) -> bool:
+        return instance_id in self.c.instances
+
+    def stage_instances(self, function: str) -> Sequence[StageInstance]:
         return [
             StageInstance(
                 i.instance_id,

@@ -104,8 +104,12 @@ class StageHost(Protocol):
 
     def device_count(self) -> int: ...
 
-    def stage_instances(self, function: str | None = None) -> Sequence[StageInstance]:
-        """The ready instances (of ``function``, or of every function)."""
+    def stage_instances(self, function: str) -> Sequence[StageInstance]:
+        """The ready instances of ``function``."""
+        ...
+
+    def instance_exists(self, instance_id: str) -> bool:
+        """Whether the instance is still the controller's (ready or not)."""
         ...
 
     def stage_function(self, function: str) -> StageFunction | None:
@@ -487,14 +491,13 @@ class StageScheduler:
         return [i for i in self.host.stage_instances(fn) if i.instance_id not in self._busy]
 
     def _prune_quotas(self) -> None:
-        """Forget the quotas set on instances that are gone (every ``PRUNE_S``): an instance
-        that is only briefly not ready is asked for its quota again, which is harmless."""
+        """Forget the quotas set on instances that are gone (every ``PRUNE_S``); an instance
+        that is restarting or draining keeps its entry (its quota is still the one set)."""
         now = self.clock()
         if now - self._pruned_at < PRUNE_S:
             return
         self._pruned_at = now
-        live = {i.instance_id for i in self.host.stage_instances()}
-        for iid in [i for i in self._quota if i not in live]:
+        for iid in [i for i in self._quota if not self.host.instance_exists(i)]:
             del self._quota[iid]
 
     def _snapshot(self, fn: str, idle: list[StageInstance], n_dev: int) -> list[InvokerState]:
