@@ -50,6 +50,21 @@ def queries(dash: dict[str, object]) -> list[str]:
     return exprs
 
 
+def test_every_query_is_valid_promql() -> None:
+    """Parsed by promql-parser (Prometheus's grammar), the dashboard variables replaced by a
+    regular expression, as Grafana does before it sends a query."""
+    import promql_parser
+
+    exprs = queries(dashboard())
+    for e in exprs:
+        if e.startswith("label_values("):  # Grafana's own function, not PromQL
+            continue
+        try:
+            promql_parser.parse(re.sub(r"\$[a-z_]+", ".*", e))
+        except ValueError as err:
+            raise AssertionError(f"{e!r}: {err}") from None
+
+
 def test_every_query_names_a_declared_series_and_its_labels() -> None:
     known = declared()
     exprs = queries(dashboard())
