@@ -25,12 +25,12 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",
 )
 experiment_app = typer.Typer(
     help="List and run the simulator's named experiments.",
     no_args_is_help=True,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",
 )
 app.add_typer(experiment_app, name="experiment")
 
