@@ -102,6 +102,11 @@ def test_the_command_runs_with_overrides_and_records_them(tmp_path: Path) -> Non
     assert ok.returncode == 0, ok.stderr
     doc = json.loads((tmp_path / "fikit-sharing" / "results.json").read_text())
     assert doc["params"]["horizon_ms"] == 150.0
+    prov = doc["provenance"]  # how the result came about, for whoever reads it later
+    assert prov["quick"] is True
+    assert prov["overrides"] == ["horizon_ms=150", "switch_variants_ms=[0.05]"]
+    assert prov["gshare_version"] and prov["python"] and prov["wall_s"] > 0
+    assert prov["git_commit"] is None or len(prov["git_commit"]) == 40
     # the headline switch cost always runs; the other one is reported beside it
     assert {r["switch_ms"] for r in doc["rows"]} == {0.025, 0.05}
     bad = subprocess.run(

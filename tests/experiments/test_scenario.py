@@ -387,6 +387,7 @@ def test_gshare_simulate_quick_writes_results_csv_and_plot(
     doc = json.loads((folder / "results.json").read_text())
     s = doc["summary"]
     assert doc["experiment"] == "mlp-chain-simulate" and s["world"] == "simulator"
+    assert doc["provenance"]["quick"] is True and doc["provenance"]["overrides"] == []
     arrivals = scenario_arrivals(load_scenario(EXAMPLE), 10.0)
     assert s["arrivals"] == len(arrivals) == len(doc["rows"]) and s["all_accounted"]
     wf, fn = s["workflows"]["mlp-chain"], s["functions"]["mlp-solo"]

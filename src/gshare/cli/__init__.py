@@ -108,7 +108,7 @@ def experiment_run(
 ) -> None:
     """Run an experiment; write OUT/NAME/results.json, rows.csv and PNG plots; print a table."""
     from gshare.experiments import registry
-    from gshare.experiments.results import flatten, format_value, write_result
+    from gshare.experiments.results import flatten, format_value, provenance, write_result
 
     try:
         exp = registry.get(name)
@@ -131,6 +131,7 @@ def experiment_run(
                 f"{exp.name} cannot run with {' '.join(sets)}: {type(e).__name__}: {e}"
             ) from None
     elapsed = time.perf_counter() - t0
+    result.provenance = provenance(quick=quick, overrides=sets, wall_s=elapsed)
     try:
         folder = write_result(result, out)
     except OSError as e:

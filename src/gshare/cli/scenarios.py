@@ -82,7 +82,7 @@ def simulate_cmd(
     per request) and a latency CDF (PNG); print the summary."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gshare.experiments.results import write_result
+    from gshare.experiments.results import provenance, write_result
     from gshare.experiments.scenario_sim import fetch_live_profiles, simulate
     from gshare.scenario import ScenarioError
 
@@ -118,6 +118,12 @@ def simulate_cmd(
             )
     except ScenarioError as e:
         raise CliError(str(e)) from None
+    given = {"policy": policy, "seed": seed, "profiles_from": profiles_from}
+    result.provenance = provenance(
+        quick=quick,
+        overrides=[f"{k}={v}" for k, v in given.items() if v is not None],
+        wall_s=time.perf_counter() - t0,
+    )
     try:
         folder = write_result(result, out)
     except OSError as e:
@@ -152,7 +158,7 @@ def load_cmd(
     rows.csv and a latency CDF (PNG) of the live measurements to OUT/NAME-load/."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gshare.experiments.results import write_result
+    from gshare.experiments.results import provenance, write_result
     from gshare.experiments.scenario_load import LoadError, run_load
     from gshare.scenario import ScenarioError
 
@@ -196,6 +202,12 @@ def load_cmd(
             )
     except (ScenarioError, LoadError) as e:
         raise CliError(str(e), code=1) from None
+    given = {"url": url, "seed": seed, "duration_s": duration_s}
+    result.provenance = provenance(
+        quick=False,
+        overrides=[f"{k}={v}" for k, v in given.items() if v is not None],
+        wall_s=time.perf_counter() - t0,
+    )
     try:
         folder = write_result(result, out)
     except OSError as e:

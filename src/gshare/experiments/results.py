@@ -1,8 +1,9 @@
 """Experiment results: the ``results.json`` / CSV / PNG files and the printed table.
 
-``results.json`` is ``{"experiment", "seed", "params", "rows": [...], "summary": {...}}``
-(docs/DESIGN.md §4). Rows are flat dicts (one per measured configuration); the summary holds the
-figures an issue's "Done when" names.
+``results.json`` is ``{"experiment", "seed", "params", "rows": [...], "summary": {...},
+"provenance": {...}}`` (docs/DESIGN.md §4; the front ends add ``provenance``). Rows are flat
+dicts (one per measured configuration); the summary holds the figures an issue's "Done when"
+names.
 """
 
 from __future__ import annotations
@@ -29,15 +30,74 @@ class ExperimentResult:
     plots: list[PlotFn] = field(default_factory=list)
     table_columns: Sequence[str] | None = None
     """Columns of ``rows`` to print (all when None)."""
+    provenance: dict[str, Any] | None = None
+    """How the run came about (``provenance()``; the CLI sets it): not part of the result's
+    figures, so two runs of one seed differ only here."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "experiment": self.experiment,
             "seed": self.seed,
             "params": jsonable(self.params),
             "rows": jsonable(self.rows),
             "summary": jsonable(self.summary),
         }
+        if self.provenance is not None:
+            out["provenance"] = jsonable(self.provenance)
+        return out
+
+
+def provenance(*, quick: bool, overrides: Sequence[str], wall_s: float) -> dict[str, Any]:
+    """What a reader needs to reproduce a result: the command's variant (``quick``, the
+    ``--set`` overrides), gshare's version and git commit (when run from a checkout, with
+    ``dirty`` when it has local changes), Python's and the main libraries' versions, the
+    machine's CPU count and platform, when it ran (UTC) and how long it took."""
+    import datetime
+    import os
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    from gshare import __version__
+
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    repo = Path(__file__).resolve().parents[3]
+    commit: str | None = None
+    dirty: bool | None = None
+    if (repo / ".git").exists():
+        try:
+            git = ["git", "-C", str(repo)]
+            commit = (
+                subprocess.run(
+                    [*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+                ).stdout.strip()
+                or None
+            )
+            status = subprocess.run(
+                [*git, "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True, text=True, timeout=5,
+            ).stdout  # fmt: skip
+            dirty = bool(status.strip()) if commit else None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    return {
+        "quick": quick,
+        "overrides": list(overrides),
+        "gshare_version": __version__,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "python": platform.python_version(),
+        "libraries": {p: version(p) for p in ("numpy", "scipy", "simpy", "torch")},
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "finished_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "wall_s": round(wall_s, 3),
+    }
 
 
 def jsonable(x: Any) -> Any:
