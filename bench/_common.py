@@ -36,12 +36,17 @@ import asyncio
 import json
 import math
 import os
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+_STARTED = time.perf_counter()
+"""When the bench process imported this module (``provenance``'s wall time)."""
 
 __all__ = [
     "add_token_config_option",
@@ -121,13 +126,21 @@ def print_table(
 
 
 def write_json(path: Path | str | None, summary: Mapping[str, Any], **extra: Any) -> None:
-    """Write ``{"summary": summary, **extra}`` to ``path`` (parents created); no-op for None.
+    """Write ``{"summary": summary, **extra, "provenance": ...}`` to ``path`` (parents
+    created; ``experiments.results.provenance`` with the bench's command line); no-op for None.
     Non-finite floats are written as null."""
     if path is None:
         return
+    from gshare.experiments.results import provenance
+
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    doc = _finite({"summary": dict(summary), **extra})
+    prov = provenance(
+        quick="--quick" in sys.argv,
+        overrides=sys.argv[1:],  # the bench's command line
+        wall_s=time.perf_counter() - _STARTED,
+    )
+    doc = _finite({"summary": dict(summary), **extra, "provenance": prov})
     p.write_text(json.dumps(doc, indent=2) + "\n")
 
 
