@@ -114,3 +114,48 @@ def test_the_command_runs_with_overrides_and_records_them(tmp_path: Path) -> Non
     )
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("gshare: error: --set horizn_ms")
+
+
+def test_summaries_over_seeds_aggregate_leaf_by_leaf() -> None:
+    from gshare.experiments.results import aggregate_summaries
+
+    agg = aggregate_summaries(
+        [
+            {"hit": 1.0, "n": 10, "by": {"a": 2.0, "b": "x"}, "name": "esg", "only0": 1},
+            {"hit": 0.5, "n": 20, "by": {"a": 4.0, "b": "y"}, "name": "esg"},
+            {"hit": 0.0, "n": 30, "by": {"a": 6.0, "b": "x"}, "name": "esg", "flag": True},
+        ]
+    )
+    # mean 0.5, sample std 0.5 (deviations -0.5, 0, 0.5: sum of squares 0.5 over n-1 = 2)
+    assert agg["hit"] == {
+        "mean": 0.5,
+        "std": 0.5,
+        "min": 0.0,
+        "max": 1.0,
+        "values": [1.0, 0.5, 0.0],
+    }
+    assert agg["n"]["mean"] == 20.0 and agg["n"]["std"] == 10.0
+    assert agg["by"]["a"]["mean"] == 4.0 and agg["by"]["b"] == ["x", "y", "x"]
+    assert agg["name"] == "esg"  # every seed agrees: kept
+    assert agg["only0"] == [1, None, None] and agg["flag"] == [None, None, True]
+    one = aggregate_summaries([{"hit": 0.9}])
+    assert one["hit"]["std"] == 0.0 and one["hit"]["values"] == [0.9]
+    with pytest.raises(ValueError):
+        aggregate_summaries([])
+
+
+@pytest.mark.slow
+def test_seeds_write_each_run_and_their_aggregate(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "gshare.cli", "experiment", "run", "fast-packing", "--quick"]
+    r = subprocess.run(
+        [*cmd, "--seed", "4", "--seeds", "2", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    folder = tmp_path / "fast-packing"
+    runs = [json.loads((folder / f"seed-{k}" / "results.json").read_text()) for k in (4, 5)]
+    agg = json.loads((folder / "results.json").read_text())
+    assert agg["seeds"] == [4, 5] and [d["seed"] for d in runs] == [4, 5]
+    util = agg["summary"]["util_ratio"]
+    assert util["values"] == [d["summary"]["util_ratio"] for d in runs]
+    assert util["min"] <= util["mean"] <= util["max"]

@@ -98,6 +98,14 @@ def experiment_run(
     name: str = typer.Argument(..., help="Experiment name (see `gshare experiment list`)."),
     quick: bool = typer.Option(False, "--quick", help="Run the small version (seconds)."),
     seed: int = typer.Option(0, "--seed", min=0, help="Random seed (runs are deterministic)."),
+    seeds: int = typer.Option(
+        1,
+        "--seeds",
+        min=1,
+        max=100,
+        help="Run this many seeds (SEED, SEED+1, ...): each in OUT/NAME/seed-K/, and "
+        "OUT/NAME/results.json their summaries' mean, std, min and max.",
+    ),
     out: Path = typer.Option(Path("results"), "--out", help="Output folder."),
     sets: list[str] = typer.Option(  # noqa: B008
         [],
@@ -116,22 +124,28 @@ def experiment_run(
     except (registry.UnknownExperiment, registry.ParamError) as e:
         raise CliError(str(e)) from None
     changed = f", {len(sets)} parameter(s) set" if sets else ""
+    which = f"seed {seed}" if seeds == 1 else f"seeds {seed}-{seed + seeds - 1}"
     err_console.print(
-        f"[bold]{exp.name}[/] ({'quick' if quick else 'full'}, seed {seed}{changed}): "
-        f"{exp.description}"
+        f"[bold]{exp.name}[/] ({'quick' if quick else 'full'}, {which}{changed}): {exp.description}"
     )
     t0 = time.perf_counter()
-    with err_console.status(f"running {exp.name} ..."):
-        try:
-            result = exp.run(params, seed)
-        except Exception as e:
-            if not sets:
-                raise  # not the user's input: a bug, shown whole
-            raise CliError(
-                f"{exp.name} cannot run with {' '.join(sets)}: {type(e).__name__}: {e}"
-            ) from None
+    results = []
+    for run_seed in range(seed, seed + seeds):
+        with err_console.status(f"running {exp.name}, seed {run_seed} ..."):
+            try:
+                result = exp.run(params, run_seed)
+            except Exception as e:
+                if not sets:
+                    raise  # not the user's input: a bug, shown whole
+                raise CliError(
+                    f"{exp.name} cannot run with {' '.join(sets)}: {type(e).__name__}: {e}"
+                ) from None
+        result.provenance = provenance(quick=quick, overrides=sets, wall_s=time.perf_counter() - t0)
+        results.append(result)
     elapsed = time.perf_counter() - t0
-    result.provenance = provenance(quick=quick, overrides=sets, wall_s=elapsed)
+    if seeds > 1:
+        _write_seeds(exp.name, results, out, quick, sets, elapsed)
+        return
     try:
         folder = write_result(result, out)
     except OSError as e:
@@ -150,6 +164,46 @@ def experiment_run(
         summary.add_row(k, format_value(v))
     console.print(summary)
     console.print(f"wrote {folder}/results.json ({elapsed:.1f} s)")
+
+
+def _write_seeds(
+    name: str, results: list[Any], out: Path, quick: bool, sets: list[str], elapsed: float
+) -> None:
+    """``--seeds``: every run in OUT/NAME/seed-K/, the aggregate in OUT/NAME/results.json."""
+    from gshare.experiments.results import (
+        aggregate_summaries,
+        flatten,
+        format_value,
+        jsonable,
+        provenance,
+        write_result,
+    )
+
+    folder = out / name
+    try:
+        for r in results:
+            write_result(r, folder, f"seed-{r.seed}")
+        doc = {
+            "experiment": name,
+            "seeds": [r.seed for r in results],
+            "params": jsonable(results[0].params),
+            "summary": jsonable(aggregate_summaries([r.summary for r in results])),
+            "provenance": jsonable(provenance(quick=quick, overrides=sets, wall_s=elapsed)),
+        }
+        (folder / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    except OSError as e:
+        raise CliError(f"cannot write results to {out}: {e.strerror or e}", code=1) from None
+    rows: dict[str, dict[str, Any]] = {}
+    for k, v in flatten(doc["summary"]):
+        head, _, stat = k.rpartition(".")
+        if stat in ("mean", "std", "min", "max"):
+            rows.setdefault(head, {})[stat] = v
+    title = f"{name}: over {len(results)} seeds"
+    table = Table("summary", "mean", "std", "min", "max", title=title, box=None)
+    for k, stats in rows.items():
+        table.add_row(k, *(format_value(stats.get(c, "")) for c in ("mean", "std", "min", "max")))
+    console.print(table)
+    console.print(f"wrote {folder}/results.json and seed-*/ ({elapsed:.1f} s)")
 
 
 # -- the live runtime ---------------------------------------------------------------------------

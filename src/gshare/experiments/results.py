@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,9 +112,49 @@ def jsonable(x: Any) -> Any:
     return x
 
 
-def write_result(result: ExperimentResult, out_dir: Path) -> Path:
-    """Write ``out_dir/NAME/results.json``, ``rows.csv`` and the PNG plots; return the folder."""
-    d = out_dir / result.experiment
+def aggregate_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The summaries of one experiment over several seeds, leaf by leaf (``gshare experiment
+    run --seeds``): a number present in every summary becomes ``{"mean", "std", "min", "max",
+    "values"}`` (std: the sample standard deviation, 0 for one seed; ``values`` in seed
+    order); a mapping present in every summary is aggregated inside; any other leaf is kept
+    when every seed agrees and listed per seed otherwise. Keys missing from some summaries are
+    listed per seed (None where missing)."""
+    import statistics
+
+    def numeric(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+    def agg(vals: list[Any]) -> Any:
+        if all(isinstance(v, Mapping) for v in vals):
+            keys = list(dict.fromkeys(k for v in vals for k in v))
+            return {
+                k: agg([v[k] for v in vals])
+                if all(k in v for v in vals)
+                else [v.get(k) for v in vals]
+                for k in keys
+            }
+        if all(numeric(v) for v in vals):
+            xs = [float(v) for v in vals]
+            return {
+                "mean": statistics.fmean(xs),
+                "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+                "min": min(xs),
+                "max": max(xs),
+                "values": xs,
+            }
+        return vals[0] if all(v == vals[0] for v in vals) else list(vals)
+
+    if not summaries:
+        raise ValueError("aggregate_summaries: no summaries")
+    out = agg([dict(s) for s in summaries])
+    assert isinstance(out, dict)
+    return out
+
+
+def write_result(result: ExperimentResult, out_dir: Path, folder_name: str | None = None) -> Path:
+    """Write ``out_dir/NAME/results.json``, ``rows.csv`` and the PNG plots; return the folder
+    (``folder_name`` in place of NAME: ``--seeds`` writes ``NAME/seed-K``)."""
+    d = out_dir / (folder_name or result.experiment)
     d.mkdir(parents=True, exist_ok=True)
     (d / "results.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     if result.rows:
