@@ -116,7 +116,7 @@ def experiment_run(
 ) -> None:
     """Run an experiment; write OUT/NAME/results.json, rows.csv and PNG plots; print a table."""
     from gshare.experiments import registry
-    from gshare.experiments.results import flatten, format_value, provenance, write_result
+    from gshare.experiments.results import flatten, format_value
 
     try:
         exp = registry.get(name)
@@ -131,6 +131,7 @@ def experiment_run(
     t0 = time.perf_counter()
     results = []
     for run_seed in range(seed, seed + seeds):
+        t_run = time.perf_counter()
         with err_console.status(f"running {exp.name}, seed {run_seed} ..."):
             try:
                 result = exp.run(params, run_seed)
@@ -140,16 +141,13 @@ def experiment_run(
                 raise CliError(
                     f"{exp.name} cannot run with {' '.join(sets)}: {type(e).__name__}: {e}"
                 ) from None
-        result.provenance = provenance(quick=quick, overrides=sets, wall_s=time.perf_counter() - t0)
+        stamp(result, quick=quick, overrides=sets, t0=t_run)
         results.append(result)
     elapsed = time.perf_counter() - t0
     if seeds > 1:
         _write_seeds(exp.name, results, out, quick, sets, elapsed)
         return
-    try:
-        folder = write_result(result, out)
-    except OSError as e:
-        raise CliError(f"cannot write results to {out}: {e.strerror or e}", code=1) from None
+    folder = save(result, out)
 
     cols = list(result.table_columns or (result.rows[0].keys() if result.rows else []))
     if cols:
@@ -166,6 +164,26 @@ def experiment_run(
     console.print(f"wrote {folder}/results.json ({elapsed:.1f} s)")
 
 
+def stamp(result: Any, *, quick: bool, overrides: list[str], t0: float) -> None:
+    """Set ``result.provenance`` (``experiments.results.provenance``) for a run that began at
+    ``t0`` (``time.perf_counter``): every front end that writes a ``results.json`` calls it."""
+    from gshare.experiments.results import provenance
+
+    result.provenance = provenance(
+        quick=quick, overrides=overrides, wall_s=time.perf_counter() - t0
+    )
+
+
+def save(result: Any, out: Path, folder_name: str | None = None) -> Path:
+    """``experiments.results.write_result``, an unwritable ``out`` as one error line."""
+    from gshare.experiments.results import write_result
+
+    try:
+        return write_result(result, out, folder_name)
+    except OSError as e:
+        raise CliError(f"cannot write results to {out}: {e.strerror or e}", code=1) from None
+
+
 def _write_seeds(
     name: str, results: list[Any], out: Path, quick: bool, sets: list[str], elapsed: float
 ) -> None:
@@ -176,13 +194,12 @@ def _write_seeds(
         format_value,
         jsonable,
         provenance,
-        write_result,
     )
 
     folder = out / name
+    for r in results:
+        save(r, folder, f"seed-{r.seed}")
     try:
-        for r in results:
-            write_result(r, folder, f"seed-{r.seed}")
         doc = {
             "experiment": name,
             "seeds": [r.seed for r in results],

@@ -19,9 +19,16 @@ from gshare.cli import (
     app,
     console,
     err_console,
+    save,
+    stamp,
 )
 
 # -- scenarios: one file, two worlds ------------------------------------------------------------
+
+
+def _given(**options: Any) -> list[str]:
+    """The options given on the command line, as ``KEY=VALUE`` (the run's provenance)."""
+    return [f"{k}={v}" for k, v in options.items() if v is not None]
 
 
 def _load_scenario_file(path: Path) -> Any:
@@ -82,7 +89,6 @@ def simulate_cmd(
     per request) and a latency CDF (PNG); print the summary."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gshare.experiments.results import provenance, write_result
     from gshare.experiments.scenario_sim import fetch_live_profiles, simulate
     from gshare.scenario import ScenarioError
 
@@ -118,16 +124,9 @@ def simulate_cmd(
             )
     except ScenarioError as e:
         raise CliError(str(e)) from None
-    given = {"policy": policy, "seed": seed, "profiles_from": profiles_from}
-    result.provenance = provenance(
-        quick=quick,
-        overrides=[f"{k}={v}" for k, v in given.items() if v is not None],
-        wall_s=time.perf_counter() - t0,
-    )
-    try:
-        folder = write_result(result, out)
-    except OSError as e:
-        raise CliError(f"cannot write results to {out}: {e.strerror or e}", code=1) from None
+    given = _given(policy=policy, seed=seed, profiles_from=profiles_from)
+    stamp(result, quick=quick, overrides=given, t0=t0)
+    folder = save(result, out)
     _scenario_tables(result, "simulator")
     console.print(f"wrote {folder}/results.json ({time.perf_counter() - t0:.1f} s)")
 
@@ -158,7 +157,6 @@ def load_cmd(
     rows.csv and a latency CDF (PNG) of the live measurements to OUT/NAME-load/."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gshare.experiments.results import provenance, write_result
     from gshare.experiments.scenario_load import LoadError, run_load
     from gshare.scenario import ScenarioError
 
@@ -202,15 +200,7 @@ def load_cmd(
             )
     except (ScenarioError, LoadError) as e:
         raise CliError(str(e), code=1) from None
-    given = {"url": url, "seed": seed, "duration_s": duration_s}
-    result.provenance = provenance(
-        quick=False,
-        overrides=[f"{k}={v}" for k, v in given.items() if v is not None],
-        wall_s=time.perf_counter() - t0,
-    )
-    try:
-        folder = write_result(result, out)
-    except OSError as e:
-        raise CliError(f"cannot write results to {out}: {e.strerror or e}", code=1) from None
+    stamp(result, quick=False, overrides=_given(url=url, seed=seed, duration_s=duration_s), t0=t0)
+    folder = save(result, out)
     _scenario_tables(result, "live")
     console.print(f"wrote {folder}/results.json ({time.perf_counter() - t0:.1f} s)")
