@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PYTEST_ARGS ?=
 
-.PHONY: test demo lint typecheck unit venv clean browser native
+.PHONY: test demo lint typecheck unit venv clean browser native gpu-bundle gpu-check
 
 venv: $(STAMP)
 
@@ -52,5 +52,16 @@ demo: $(STAMP)
 	$(BIN)/gshare experiment run fast-packing --quick --out demo-results
 	$(BIN)/gshare experiment run fast-autoscale --quick --out demo-results
 
+# The GPU kit (docs/gpu/README.md). gpu-bundle, here (PyPI): the wheels the GPU machine lacks, into
+# .gpu-bundle/. gpu-check, on the GPU machine with its own python3 and PyTorch (no venv, no
+# network): every part under one deadline; GPU_ARGS passes options (--out DIR --parts a,c
+# --budget-s 420 --dry-run).
+GPU_ARGS ?=
+gpu-bundle: $(STAMP)
+	PYTHONPATH=src $(BIN)/python -m gshare.gpukit.bundle --dest .gpu-bundle
+
+gpu-check:
+	PYTHONPATH=src $(PYTHON) -m gshare.gpukit $(GPU_ARGS)
+
 clean:
-	rm -rf $(VENV) demo-results .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo-results .pytest_cache .mypy_cache .ruff_cache .gpu-kit gpu-results

@@ -7,7 +7,7 @@ layer or below.
 * layer 2, the two worlds: ``gshare.sim.*`` and ``gshare.runtime.*``, which never import each
   other;
 * layer 3, front ends: ``gshare.experiments.*``, ``gshare.cli``, ``gshare.testing``,
-  ``gshare.demo``.
+  ``gshare.demo``, ``gshare.gpukit.*`` (the GPU kit).
 
 Classification is by name prefix (``gshare.runtime`` covers ``gshare.runtime.control``,
 ``.gateway``, ``.node``, ... whatever its sub-packages become). Any other module name under
@@ -61,6 +61,7 @@ LAYERS: tuple[tuple[str, int, str], ...] = (
     ("gshare.cli", 3, ""),
     ("gshare.testing", 3, ""),
     ("gshare.demo", 3, ""),
+    ("gshare.gpukit", 3, ""),
 )
 LAYER_NAMES = {0: "data", 1: "policy", 2: "sim|runtime", 3: "experiments|cli|testing"}
 
