@@ -99,8 +99,7 @@ def test_the_bundle_holds_what_the_target_lacks_and_never_ray_or_torch() -> None
         "starlette",
         "uvicorn",
         "orjson",
-        "pytest",
     ):
         assert name in dists, name
-    for name in ("ray", "torch", "numpy", "transformers", "httpx", "typer", "rich"):
+    for name in ("ray", "torch", "numpy", "transformers", "httpx", "typer", "rich", "pytest"):
         assert name not in dists, name

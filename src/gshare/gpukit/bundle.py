@@ -29,12 +29,11 @@ ROOTS = (
     "orjson",
     "tritonclient",
     "protobuf",
-    "pytest",
     "PyYAML",
     "networkx",
     "safetensors",
 )
-"""What gshare serve, the kit and ``pytest -m cuda`` import beyond the target's packages."""
+"""What ``gshare serve`` and the kit import beyond the target's packages."""
 TARGET_HAS = (
     "torch",
     "transformers",
@@ -46,13 +45,13 @@ TARGET_HAS = (
     "typer",
     "rich",
     "prometheus-client",
+    "pytest",
 )
-"""What the target machine has installed (and, with it, their dependencies)."""
+"""What the target machine has installed (and, with it, their dependencies). pytest is there
+too, with plugins that a bundled pytest of another version could break: it is not bundled."""
 NEVER = frozenset({"ray", "torch", "nvidia-*", "triton"})
 MAX_MIB = 40.0
-PLATFORMS = (
-    "manylinux_2_28_x86_64",
-    "manylinux_2_17_x86_64",
+PLATFORMS = tuple(f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)) + (
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
     "linux_x86_64",

@@ -53,10 +53,12 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
         *map(str, files),
     ]
     try:
+        # the machine's own pytest plugins (xdist, cov, timeout ...) are not loaded
+        env = {**ctx.env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
         p = subprocess.run(
             cmd,
             cwd=ROOT,
-            env=ctx.env,
+            env=env,
             capture_output=True,
             text=True,
             timeout=max(5.0, budget_s - 5),
