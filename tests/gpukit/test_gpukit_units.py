@@ -103,3 +103,16 @@ def test_the_bundle_holds_what_the_target_lacks_and_never_ray_or_torch() -> None
         assert name in dists, name
     for name in ("ray", "torch", "numpy", "transformers", "httpx", "typer", "rich", "pytest"):
         assert name not in dists, name
+
+
+def test_trace_rows_give_each_kernel_its_duration_and_the_idle_gap_after_it() -> None:
+    from gshare.gpukit.analysis import TRACE_COLUMNS, trace_rows
+
+    spans = [(0.0, 100.0, "conv"), (150.0, 170.0, "relu"), (160.0, 400.0, "gemm")]
+    rows = trace_rows("m", 4, spans)
+    assert [list(r) for r in rows] == [list(TRACE_COLUMNS)] * 3
+    assert [(r["Name"], r["Duration"], r["Gap"]) for r in rows] == [
+        ("conv", 100, 50),
+        ("relu", 20, 0),  # the next one started before it ended (overlap): no idle time
+        ("gemm", 240, ""),  # nothing follows the last kernel
+    ]

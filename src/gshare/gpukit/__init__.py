@@ -42,9 +42,9 @@ PARTS: tuple[PartInfo, ...] = (
     PartInfo("b", "overhead", "Overhead per launch and per inference", 50.0),
     PartInfo("c", "shares", "Time shares under the token server", 50.0),
     PartInfo("d", "memory", "Memory cap", 30.0),
-    PartInfo("e", "fikit", "FIKIT data: kernels, gaps, switch cost, priorities", 80.0),
+    PartInfo("e", "fikit", "FIKIT data: kernels, gaps, switch cost, priorities", 95.0),
     PartInfo("f", "mps", "MPS partitions", 50.0),
-    PartInfo("g", "live", "Live: gshare serve on CUDA", 90.0),
+    PartInfo("g", "live", "Live: gshare serve on CUDA", 75.0),
     PartInfo("h", "pytest_cuda", "pytest -m cuda", 15.0),
 )
 """Every part, in the order the kit runs them."""

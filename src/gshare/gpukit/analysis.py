@@ -149,4 +149,51 @@ def kernel_rows(model: str, batch: int, stats: Sequence[Any]) -> list[dict[str, 
     return rows
 
 
-__all__ = ["KERNEL_COLUMNS", "SpinTimeline", "SwitchCost", "kernel_rows", "switch_cost"]
+TRACE_COLUMNS = (
+    "model",
+    "batch",
+    "Name",
+    "Profile",
+    "Memory_footprint",
+    "SM_usage",
+    "Duration",
+    "Gap",
+)
+"""The launch-order trace of one pass: Orion's columns (Duration in ns; Profile,
+Memory_footprint and SM_usage are not measured by CUPTI's timestamps and stay empty) plus
+``Gap``: the idle time (ns) from the kernel's end to the next kernel's start, empty after the
+last — the host time between launches that the V100 data lack."""
+
+
+def trace_rows(
+    model: str, batch: int, spans: Sequence[tuple[float, float, str]]
+) -> list[dict[str, Any]]:
+    """Rows of the trace for one pass's kernels ``(start_ns, end_ns, name)`` in launch order;
+    a negative gap (the next kernel started before this one ended: streams overlapped) is 0."""
+    rows = []
+    for i, (a, b, name) in enumerate(spans):
+        gap = "" if i + 1 == len(spans) else round(max(0.0, spans[i + 1][0] - b))
+        rows.append(
+            {
+                "model": model,
+                "batch": batch,
+                "Name": name,
+                "Profile": "",
+                "Memory_footprint": "",
+                "SM_usage": "",
+                "Duration": round(max(0.0, b - a)),
+                "Gap": gap,
+            }
+        )
+    return rows
+
+
+__all__ = [
+    "KERNEL_COLUMNS",
+    "TRACE_COLUMNS",
+    "SpinTimeline",
+    "SwitchCost",
+    "kernel_rows",
+    "switch_cost",
+    "trace_rows",
+]

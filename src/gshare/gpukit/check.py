@@ -499,7 +499,13 @@ def main(argv: list[str] | None = None) -> int:
     kit = Kit(args)
     kit.work.mkdir(parents=True, exist_ok=True)
     kit.out.mkdir(parents=True, exist_ok=True)
-    for old in ("RESULTS.md", "results.json", "failed-logs.txt", "fikit-kernels.csv"):
+    for old in (
+        "RESULTS.md",
+        "results.json",
+        "failed-logs.txt",
+        "fikit-kernels.csv",
+        "kernel-trace.csv",
+    ):
         (kit.out / old).unlink(missing_ok=True)
     kit.install_bundle()
     interposer = kit.build_native()

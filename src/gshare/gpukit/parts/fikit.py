@@ -5,6 +5,11 @@
   and the idle gap SG after it, by kernel ID); the rows go to ``fikit-kernels.csv`` in the
   result folder (``analysis.KERNEL_COLUMNS``: Orion's columns plus the gap). In a dry run the
   probe's kernel on the stub makes the table, so the path is exercised.
+* **Launch-order traces.** One process without the interposer profiles one pass of each model
+  and batch with ``torch.profiler`` (CUPTI timestamps): every kernel in launch order with its
+  duration and the idle gap to the next (``kernel-trace.csv``, ``analysis.TRACE_COLUMNS``) —
+  the per-launch host time that the V100 data lack and the kernel-level simulator assumes. In
+  a dry run the same code runs on the CPU with a tiny model (no kernel rows).
 * **Context-switch cost** of default time-slicing: two ``probe spin`` processes at once, their
   ``%globaltimer`` timelines merged (``analysis.switch_cost``). GPU only.
 * The high-priority p99 beside a saturating low-priority function (FIKIT vs equal priorities)
@@ -25,6 +30,7 @@ from gshare.gpukit.parts.common import (
     driver_env,
     part_main,
     probe_argv,
+    run_json,
     skipped,
     start,
     stub_env,
@@ -35,6 +41,7 @@ from gshare.gpukit.results import Figure, PartResult, judge
 MODELS = ("resnet50", "resnet101", "mobilenet_v2", "bert-base")
 BATCHES = (1, 4)
 CSV_NAME = "fikit-kernels.csv"
+TRACE_NAME = "kernel-trace.csv"
 SPIN_MS = 400.0
 
 
@@ -130,6 +137,50 @@ def _kernel_table(ctx: KitContext, work: Path, out: Path, dl: Deadline) -> list[
     return figs
 
 
+def _traces(ctx: KitContext, work: Path, out: Path) -> list[Figure]:
+    if ctx.gpu:
+        argv = workload_argv(
+            ctx,
+            "all",
+            "--mode",
+            "trace",
+            "--batches",
+            ",".join(map(str, BATCHES)),
+            "--trace-csv",
+            str(out / TRACE_NAME),
+        )
+    else:
+        argv = workload_argv(
+            ctx,
+            "mobilenet_v2",
+            "--mode",
+            "trace",
+            "--batches",
+            "1",
+            "--device",
+            "cpu",
+            "--tiny",
+            "--trace-csv",
+            str(work / TRACE_NAME),
+        )
+    r = run_json("e-trace", argv, driver_env(ctx), work, 240)
+    on = "gpu" if ctx.gpu else "cpu"
+    figs = []
+    for p in r["passes"]:
+        figs.append(
+            Figure(
+                f"trace_{p['model']}_b{p['batch']}",
+                p["kernels"],
+                None,
+                None,
+                "kernels",
+                on,
+                f"device {p['device_ms']:.2f} ms, idle gaps {p['gap_ms']:.2f} ms in one pass",
+            )
+        )
+    return figs
+
+
 def _switch_cost(ctx: KitContext, work: Path) -> list[Figure]:
     procs: dict[str, Proc] = {}
     files = {w: work / f"e-spin-{w}.txt" for w in ("a", "b")}
@@ -173,6 +224,11 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
             figs.append(skipped("context_switch_us_median", str(e)))
     else:
         figs.append(skipped("context_switch_us_median", ctx.no_gpu_reason()))
+    if dl.enough(40):
+        try:
+            figs += _traces(ctx, work, out)
+        except (RuntimeError, KeyError, ValueError) as e:
+            figs.append(skipped("trace", str(e), "gpu" if ctx.gpu else "cpu"))
     try:
         figs += _kernel_table(ctx, work, out, dl)
     except RuntimeError as e:

@@ -12,7 +12,11 @@ downloaded), puts it on the device and prints one JSON line:
   ``torch.profiler`` (CUPTI), from before the model reaches it to the last synchronise:
   ``{"device_kernels", "memops", "top"}`` — what the interposer's launch count must equal;
 * ``graph``    ``--iters N``: a small model captured as a CUDA graph and replayed N times:
-  ``{"replays", "kernels_per_replay", "device_kernels"}``.
+  ``{"replays", "kernels_per_replay", "device_kernels"}``;
+* ``trace``    ``--batches 1,4 --trace-csv PATH`` (MODEL may be ``all``): for each model and
+  batch, after a warm-up, one pass under ``torch.profiler`` — its kernels in launch order with
+  their device duration and the idle gap to the next kernel (CUPTI timestamps, no interposer
+  in the process), written as rows of ``analysis.TRACE_COLUMNS``; ``{"passes": [...]}``.
 
 Models: ``resnet50``, ``resnet101``, ``mobilenet_v2`` (images 3x224x224) and ``bert-base``
 (128 tokens); ``--tiny`` shrinks each to a few layers (the dry run, on the CPU).
@@ -91,10 +95,63 @@ def _count_kernels(prof: Any) -> tuple[int, int, list[tuple[str, int]]]:
     return sum(kernels.values()), memops, [(n[:80], c) for n, c in top]
 
 
+def _trace(
+    models: list[str], batches: list[int], dev: str, path: str, tiny: bool = False
+) -> list[dict[str, Any]]:
+    """One profiled pass per model and batch; writes the launch-order rows to ``path``."""
+    import csv
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from gshare.gpukit.analysis import TRACE_COLUMNS, trace_rows
+
+    rows: list[dict[str, Any]] = []
+    passes = []
+    for name in models:
+        model = build(name, tiny).to(dev)
+        for batch in batches:
+            x = inputs(name, batch, dev)
+            for _ in range(5):
+                model(**x)
+            _sync(dev)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                model(**x)
+                _sync(dev)
+            spans = sorted(
+                (e.time_range.start, e.time_range.end, e.name)
+                for e in prof.events()
+                if getattr(e.device_type, "name", "") == "CUDA"
+                and not e.name.startswith(("Memcpy", "Memset"))
+            )
+            r = trace_rows(name, batch, [(a * 1e3, b * 1e3, n) for a, b, n in spans])
+            rows += r
+            passes.append(
+                {
+                    "model": name,
+                    "batch": batch,
+                    "kernels": len(r),
+                    "device_ms": sum(float(x["Duration"]) for x in r) / 1e6,
+                    "gap_ms": sum(float(x["Gap"] or 0) for x in r) / 1e6,
+                }
+            )
+        del model
+        if dev.startswith("cuda"):
+            torch.cuda.empty_cache()
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(TRACE_COLUMNS))
+        w.writeheader()
+        w.writerows(rows)
+    return passes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", choices=MODELS)
-    ap.add_argument("--mode", choices=("latency", "saturate", "kernels", "graph"), required=True)
+    ap.add_argument("model", choices=(*MODELS, "all"))
+    modes = ("latency", "saturate", "kernels", "graph", "trace")
+    ap.add_argument("--mode", choices=modes, required=True)
+    ap.add_argument("--batches", default="1,4", help="trace: batch sizes, comma-separated")
+    ap.add_argument("--trace-csv", default="trace.csv", help="trace: where the rows go")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--iters", type=int, default=50)
@@ -109,8 +166,14 @@ def main() -> None:
     torch.backends.cudnn.benchmark = False  # the same kernels in every run
     dev = a.device
     out: dict[str, Any] = {"model": a.model, "batch": a.batch, "device": dev}
+    if a.model == "all" and a.mode != "trace":
+        raise SystemExit("the model 'all' is for --mode trace")
     with torch.inference_mode():
-        if a.mode == "kernels":
+        if a.mode == "trace":
+            models = list(MODELS) if a.model == "all" else [a.model]
+            batches = [int(b) for b in a.batches.split(",") if b.strip()]
+            out["passes"] = _trace(models, batches, dev, a.trace_csv, a.tiny)
+        elif a.mode == "kernels":
             from torch.profiler import ProfilerActivity, profile
 
             acts = [ProfilerActivity.CPU]
