@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gshare.policy.priority import FikitConfig, KernelProfile
-from gshare.sim.kernels.catalogue import HostMode, TaskModel, task_model
+from gshare.sim.kernels.catalogue import HostMode, TaskModel, measured_task_model, task_model
 from gshare.sim.kernels.scenario import DeviceParams, ScenarioResult, measure_profile
 from gshare.sim.kernels.stream import HookCosts, Jitter, TaskRecord
 
@@ -54,9 +54,13 @@ COMMON_PARAMS: dict[str, Any] = {
     "gap_feedback_alpha": 0.0,
     "fill_overhead_ms": 0.0,
     "backlog_horizon_ms": 0.2,
+    "kernel_trace": "",
 }
 """Parameters every ``fikit-*`` experiment shares (their meaning and sources: ``sim.kernels``
-and ``policy.priority.scheduler``)."""
+and ``policy.priority.scheduler``). ``kernel_trace``: a launch-order trace measured on a GPU
+(the GPU kit's ``kernel-trace.csv``); when set, the inference services run on it
+(``catalogue.measured_task_model``) instead of the calibrated V100 passes, and ``switch_ms``
+should be the kit's measured context-switch cost. The training passes stay V100's."""
 
 PAPER = {
     "high_jct_speedup_vs_sharing": {"min": 1.32, "max": 16.41, "median_above": 3.4},
@@ -81,6 +85,15 @@ class Bench:
         if m is None:
             p = self.params
             inf = HostMode(str(p["inference_host"]))
+            trace = str(p.get("kernel_trace") or "")
+            if trace and name.endswith("_fwd"):
+                try:
+                    text = Path(trace).read_text()
+                except OSError as e:
+                    raise ValueError(f"kernel_trace: cannot read {trace}: {e.strerror}") from None
+                m = measured_task_model(text, name)
+                self._models[name] = m
+                return m
             m = task_model(
                 name,
                 host_mode=inf if name.endswith("_fwd") else None,

@@ -6,7 +6,8 @@ loads the kernels of a pass from ``gshare/data/orion_v100_kernels/`` (Orion's Ns
 measurements on a V100; see ``NOTICE``) and chooses the host segments.
 
 Who calls it: ``sim.kernels.scenario`` (the experiments build their services from
-``task_model``); ``tests/sim/test_kernels_catalogue.py`` checks the calibration.
+``task_model``); ``tests/sim/test_kernels_model.py`` checks the calibration,
+``test_kernels_measured.py`` the measured passes.
 
 NOTE — calibration (gshare's; the data give kernel durations but no host times). An inference
 pass alone must take the V100 table's full-quota latency L of the same model and batch (SM 100 %,
@@ -38,6 +39,12 @@ kernels add up to D = 6.5 / 11.6 / 2.3 ms: the rest is host time. Assumptions, s
   have no V100-table latency: their host segments have the same shape with mean
   ``train_host_ms`` (20 µs, PyTorch's eager per-op dispatch cost in order of magnitude), i.e.
   they are device-bound, as large-batch training is.
+* **measured passes** (``measured_task_model``) — with a launch-order trace measured on a real
+  GPU (the GPU kit's ``kernel-trace.csv``: each kernel's duration and the idle gap after it,
+  taken alone), nothing is assumed: the kernels and their durations are the trace's and the
+  host segment before kernel i + 1 is the measured gap after kernel i (``HostMode.SYNC``,
+  FIKIT's own model: gaps measured alone and reused under sharing). ``target_ms`` is then the
+  measured pass's solo latency.
 * **kernel identity** — the profiles record no grid or block, only Orion's ``SM_usage`` (the SMs
   a kernel needs, derived from its blocks): the simulator's ``KernelId`` is the kernel name with
   grid ``(SM_usage, 1, 1)`` and block ``(1, 1, 1)``. Launches of one ID differ in duration (Conv
@@ -232,6 +239,41 @@ def task_model(
         scale = _bisect_scale(p.kernels, w, target, queue_depth)
     host = tuple(float(x) for x in w * scale)
     return TaskModel(name, p.kind, p.kernels, host, mode, target, queue_depth)
+
+
+TRACE_MODEL = {"resnet50": "resnet50", "resnet101": "resnet101", "mobilenetv2": "mobilenet_v2"}
+"""Shipped pass model -> the model name in a measured trace (the GPU kit's workload names)."""
+
+
+def measured_task_model(
+    trace_csv: str, name: str, queue_depth: int = DEFAULT_QUEUE_DEPTH
+) -> TaskModel:
+    """The launch stream of the shipped inference pass ``name``'s model and batch as a trace
+    measured it (module NOTE, "measured passes"). ``trace_csv``: the text of a trace with the
+    columns ``model, batch, Name, SM_usage, Duration, Gap`` (ns; ``gshare.gpukit.analysis.
+    TRACE_COLUMNS``), one row per kernel in launch order. Raises ``CatalogueError`` naming the
+    pass when the trace does not hold it, or a row is malformed."""
+    p = load_pass(name)
+    if p.kind is not PassKind.INFERENCE:
+        raise CatalogueError(f"pass {name!r}: only inference passes are measured by the kit")
+    model = TRACE_MODEL.get(p.model, p.model)
+    kernels: list[KernelSpec] = []
+    gaps: list[float] = []
+    for i, row in enumerate(csv.DictReader(io.StringIO(trace_csv)), start=2):
+        try:
+            if row["model"] != model or int(row["batch"]) != p.batch:
+                continue
+            sm = max(1, int(row.get("SM_usage") or 1))
+            kid = KernelId.gpu(row["Name"] or "kernel", (sm, 1, 1), (1, 1, 1))
+            kernels.append(KernelSpec(kid, float(row["Duration"]) / 1e6))
+            gaps.append(float(row["Gap"] or 0.0) / 1e6)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CatalogueError(f"trace line {i}: {type(e).__name__}: {e}") from None
+    if not kernels:
+        raise CatalogueError(f"pass {name!r}: the trace has no {model} at batch {p.batch}")
+    host = (0.0, *gaps[:-1])
+    solo = sum(host) + sum(k.duration_ms for k in kernels)
+    return TaskModel(name, p.kind, tuple(kernels), host, HostMode.SYNC, solo, queue_depth)
 
 
 def _bisect_scale(
