@@ -32,13 +32,16 @@ from gshare.gpukit.results import Figure, PartResult, judge
 IMAGE_BYTES = 3 * 224 * 224 * 4
 
 
-def _spec(name: str, model: str, device: str, quota: float, **kw: Any) -> dict[str, Any]:
+def _spec(
+    name: str, model: str, device: str, quota: float, sm_pct: float = 50, **kw: Any
+) -> dict[str, Any]:
+    """A function spec; SM shares that fit side by side on one device (the placer's rule)."""
     spec = {
         "name": name,
         "model": model,
         "device": device,
         "resources": {
-            "sm_pct": 100,
+            "sm_pct": sm_pct,
             "quota_request": quota,
             "quota_limit": quota,
             "mem_mb": 4096 if device == "cuda" else 512,
@@ -230,7 +233,7 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
             )
         if gpu and dl.enough(40):
             c.delete("small")
-            c.deploy(_spec("big", big, device, 0.2, min_instances=4, max_instances=4))
+            c.deploy(_spec("big", big, device, 0.2, sm_pct=25, min_instances=4, max_instances=4))
             t0 = time.monotonic()
             while time.monotonic() - t0 < min(90.0, dl.left() - 10):
                 ready = [i for i in c.get("big")["instances"] if i["state"] == "ready"]

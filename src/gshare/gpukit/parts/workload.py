@@ -81,15 +81,28 @@ def _percentile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def device_kind(e: Any) -> str:
+    """``kernel``, ``memop`` or ``other`` for a device-side profiler event (kineto's activity
+    type: ``kernel``, ``gpu_memcpy``, ``gpu_memset``, ``cuda_sync`` ...), ``""`` for a host
+    event."""
+    if getattr(e.device_type, "name", "") != "CUDA":
+        return ""
+    act = str(getattr(e, "activity_type", "") or "").lower()
+    if "memcpy" in act or "memset" in act or e.name.startswith(("Memcpy", "Memset")):
+        return "memop"
+    if act and "kernel" not in act:
+        return "other"  # e.g. a synchronisation the device records: not a launch
+    return "kernel"
+
+
 def _count_kernels(prof: Any) -> tuple[int, int, list[tuple[str, int]]]:
     kernels: dict[str, int] = {}
     memops = 0
     for e in prof.events():
-        if getattr(e.device_type, "name", "") != "CUDA":
-            continue
-        if e.name.startswith(("Memcpy", "Memset")):
+        kind = device_kind(e)
+        if kind == "memop":
             memops += 1
-        else:
+        elif kind == "kernel":
             kernels[e.name] = kernels.get(e.name, 0) + 1
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:8]
     return sum(kernels.values()), memops, [(n[:80], c) for n, c in top]
@@ -121,8 +134,7 @@ def _trace(
             spans = sorted(
                 (e.time_range.start, e.time_range.end, e.name)
                 for e in prof.events()
-                if getattr(e.device_type, "name", "") == "CUDA"
-                and not e.name.startswith(("Memcpy", "Memset"))
+                if device_kind(e) == "kernel"
             )
             r = trace_rows(name, batch, [(a * 1e3, b * 1e3, n) for a, b, n in spans])
             rows += r
