@@ -61,6 +61,12 @@ from gshare.workflows.spec import WorkflowSpec, WorkflowSpecError, load_workflow
 MAX_DURATION_S: Final[float] = 7 * 86_400.0
 """Longest accepted run: a week (a guard against typos)."""
 MAX_RATE_RPS: Final[float] = 1_000_000.0
+MIN_INTERVAL_MS: Final[float] = 1000.0 / MAX_RATE_RPS
+"""The shortest uniform interval: MAX_RATE_RPS as an interval (0.001 ms)."""
+MAX_ARRIVALS: Final[int] = 5_000_000
+"""Most arrivals one scenario may ask for (every workload's rate x duration_s, summed): the
+arrival times and the simulator's per-request records must fit a machine's memory (about
+1 KiB a request in the simulator: 5 GiB at this bound)."""
 MAX_NODES: Final[int] = 100_000
 MAX_DEVICES_PER_NODE: Final[int] = 64
 TRACE_FORMATS: Final[tuple[str, ...]] = ("azure2019", "azure2021", "llm")
@@ -96,8 +102,8 @@ FIELD_RULES: Final[Mapping[str, str]] = {
     "workloads.poisson": "a mapping with rate_rps",
     "workloads.poisson.rate_rps": f"a number in (0, {MAX_RATE_RPS:.0f}] (requests per second)",
     "workloads.uniform": "a mapping with interval_ms, or with lo_ms and hi_ms",
-    "workloads.uniform.interval_ms": "a number > 0 (ms)",
-    "workloads.uniform.lo_ms": "a number > 0 (ms)",
+    "workloads.uniform.interval_ms": f"a number >= {MIN_INTERVAL_MS:g} (ms)",
+    "workloads.uniform.lo_ms": f"a number >= {MIN_INTERVAL_MS:g} (ms)",
     "workloads.uniform.hi_ms": "a number >= lo_ms (ms)",
     "workloads.trace": "a mapping with format and optionally path, rate_rps, repeat, ...",
     "workloads.trace.format": f"one of {', '.join(TRACE_FORMATS)}",
@@ -131,9 +137,9 @@ class Uniform(_Model):
     """Constant intervals (``interval_ms``) or intervals drawn uniformly in ``[lo_ms, hi_ms]``
     (ESG §4.1's streams)."""
 
-    interval_ms: Num | None = Field(default=None, gt=0)
-    lo_ms: Num | None = Field(default=None, gt=0)
-    hi_ms: Num | None = Field(default=None, gt=0)
+    interval_ms: Num | None = Field(default=None, ge=MIN_INTERVAL_MS)
+    lo_ms: Num | None = Field(default=None, ge=MIN_INTERVAL_MS)
+    hi_ms: Num | None = Field(default=None, ge=MIN_INTERVAL_MS)
 
     @model_validator(mode="after")
     def _one_form(self) -> Uniform:
@@ -203,6 +209,18 @@ class Workload(_Model):
         if self.input is not None and self.input_json is not None:
             raise ValueError("@input: give input or input_json, not both")
         return self
+
+    def mean_rate_rps(self) -> float | None:
+        """Its mean arrival rate as written (None: a trace at its own rate)."""
+        if self.poisson is not None:
+            return float(self.poisson.rate_rps)
+        if self.uniform is not None:
+            u = self.uniform
+            if u.interval_ms is not None:
+                return 1000.0 / float(u.interval_ms)
+            return 2000.0 / (float(u.lo_ms or 0) + float(u.hi_ms or 0))
+        assert self.trace is not None
+        return None if self.trace.rate_rps is None else float(self.trace.rate_rps)
 
     @property
     def target(self) -> str:
@@ -275,6 +293,19 @@ class ScenarioDoc(_Model):
             raise ValueError(
                 f"@warmup_s: must be a number in [0, duration_s={self.duration_s:g}), "
                 f"got {self.warmup_s:g}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _arrivals_fit(self) -> ScenarioDoc:
+        rates = [w.mean_rate_rps() or 0.0 for w in self.workloads]
+        total = sum(rates) * float(self.duration_s)
+        if total > MAX_ARRIVALS:
+            worst = max(range(len(rates)), key=lambda i: rates[i])
+            raise ValueError(
+                f"@workloads: {total:.3g} arrivals over duration_s={self.duration_s:g} is more "
+                f"than the {MAX_ARRIVALS:,} a scenario may ask for (workload {worst} alone: "
+                f"{rates[worst]:.3g} requests/s); shorten duration_s or lower the rates"
             )
         return self
 

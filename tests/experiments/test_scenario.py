@@ -103,7 +103,17 @@ BAD_FIELDS = [
     (
         "workloads.1.uniform",
         {"interval_ms": 0},
-        "workloads.1.uniform.interval_ms: must be a number > 0 (ms), got 0",
+        "workloads.1.uniform.interval_ms: must be a number >= 0.001 (ms), got 0",
+    ),
+    (  # an interval below the rate bound is refused, not drawn (it used to be a traceback)
+        "workloads.1.uniform",
+        {"interval_ms": 1e-9},
+        "workloads.1.uniform.interval_ms: must be a number >= 0.001 (ms), got 1e-09",
+    ),
+    (  # within every per-field bound, but 6e7 arrivals: refused before any is drawn
+        "workloads.0.poisson.rate_rps",
+        1_000_000,
+        "workloads: 6e+07 arrivals over duration_s=60 is more than the 5,000,000",
     ),
     ("workloads.1.input_json", [0.0], "workloads.1.input: give input or input_json, not both"),
     ("workloads.0.workflow", "nope", "workloads.0.workflow: unknown workflow 'nope'"),
