@@ -247,17 +247,25 @@ class Kit:
         return str(lib)
 
     def find_libcuda(self) -> str | None:
+        """The real driver: ``runtime.native.find_real_libcuda`` where this checkout has it,
+        else the file the dynamic loader maps for ``libcuda.so.1`` (read back from
+        ``/proc/self/maps`` of a child that loads it: whatever ldconfig or LD_LIBRARY_PATH
+        say, that is the one a CUDA program gets)."""
         from gshare.runtime import native
 
         finder = getattr(native, "find_real_libcuda", None)
         if finder is not None:
             found = finder()
-            return None if found is None else str(found)
-        p = self.sh(["ldconfig", "-p"])
-        for line in p.stdout.splitlines():
-            if "libcuda.so.1 " in line and "x86-64" in line and "=>" in line:
-                return line.split("=>")[-1].strip()
-        return None
+            if found is not None:
+                return str(found)
+        code = (
+            "import ctypes; ctypes.CDLL('libcuda.so.1'); "
+            "print(next(l.split()[-1] for l in open('/proc/self/maps') "
+            "if l.rstrip().endswith(('libcuda.so.1',)) or '/libcuda.so.' in l))"
+        )
+        p = self.sh([sys.executable, "-c", code], env=self.env)
+        path = p.stdout.strip()
+        return path if p.returncode == 0 and path.startswith("/") else None
 
     def build_shim(self, real: str | None) -> tuple[str | None, str]:
         if real is None:
