@@ -17,6 +17,9 @@
  *                                            milliseconds; writes its start, end and
  *                                            interruptions (globaltimer ns) to OUT
  *
+ * Entry points are asked for at CUDA version 13000, as CUDA 13's runtime asks: "cuCtxSynchronize"
+ * then has the ABI of cuCtxSynchronize_v2 (a context argument, NULL for the current one).
+ *
  * Exit codes: 0 done, 2 usage, 3 no driver or entry point, 4 a driver call failed (its
  * name and CUresult on stderr).
  */
@@ -43,7 +46,7 @@ static struct {
     CUresult (*get_function)(CUfunction *, CUmodule, const char *);
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                        unsigned, CUstream, void **, void **);
-    CUresult (*ctx_sync)(void);
+    CUresult (*ctx_sync)(CUcontext); /* CUDA 13's ABI of "cuCtxSynchronize" (NULL: current) */
     CUresult (*alloc)(CUdeviceptr *, size_t);
     CUresult (*free)(CUdeviceptr);
     CUresult (*dtoh)(void *, CUdeviceptr, size_t);
@@ -174,14 +177,14 @@ int main(int argc, char **argv) {
         void *params[] = {&us};
         double per[64];
         CHECK(cu.launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL), "cuLaunchKernel"); /* warm */
-        CHECK(cu.ctx_sync(), "cuCtxSynchronize");
+        CHECK(cu.ctx_sync(NULL), "cuCtxSynchronize");
         for (int r = 0; r < rounds; r++) {
             double t0 = now_s();
             for (long i = 0; i < n; i++) {
                 CHECK(cu.launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL), "cuLaunchKernel");
-                if ((i & 255) == 255) CHECK(cu.ctx_sync(), "cuCtxSynchronize");
+                if ((i & 255) == 255) CHECK(cu.ctx_sync(NULL), "cuCtxSynchronize");
             }
-            CHECK(cu.ctx_sync(), "cuCtxSynchronize");
+            CHECK(cu.ctx_sync(NULL), "cuCtxSynchronize");
             per[r] = (now_s() - t0) * 1e9 / (double)n;
         }
         qsort(per, (size_t)rounds, sizeof per[0], cmp_double);
@@ -203,7 +206,7 @@ int main(int argc, char **argv) {
                 if (cu.launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL) != CUDA_SUCCESS) failed++;
                 launched++;
             }
-            if (cu.ctx_sync() != CUDA_SUCCESS) failed++;
+            if (cu.ctx_sync(NULL) != CUDA_SUCCESS) failed++;
         }
         printf("launches %ld failed %ld\n", launched, failed);
         return 0;
@@ -221,7 +224,7 @@ int main(int argc, char **argv) {
         void *params[] = {&us, &out, &gap_ns, (void *)&max_records};
         wait_go();
         CHECK(cu.launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL), "cuLaunchKernel(gk_spin)");
-        CHECK(cu.ctx_sync(), "cuCtxSynchronize");
+        CHECK(cu.ctx_sync(NULL), "cuCtxSynchronize");
         CHECK(cu.dtoh(host, out, bytes), "cuMemcpyDtoH");
         FILE *o = fopen(argv[4], "w");
         if (!o) return 2;
