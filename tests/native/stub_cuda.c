@@ -14,6 +14,10 @@
  * At exit, STUB_CUDA_LOG=<path> gets one line per kernel: "start_ns end_ns name", and a last
  * line "# mem_used_bytes N failed_allocs N". STUB_CUDA_NO_FUNC_NAME=1: cuFuncGetName fails
  * (a driver older than 12.3), so the interposer falls back to the cuModuleGetFunction name.
+ * Graphs: an instantiated graph is one opaque piece of work of STUB_CUDA_GRAPH_US (default
+ * 500), logged as "graph". VMM: cuMemCreate takes device memory like an allocation (the handle
+ * is its address), cuMemRelease gives it back; reserving and mapping address ranges succeed
+ * and do nothing. Memory pools: cuMemAllocFromPoolAsync allocates like cuMemAllocAsync.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -48,6 +52,12 @@ struct CUstream_st {
 };
 struct CUctx_st {
     int dummy;
+};
+struct CUgraph_st {
+    int dummy;
+};
+struct CUgraphExec_st {
+    struct CUfunc_st fn; /* logged as a kernel named "graph" */
 };
 
 enum { OP_KERNEL, OP_EVENT, OP_MARK };
@@ -278,6 +288,27 @@ API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, u
     return launch(f, s, params);
 }
 
+/* ---- graphs ---- */
+API CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
+    *g = calloc(1, sizeof **g);
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    *e = calloc(1, sizeof **e);
+    snprintf((*e)->fn.name, sizeof (*e)->fn.name, "graph");
+    const char *us = getenv("STUB_CUDA_GRAPH_US");
+    (*e)->fn.default_us = us && *us ? (unsigned)atoi(us) : 500;
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    submit(OP_KERNEL, s, (int64_t)e->fn.default_us * 1000, NULL, &e->fn);
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphExecDestroy(CUgraphExec e) { free(e); return CUDA_SUCCESS; }
+API CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
+
 /* ---- streams ---- */
 API CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     *s = calloc(1, sizeof **s);
@@ -369,6 +400,32 @@ API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t 
     return dev_alloc(p, *pitch * h);
 }
 API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { return dev_alloc(p, n); }
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
+    return dev_alloc(p, n);
+}
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n,
+                         const CUmemAllocationProp *prop, unsigned long long flags) {
+    CUdeviceptr p = 0;
+    CUresult rc = dev_alloc(&p, n);
+    if (rc == CUDA_SUCCESS) *h = (CUmemGenericAllocationHandle)p;
+    return rc;
+}
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return dev_free((CUdeviceptr)h); }
+API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t n, size_t align, CUdeviceptr addr,
+                                 unsigned long long flags) {
+    pthread_mutex_lock(&d.mu);
+    start_device();
+    *p = d.next_addr; /* address space only: no memory */
+    d.next_addr += (n + 511) & ~(size_t)511;
+    pthread_mutex_unlock(&d.mu);
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemAddressFree(CUdeviceptr p, size_t n) { return CUDA_SUCCESS; }
+API CUresult cuMemMap(CUdeviceptr p, size_t n, size_t off, CUmemGenericAllocationHandle h,
+                      unsigned long long flags) {
+    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+API CUresult cuMemUnmap(CUdeviceptr p, size_t n) { return CUDA_SUCCESS; }
 API CUresult cuMemFree_v2(CUdeviceptr p) { return dev_free(p); }
 API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return dev_free(p); }
 API CUresult cuMemGetInfo_v2(size_t *freeb, size_t *total) {
@@ -425,6 +482,13 @@ static const struct {
     E("cuMemFree", cuMemFree_v2), E("cuMemFreeAsync", cuMemFreeAsync),
     E("cuMemGetInfo", cuMemGetInfo_v2), E("cuMemcpyHtoD", cuMemcpyHtoD_v2),
     E("cuMemcpyDtoH", cuMemcpyDtoH_v2), E("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2),
+    E("cuGraphCreate", cuGraphCreate), E("cuGraphInstantiate", cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags),
+    E("cuGraphLaunch", cuGraphLaunch), E("cuGraphExecDestroy", cuGraphExecDestroy),
+    E("cuGraphDestroy", cuGraphDestroy), E("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync),
+    E("cuMemCreate", cuMemCreate), E("cuMemRelease", cuMemRelease),
+    E("cuMemAddressReserve", cuMemAddressReserve), E("cuMemAddressFree", cuMemAddressFree),
+    E("cuMemMap", cuMemMap), E("cuMemUnmap", cuMemUnmap),
 };
 
 static CUresult lookup(const char *sym, void **pfn, int ver) {
