@@ -357,6 +357,14 @@ static inline void ensure_init(void) {
     }
 }
 
+/* With GSHARE_CUDA_STATS set, the counters are written even when nothing was intercepted: a
+ * stats file with no launches says that the library was loaded and saw none (the check that
+ * a stack's launches really come through it). */
+__attribute__((constructor)) static void stats_at_load(void) {
+    const char *s = getenv("GSHARE_CUDA_STATS");
+    if (s && *s) ensure_init();
+}
+
 /* Called by the gshare runtime (ctypes) before the instance touches CUDA. */
 API int gshare_cuda_configure(const char *sock, const char *client_id, const char *secret,
                               double mem_limit_mb) {

@@ -90,7 +90,9 @@ def read_elf_symbols(path: str | Path, table: str = "dynsym") -> ElfSymbols:
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     if not shoff or not shnum:
         raise ShimError(f"{path}: no section headers")
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    sections = [
+        struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)
+    ]
     want = _SHT_DYNSYM if table == "dynsym" else _SHT_SYMTAB
     symtab = next((i for i, s in enumerate(sections) if s[1] == want), None)
     if symtab is None:
@@ -112,7 +114,9 @@ def read_elf_symbols(path: str | Path, table: str = "dynsym") -> ElfSymbols:
                 vstr = sections[s[6]][4]
                 at = s[4]
                 for _ in range(s[7]):  # sh_info: the number of definitions
-                    _ver, flags, ndx, cnt, _hash, aux, nxt = struct.unpack_from("<HHHHIII", data, at)
+                    _ver, flags, ndx, cnt, _hash, aux, nxt = struct.unpack_from(
+                        "<HHHHIII", data, at
+                    )
                     if cnt and not flags & 1:  # VER_FLG_BASE: the file's own name, no version
                         vnames[ndx] = cstr(vstr, struct.unpack_from("<I", data, at + aux)[0])
                     if not nxt:
@@ -162,7 +166,9 @@ def find_real_libcuda() -> Path | None:
     """The node's real ``libcuda.so.1``: ``ldconfig -p``'s entries, then the usual driver
     folders; a gshare shim is never returned. None when there is none (no NVIDIA driver)."""
     candidates: list[str] = []
-    ldconfig = shutil.which("ldconfig") or ("/sbin/ldconfig" if Path("/sbin/ldconfig").exists() else None)
+    ldconfig = shutil.which("ldconfig") or (
+        "/sbin/ldconfig" if Path("/sbin/ldconfig").exists() else None
+    )
     if ldconfig:
         try:
             out = subprocess.run(
@@ -234,7 +240,9 @@ def _run(cmd: list[str]) -> None:
     p = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if p.returncode != 0:
         err = (p.stderr or p.stdout).strip().splitlines()
-        raise ShimError(f"shim build failed: {' '.join(cmd[:2])} ...: {err[-1] if err else p.returncode}")
+        raise ShimError(
+            f"shim build failed: {' '.join(cmd[:2])} ...: {err[-1] if err else p.returncode}"
+        )
 
 
 def build_shim(real_libcuda: Path, out_dir: Path) -> Path:
@@ -257,7 +265,9 @@ def build_shim(real_libcuda: Path, out_dir: Path) -> Path:
     if syms.machine != _EM_X86_64:
         raise ShimError(f"{real} is not an x86-64 library (ELF machine {syms.machine})")
     if OWN_SYMBOL in syms.functions:
-        raise ShimError(f"{real} is a gshare library (a shim or the interposer), not the real driver")
+        raise ShimError(
+            f"{real} is a gshare library (a shim or the interposer), not the real driver"
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cc = os.environ.get("CC", "gcc")
