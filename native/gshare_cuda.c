@@ -1,29 +1,44 @@
 /*
- * libgshare_cuda.so -- gshare's CUDA driver-API interposer (issue 13; DESIGN "GPU frontend").
+ * libgshare_cuda.so -- gshare's CUDA driver-API interposer (DESIGN "GPU frontend").
  *
- * Loaded with LD_PRELOAD into a process that uses the CUDA driver (directly, or through the
- * CUDA runtime, which resolves driver entry points with dlopen/dlsym and cuGetProcAddress).
- * It exports the intercepted driver symbols, a dlsym() that hands out the same wrappers for
- * them, and a cuGetProcAddress (v1 and _v2) that does too, so every path to a kernel launch
- * ends in one gate:
+ * Two deployments of the same code (gshare.runtime.native, GSHARE_CUDA_DEPLOYMENT):
  *
- *   tokens  (FaST-GShare 3.3.2, Gemini): a launch needs a time token from the node's token
- *           server (gshare.runtime.tokens, same Unix-socket protocol and policy as the Python
- *           client). While a token is held the gate is a mutex (uncontended: one atomic, no
- *           syscall), a vDSO clock read and a hash lookup. When the predicted device end of
- *           the work queued on the token plus the predicted next kernel passes the token's
- *           end, the token is given back early (Gemini revocation): the work queued on it is
- *           drained, its device busy time (events recorded around the burst) is reported on
- *           RELEASE, and a new token is asked for. A reaper thread gives a token back when it
- *           expires while the process launches nothing.
- *   memory  device allocations (cuMemAlloc/_Pitch/Managed/Async) are accounted exactly per
- *           pointer and refused with CUDA_ERROR_OUT_OF_MEMORY past GSHARE_CUDA_MEM_LIMIT_MB;
- *           frees (sync and async) return their bytes; cuMemGetInfo reports the cap.
+ *   preload  libgshare_cuda.so in LD_PRELOAD. It exports the intercepted driver symbols, a
+ *            dlsym() that hands out the same wrappers for them (the CUDA runtime dlopens
+ *            libcuda.so.1 and dlsyms from that handle, which LD_PRELOAD does not reach), and a
+ *            cuGetProcAddress (v1 and _v2) that does too. A runtime that reaches the driver
+ *            any other way is not governed.
+ *   shim     built with -DGSHARE_SHIM into DIR/libcuda.so.1 (build_shim) together with
+ *            generated x86-64 forwarders (`jmp *slot`) for every other function the real
+ *            driver exports; DIR first on LD_LIBRARY_PATH. Every dlopen("libcuda.so.1") and
+ *            -lcuda finds it. The real driver is dlopened RTLD_LOCAL by absolute path
+ *            (GSHARE_REAL_LIBCUDA, else the path the shim was built from; refused if it is a
+ *            gshare library) and the slots are filled by a constructor. No dlsym export.
+ *
+ * Every path to a kernel launch ends in one gate:
+ *
+ *   tokens  (FaST-GShare 3.3.2, Gemini): a launch (cuLaunchKernel, cuLaunchKernelEx,
+ *           cuLaunchCooperativeKernel, their _ptsz forms) or a graph launch (cuGraphLaunch,
+ *           _ptsz: one opaque burst keyed by the graph exec, sampled with events like a
+ *           kernel) needs a time token from the node's token server (gshare.runtime.tokens,
+ *           same Unix-socket protocol and policy as the Python client). While a token is held
+ *           the gate is a mutex (uncontended: one atomic, no syscall), a vDSO clock read and a
+ *           hash lookup. When the predicted device end of the work queued on the token plus
+ *           the predicted next kernel passes the token's end, the token is given back early
+ *           (Gemini revocation): the work queued on it is drained, its device busy time
+ *           (events recorded around the burst) is reported on RELEASE, and a new token is
+ *           asked for. A reaper thread gives a token back when it expires while the process
+ *           launches nothing.
+ *   memory  device allocations (cuMemAlloc/_Pitch/Managed/Async, cuMemAllocFromPoolAsync) and
+ *           VMM physical allocations (cuMemCreate, per handle) are accounted exactly and
+ *           refused with CUDA_ERROR_OUT_OF_MEMORY past GSHARE_CUDA_MEM_LIMIT_MB; frees (sync
+ *           and async) and cuMemRelease return their bytes; cuMemGetInfo reports the cap.
  *   kernel identity (FIKIT 3.2): function name (cuFuncGetName, else the name given to
  *           cuModuleGetFunction, else "fn@<address>") + grid + block. Kernel durations are
  *           sampled with event pairs (first launches of an ID, then 1 in SAMPLE_EVERY) to
  *           predict the next kernel; GSHARE_CUDA_PROFILE=<path> measures every kernel and its
- *           idle gap and writes a policy.priority KernelProfile (to_records JSON) at exit.
+ *           idle gap and writes a policy.priority KernelProfile (to_records JSON) at exit
+ *           (graphs have no kernel ID: they are left out of it).
  *
  * Configuration (read at the first intercepted call; gshare_cuda_configure() overrides it,
  * which is how the runtime passes the instance secret without putting it in the environment):
@@ -31,15 +46,23 @@
  *                                        (no socket: launches are not governed)
  *   GSHARE_CUDA_MEM_LIMIT_MB             memory cap (unset or 0: none)
  *   GSHARE_CUDA_PROFILE, GSHARE_CUDA_TASK_KEY   measurement mode output and its task key
- *   GSHARE_CUDA_STATS                    JSON counters written at exit (tests, benches)
+ *   GSHARE_CUDA_STATS                    JSON counters written at exit (also when nothing was
+ *                                        intercepted): launches, launches_by_entry (per entry
+ *                                        point), graph_launches, deployment ("preload" |
+ *                                        "shim", from the name this library was loaded as),
+ *                                        tokens, memory (mem_live_bytes includes
+ *                                        vmm_bytes_live), ...
  *   GSHARE_CUDA_MARGIN_US                stop this much before the token end (default 200)
  *   GSHARE_TOKEN_EPOCH_S                 the token server's epoch_s (CLOCK_MONOTONIC seconds):
  *                                        work on a token then also stops at its window's end
- *   GSHARE_REAL_LIBCUDA                  the real driver (default libcuda.so.1)
+ *   GSHARE_REAL_LIBCUDA                  the real driver (preload: default libcuda.so.1; shim:
+ *                                        an absolute path, default the one it was built from)
  *
  * Limits (see DESIGN): one context per process is assumed for the burst events; multi-GPU
- * processes, CUDA graphs (cuGraphLaunch), cuMemCreate/VMM and cuMemAllocFromPoolAsync are not
- * intercepted; an async free is credited when it is enqueued. Never run on a real GPU.
+ * processes and stream capture (launches recorded into a graph are gated and sampled as if
+ * they ran) are not handled; a graph's first launches run unmeasured; cuGetExportTable (the
+ * runtime's private tables) is forwarded untouched; an async free and cuMemRelease are
+ * credited when called. Never run on a real GPU.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
