@@ -549,3 +549,21 @@ def test_the_agent_deployment_builds_the_shim_once_and_instances_configure_it(
         check=True,
     ).stdout
     assert out.strip() == "True"
+
+
+@shim_only
+def test_find_real_libcuda_skips_shims_and_foreign_libraries(
+    built: Native, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert built.shim_dir is not None
+    (tmp_path / "notelf.so.1").write_text("text")
+    ldconfig = tmp_path / "bin" / "ldconfig"
+    ldconfig.parent.mkdir()
+    entries = [built.shim_dir / "libcuda.so.1", tmp_path / "notelf.so.1", built.real]
+    ldconfig.write_text(
+        "#!/bin/sh\necho '3 libs found in cache'\n"
+        + "".join(f"echo '\tlibcuda.so.1 (libc6,x86-64) => {p}'\n" for p in entries)
+    )
+    ldconfig.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{ldconfig.parent}:{os.environ['PATH']}")
+    assert native.find_real_libcuda() == built.real.resolve()

@@ -182,7 +182,8 @@ def deployment_env(
 
 def prepare_shim(out_dir: Path, real_libcuda: Path | None = None) -> tuple[Path, Path]:
     """A shim for the node's real driver in ``out_dir``: reused when its manifest names the
-    same driver and it is newer than the driver and the interposer's source, else built.
+    same driver and it is newer than the driver and the interposer's source (when there is
+    one), else built.
     The driver: ``real_libcuda``, else ``$GSHARE_REAL_LIBCUDA``, else ``find_real_libcuda()``.
     Returns ``(shim_dir, real_libcuda)``; raises ``ShimError`` (one line) when it cannot."""
     real = real_libcuda
@@ -194,13 +195,14 @@ def prepare_shim(out_dir: Path, real_libcuda: Path | None = None) -> tuple[Path,
         raise ShimError("no real libcuda.so.1 on this node (ldconfig -p, the usual folders)")
     real = Path(real).resolve()
     lib, manifest = Path(out_dir) / SHIM_NAME, Path(out_dir) / MANIFEST
+    src = NATIVE_DIR / "gshare_cuda.c"  # absent where only a prebuilt shim is shipped
     try:
         fresh = (
             json.loads(manifest.read_text()).get("real_libcuda") == str(real)
             and lib.stat().st_mtime >= real.stat().st_mtime
-            and lib.stat().st_mtime >= (NATIVE_DIR / "gshare_cuda.c").stat().st_mtime
+            and (not src.is_file() or lib.stat().st_mtime >= src.stat().st_mtime)
         )
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         fresh = False
     if not fresh:
         build_shim(real, Path(out_dir))

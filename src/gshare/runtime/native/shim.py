@@ -44,7 +44,8 @@ MANIFEST = "gshare_shim.json"
 OWN_SYMBOL = "gshare_cuda_configure"
 """Exported by the interposer in both deployments: how a shim is told from a real driver."""
 
-_EM_X86_64 = 62
+_EM_X86_64, _EM_AARCH64 = 62, 183
+_MACHINES = {"x86_64": _EM_X86_64, "amd64": _EM_X86_64, "aarch64": _EM_AARCH64}
 _SHT_SYMTAB, _SHT_DYNSYM = 2, 11
 _SHT_GNU_VERDEF, _SHT_GNU_VERSYM = 0x6FFFFFFD, 0x6FFFFFFF
 _STT_OBJECT, _STT_FUNC, _STT_TLS, _STT_GNU_IFUNC = 1, 2, 6, 10
@@ -154,6 +155,17 @@ def read_elf_symbols(path: str | Path, table: str = "dynsym") -> ElfSymbols:
     return ElfSymbols(machine, tuple(functions), tuple(objects), versions)
 
 
+def _driver_candidate(path: Path) -> bool:
+    """A real driver for this machine: a 64-bit ELF library of its architecture, not gshare's
+    (``ldconfig -p`` also lists 32-bit and foreign-architecture copies)."""
+    try:
+        syms = read_elf_symbols(path)
+    except (OSError, ShimError, struct.error, ValueError):
+        return False
+    want = _MACHINES.get(platform.machine().lower())
+    return (want is None or syms.machine == want) and OWN_SYMBOL not in syms.functions
+
+
 def is_shim(path: str | Path) -> bool:
     """Whether ``path`` is a gshare library (a shim, or the interposer), not a real driver."""
     try:
@@ -164,7 +176,8 @@ def is_shim(path: str | Path) -> bool:
 
 def find_real_libcuda() -> Path | None:
     """The node's real ``libcuda.so.1``: ``ldconfig -p``'s entries, then the usual driver
-    folders; a gshare shim is never returned. None when there is none (no NVIDIA driver)."""
+    folders; the first that is a 64-bit library of this machine's architecture and not a
+    gshare library (a shim) -- resolved. None when there is none (no NVIDIA driver)."""
     candidates: list[str] = []
     ldconfig = shutil.which("ldconfig") or (
         "/sbin/ldconfig" if Path("/sbin/ldconfig").exists() else None
@@ -183,7 +196,7 @@ def find_real_libcuda() -> Path | None:
     candidates.extend(_COMMON_PATHS)
     for c in candidates:
         p = Path(c)
-        if p.is_file() and not is_shim(p):
+        if p.is_file() and _driver_candidate(p):
             return p.resolve()
     return None
 
