@@ -130,22 +130,21 @@ static void resolve_dlsym(void) {
 static void *open_real(void) {
     const char *path = getenv("GSHARE_REAL_LIBCUDA");
 #ifdef GSHARE_SHIM
+    static int failed; /* said once (at load): every call fails after that, no retry */
+    if (__atomic_load_n(&failed, __ATOMIC_RELAXED)) return NULL;
     if (!path || !*path) path = GSHARE_SHIM_REAL;
+    void *h = NULL;
     if (!*path || path[0] != '/') {
         warn("shim: GSHARE_REAL_LIBCUDA must be the real driver's absolute path (got \"%s\")",
              path);
-        return NULL;
-    }
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
+    } else if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL))) {
         warn("shim: cannot load the real driver %s: %s", path, dlerror());
-        return NULL;
-    }
-    if (dlsym(h, "gshare_cuda_configure")) {
+    } else if (dlsym(h, "gshare_cuda_configure")) {
         warn("shim: %s is a gshare library, not the real driver", path);
         dlclose(h);
-        return NULL;
+        h = NULL;
     }
+    if (!h) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
     return h;
 #else
     return dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
