@@ -83,6 +83,7 @@
 /* cuda.h renames these to their _v2 forms; we export both versions by their real names. */
 #undef cuGetProcAddress
 #undef cuEventElapsedTime
+#undef cuStreamBeginCapture
 
 #define API __attribute__((visibility("default")))
 #define SAMPLE_FIRST 3      /* sample the first launches of every kernel ID ... */
@@ -92,6 +93,7 @@
 #define N_STREAMS 16        /* streams tracked per burst */
 #define N_SEGS 64           /* closed burst segments waiting to be read */
 #define SPLIT_NS 100000     /* split a segment when the device is predicted idle this long */
+#define N_CAPTURES 64       /* stream captures in progress tracked by stream */
 
 /* The launch entry points, counted apart (stats "launches_by_entry"): which doors the
  * application's launches really came through is the check that the interception works. */
@@ -178,7 +180,10 @@ static void *r_cuLaunchKernel, *r_cuLaunchKernel_ptsz, *r_cuLaunchKernelEx,
     *r_cuMemAllocAsync_ptsz, *r_cuMemFree_v2, *r_cuMemFreeAsync, *r_cuMemFreeAsync_ptsz,
     *r_cuMemGetInfo_v2, *r_cuModuleGetFunction, *r_cuGetProcAddress, *r_cuGetProcAddress_v2,
     *r_cuGraphLaunch, *r_cuGraphLaunch_ptsz, *r_cuMemCreate, *r_cuMemRelease,
-    *r_cuMemAllocFromPoolAsync, *r_cuMemAllocFromPoolAsync_ptsz;
+    *r_cuMemAllocFromPoolAsync, *r_cuMemAllocFromPoolAsync_ptsz, *r_cuStreamBeginCapture,
+    *r_cuStreamBeginCapture_ptsz, *r_cuStreamBeginCapture_v2, *r_cuStreamBeginCapture_v2_ptsz,
+    *r_cuStreamBeginCaptureToGraph, *r_cuStreamBeginCaptureToGraph_ptsz, *r_cuStreamEndCapture,
+    *r_cuStreamEndCapture_ptsz;
 /* used by the gate itself, never wrapped */
 static void *r_cuEventCreate, *r_cuEventRecord, *r_cuEventQuery, *r_cuEventElapsedTime,
     *r_cuCtxGetCurrent, *r_cuCtxSetCurrent, *r_cuFuncGetName, *r_cuEventSync_raw;
@@ -207,6 +212,11 @@ typedef CUresult (*mem_create_fn)(CUmemGenericAllocationHandle *, size_t,
                                   const CUmemAllocationProp *, unsigned long long);
 typedef CUresult (*mem_release_fn)(CUmemGenericAllocationHandle);
 typedef CUresult (*graph_launch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*capture1_fn)(CUstream);
+typedef CUresult (*capture2_fn)(CUstream, CUstreamCaptureMode);
+typedef CUresult (*capture_graph_fn)(CUstream, CUgraph, const CUgraphNode *,
+                                     const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+typedef CUresult (*end_capture_fn)(CUstream, CUgraph *);
 typedef CUresult (*free_fn)(CUdeviceptr);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 typedef CUresult (*meminfo_fn)(size_t *, size_t *);
@@ -304,6 +314,10 @@ static struct {
     /* counters */
     uint64_t launches, fast, tokens, revoked, reaped, oom, denied, sampled, waited, late;
     uint64_t by_entry[N_ENTRIES];
+    /* stream capture in progress: launches pass through (see cuStreamBeginCapture) */
+    CUstream capturing[N_CAPTURES];
+    int n_capturing, capture_overflow;
+    uint64_t captured;
     int64_t max_late_ns;
     double busy_ms;
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .fd = -1};
@@ -609,8 +623,13 @@ static void *reaper(void *arg) {
         struct timespec ts = {end / 1000000000LL, end % 1000000000LL};
         int rc = pthread_cond_timedwait(&g.cv, &g.mu, &ts); /* cv uses CLOCK_MONOTONIC */
         if (rc == ETIMEDOUT && g.held && g.grant_no == no) {
-            g.reaped++;
-            release_token(1);
+            /* no event query or synchronisation while a capture is in progress: it would
+             * invalidate the capture (global capture mode); the token is kept until it ends */
+            while (g.n_capturing > 0) pthread_cond_wait(&g.cv, &g.mu);
+            if (g.held && g.grant_no == no) {
+                g.reaped++;
+                release_token(1);
+            }
         }
     }
     return NULL;
@@ -733,6 +752,10 @@ static CUresult gate_enter(CUfunction f, const unsigned grid[3], const unsigned 
     gt->k = NULL;
     gt->t_check = 0;
     if (!g.governed && !g.profile_all) return CUDA_SUCCESS; /* pass-through */
+    if (__builtin_expect(g.n_capturing > 0, 0)) {
+        g.captured++; /* a stream capture is in progress: pass-through (cuStreamBeginCapture) */
+        return CUDA_SUCCESS;
+    }
     kentry *k = gt->k = kernel_of(f, grid, block);
     double pred = k ? k->ewma_ns : 0.0;
     gt->pred = (int64_t)pred;
@@ -924,6 +947,86 @@ API CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
 }
 API CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) {
     GRAPH_LAUNCH(r_cuGraphLaunch_ptsz, "cuGraphLaunch_ptsz", E_GRAPH_PTSZ);
+}
+
+/* ---------------------------------------------------------------- stream capture -------- */
+/* While a stream capture is in progress (CUDA graphs: PyTorch's torch.cuda.graph, vLLM and
+ * torch.compile capture at start-up), the kernels launched into the capturing stream do not
+ * run: they are recorded into a graph. Gating or sampling them would acquire tokens for
+ * nothing and record events into the graph, and in the global capture mode (PyTorch's
+ * default) any event query or synchronisation by the gate -- a revocation, the reaper -- from
+ * any thread invalidates the capture. So while any capture is in progress every launch passes
+ * through ungated (counted: stats "launches_while_capturing"), and the reaper keeps a held
+ * token until the capture ends. The graph's launches are gated (cuGraphLaunch). */
+static void capture_begin(CUstream s) {
+    pthread_mutex_lock(&g.mu);
+    if (g.n_capturing - g.capture_overflow < N_CAPTURES)
+        g.capturing[g.n_capturing - g.capture_overflow] = s;
+    else
+        g.capture_overflow++;
+    g.n_capturing++;
+    pthread_mutex_unlock(&g.mu);
+}
+static void capture_end(CUstream s) {
+    pthread_mutex_lock(&g.mu);
+    int tracked = g.n_capturing - g.capture_overflow, found = 0;
+    for (int i = 0; i < tracked && !found; i++)
+        if (g.capturing[i] == s) {
+            g.capturing[i] = g.capturing[tracked - 1];
+            found = 1;
+        }
+    if (!found && g.capture_overflow) g.capture_overflow--, found = 1;
+    if (found) g.n_capturing--;
+    pthread_cond_broadcast(&g.cv); /* the reaper */
+    pthread_mutex_unlock(&g.mu);
+}
+#define BEGIN_CAPTURE(slot, sym, type, ...)                                                     \
+    do {                                                                                       \
+        ensure_init();                                                                         \
+        void *r = REAL(slot, sym);                                                             \
+        CUresult rc = r ? ((type)r)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED;                 \
+        if (rc == CUDA_SUCCESS) capture_begin(s);                                              \
+        return rc;                                                                             \
+    } while (0)
+API CUresult cuStreamBeginCapture(CUstream s) {
+    BEGIN_CAPTURE(r_cuStreamBeginCapture, "cuStreamBeginCapture", capture1_fn, s);
+}
+API CUresult cuStreamBeginCapture_ptsz(CUstream s) {
+    BEGIN_CAPTURE(r_cuStreamBeginCapture_ptsz, "cuStreamBeginCapture_ptsz", capture1_fn, s);
+}
+API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+    BEGIN_CAPTURE(r_cuStreamBeginCapture_v2, "cuStreamBeginCapture_v2", capture2_fn, s, mode);
+}
+API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
+    BEGIN_CAPTURE(r_cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture_v2_ptsz", capture2_fn,
+                  s, mode);
+}
+API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph graph, const CUgraphNode *deps,
+                                         const CUgraphEdgeData *data, size_t n,
+                                         CUstreamCaptureMode mode) {
+    BEGIN_CAPTURE(r_cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph",
+                  capture_graph_fn, s, graph, deps, data, n, mode);
+}
+API CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph graph,
+                                              const CUgraphNode *deps,
+                                              const CUgraphEdgeData *data, size_t n,
+                                              CUstreamCaptureMode mode) {
+    BEGIN_CAPTURE(r_cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph_ptsz",
+                  capture_graph_fn, s, graph, deps, data, n, mode);
+}
+static CUresult end_capture(void **slot, const char *sym, CUstream s, CUgraph *graph) {
+    void *r = REAL(*slot, sym);
+    CUresult rc = r ? ((end_capture_fn)r)(s, graph) : CUDA_ERROR_NOT_INITIALIZED;
+    /* over when it succeeded or was invalidated (other errors -- wrong thread, not capturing
+     * -- leave it as it was; a stream never seen to begin one is ignored) */
+    if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) capture_end(s);
+    return rc;
+}
+API CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
+    return end_capture(&r_cuStreamEndCapture, "cuStreamEndCapture", s, graph);
+}
+API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph) {
+    return end_capture(&r_cuStreamEndCapture_ptsz, "cuStreamEndCapture_ptsz", s, graph);
 }
 
 /* ---------------------------------------------------------------- synchronisation ------- */
@@ -1268,7 +1371,9 @@ static const hook hooks[] = {
     H(cuMemFree_v2), H(cuMemFreeAsync), H(cuMemFreeAsync_ptsz), H(cuMemGetInfo_v2),
     H(cuModuleGetFunction), H(cuGetProcAddress), H(cuGetProcAddress_v2), H(cuGraphLaunch),
     H(cuGraphLaunch_ptsz), H(cuMemCreate), H(cuMemRelease), H(cuMemAllocFromPoolAsync),
-    H(cuMemAllocFromPoolAsync_ptsz),
+    H(cuMemAllocFromPoolAsync_ptsz), H(cuStreamBeginCapture), H(cuStreamBeginCapture_ptsz),
+    H(cuStreamBeginCapture_v2), H(cuStreamBeginCapture_v2_ptsz), H(cuStreamBeginCaptureToGraph),
+    H(cuStreamBeginCaptureToGraph_ptsz), H(cuStreamEndCapture), H(cuStreamEndCapture_ptsz),
 };
 
 static const hook *find_hook(const char *name) {
@@ -1309,6 +1414,10 @@ static void *gpa_wrap(const char *sym, void *real, int ver, cuuint64_t flags) {
         {"cuMemCreate", "cuMemCreate", "cuMemCreate", 0},
         {"cuMemRelease", "cuMemRelease", "cuMemRelease", 0},
         {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", 0},
+        {"cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", 0},
+        {"cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph",
+         "cuStreamBeginCaptureToGraph_ptsz", 0},
+        {"cuStreamEndCapture", "cuStreamEndCapture", "cuStreamEndCapture_ptsz", 0},
     };
     for (size_t i = 0; i < sizeof map / sizeof *map; i++) {
         if (strcmp(map[i].base, sym)) continue;
@@ -1316,6 +1425,10 @@ static void *gpa_wrap(const char *sym, void *real, int ver, cuuint64_t flags) {
         const char *exp = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? map[i].ptsz
                                                                                  : map[i].legacy;
         if (!strcmp(sym, "cuGetProcAddress") && ver >= 12000) exp = "cuGetProcAddress_v2";
+        if (!strcmp(sym, "cuStreamBeginCapture") && ver < 10010) /* before the mode argument */
+            exp = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+                      ? "cuStreamBeginCapture_ptsz"
+                      : "cuStreamBeginCapture";
         const hook *h = find_hook(exp);
         if (!h || real == h->wrapper) return real; /* never our own wrapper as the real one */
         if (!*h->real) *h->real = real;
@@ -1452,11 +1565,12 @@ static void finish(void) {
                     ", \"mem_limit_bytes\": %zu, \"mem_live_bytes\": %zu"
                     ", \"mem_peak_bytes\": %zu, \"oom_refusals\": %" PRIu64
                     ", \"vmm_bytes_live\": %zu, \"graph_launches\": %" PRIu64
+                    ", \"launches_while_capturing\": %" PRIu64
                     ", \"deployment\": \"%s\", \"launches_by_entry\": {",
                     g.launches, g.fast, g.tokens, g.revoked, g.reaped, g.denied, g.sampled, g.waited,
                     g.late, (double)g.max_late_ns / 1e3, g.busy_ms, g.mem_cap, g.mem_used,
                     g.mem_peak, g.oom, g.vmm_used, g.by_entry[E_GRAPH] + g.by_entry[E_GRAPH_PTSZ],
-                    deployment());
+                    g.captured, deployment());
             for (int i = 0; i < N_ENTRIES; i++)
                 fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", entry_names[i], g.by_entry[i]);
             fprintf(f, "}}\n");

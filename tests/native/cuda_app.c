@@ -15,6 +15,9 @@
  *   cuda_app ids   MODE                           named kernels at several grids
  *   cuda_app bench MODE N                         N launches of 0-us kernels: ns per launch
  *   cuda_app graph MODE N                         N launches of one graph; prints each result
+ *   cuda_app capture MODE SLEEP_MS                captures two kernels on a stream into a
+ *                                                 graph (global mode), sleeping SLEEP_MS
+ *                                                 between them, then launches the graph
  *   cuda_app info  MODE                           calls that no deployment intercepts
  *                                                 (driver version, device name) and, in
  *                                                 direct mode, the library they came from
@@ -59,6 +62,9 @@ static struct {
     CUresult (*graph_launch)(CUgraphExec, CUstream);
     CUresult (*driver_version)(int *);
     CUresult (*device_name)(char *, int, CUdevice);
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*begin_capture)(CUstream, CUstreamCaptureMode);
+    CUresult (*end_capture)(CUstream, CUgraph *);
 } cu;
 
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
@@ -94,6 +100,9 @@ static void resolve(const char *mode) {
         cu.graph_launch = cuGraphLaunch;
         cu.driver_version = cuDriverGetVersion;
         cu.device_name = cuDeviceGetName;
+        cu.stream_create = cuStreamCreate;
+        cu.begin_capture = cuStreamBeginCapture; /* cuda.h: cuStreamBeginCapture_v2 */
+        cu.end_capture = cuStreamEndCapture;
         return;
     }
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -137,6 +146,9 @@ static void resolve(const char *mode) {
     GET(graph_launch, "cuGraphLaunch");
     GET(driver_version, "cuDriverGetVersion");
     GET(device_name, "cuDeviceGetName");
+    GET(stream_create, "cuStreamCreate");
+    GET(begin_capture, "cuStreamBeginCapture");
+    GET(end_capture, "cuStreamEndCapture");
 }
 
 static CUgraphExec make_graph(void) {
@@ -274,6 +286,26 @@ int main(int argc, char **argv) {
         long n = atol(argv[3]);
         CUgraphExec graph = make_graph();
         for (long i = 0; i < n; i++) printf("graph %d\n", (int)cu.graph_launch(graph, NULL));
+        cu.ctx_sync();
+        return 0;
+    }
+    if (!strcmp(what, "capture") && argc >= 4) {
+        int sleep_ms = atoi(argv[3]);
+        CUstream st = NULL;
+        CUgraph graph = NULL;
+        CUgraphExec exec = NULL;
+        unsigned us = 300;
+        void *params[] = {&us};
+        cu.stream_create(&st, 0);
+        printf("begin %d\n", (int)cu.begin_capture(st, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        printf("launch %d\n", (int)cu.launch(f, 1, 1, 1, 1, 1, 1, 0, st, params, NULL));
+        struct timespec ts = {sleep_ms / 1000, (sleep_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL); /* longer than a token: the gate must not touch the capture */
+        printf("launch %d\n", (int)cu.launch(f, 1, 1, 1, 1, 1, 1, 0, st, params, NULL));
+        CUresult rc = cu.end_capture(st, &graph);
+        printf("end %d\n", (int)rc);
+        if (rc == CUDA_SUCCESS && cu.graph_instantiate(&exec, graph, 0) == CUDA_SUCCESS)
+            printf("graph %d\n", (int)cu.graph_launch(exec, st));
         cu.ctx_sync();
         return 0;
     }

@@ -18,6 +18,10 @@
  * 500), logged as "graph". VMM: cuMemCreate takes device memory like an allocation (the handle
  * is its address), cuMemRelease gives it back; reserving and mapping address ranges succeed
  * and do nothing. Memory pools: cuMemAllocFromPoolAsync allocates like cuMemAllocAsync.
+ * Stream capture (one at a time, on a created stream): kernels and event records on the
+ * capturing stream do not run; in the global capture mode a synchronisation or an event or
+ * stream query from any thread meanwhile fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
+ * invalidates the capture (cuStreamEndCapture then fails with ..._INVALIDATED), as CUDA does.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -49,6 +53,7 @@ struct CUevent_st {
 };
 struct CUstream_st {
     uint64_t last; /* global index of its last op */
+    int capturing, invalidated;
 };
 struct CUctx_st {
     int dummy;
@@ -97,6 +102,23 @@ static struct {
        .done = PTHREAD_COND_INITIALIZER};
 
 static struct CUstream_st default_stream;
+static CUstream capture_stream; /* the capture in progress (d.mu) */
+static int capture_global;
+
+/* A "potentially unsafe" call while a global-mode capture is in progress. */
+static int unsafe(void) {
+    pthread_mutex_lock(&d.mu);
+    int bad = capture_stream && capture_global;
+    if (bad) capture_stream->invalidated = 1;
+    pthread_mutex_unlock(&d.mu);
+    return bad;
+}
+static int captured(CUstream s) {
+    pthread_mutex_lock(&d.mu);
+    int c = s && s->capturing;
+    pthread_mutex_unlock(&d.mu);
+    return c;
+}
 static struct CUctx_st the_ctx;
 static __thread CUcontext current;
 
@@ -235,6 +257,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return CUDA_SUCCESS; }
 API CUresult cuCtxSetCurrent(CUcontext c) { current = c; return CUDA_SUCCESS; }
 API CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return CUDA_SUCCESS; }
 API CUresult cuCtxSynchronize(void) {
+    if (unsafe()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&d.mu);
     uint64_t last = d.submitted;
     pthread_mutex_unlock(&d.mu);
@@ -270,6 +293,7 @@ API CUresult cuFuncGetName(const char **name, CUfunction f) {
 static CUresult launch(CUfunction f, CUstream s, void **params) {
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
     unsigned us = params && params[0] ? *(unsigned *)params[0] : f->default_us;
+    if (captured(s)) return CUDA_SUCCESS; /* recorded into the graph, not run */
     submit(OP_KERNEL, s, (int64_t)us * 1000, NULL, f);
     return CUDA_SUCCESS;
 }
@@ -315,11 +339,40 @@ API CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     return CUDA_SUCCESS;
 }
 API CUresult cuStreamDestroy_v2(CUstream s) { free(s); return CUDA_SUCCESS; }
+API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+    if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* not the legacy stream */
+    pthread_mutex_lock(&d.mu);
+    CUresult rc = CUDA_ERROR_ILLEGAL_STATE; /* (the stub captures one stream at a time) */
+    if (!capture_stream) {
+        capture_stream = s;
+        capture_global = mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        s->capturing = 1;
+        s->invalidated = 0;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&d.mu);
+    return rc;
+}
+API CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
+    pthread_mutex_lock(&d.mu);
+    if (!s || s != capture_stream) {
+        pthread_mutex_unlock(&d.mu);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    capture_stream = NULL;
+    s->capturing = 0;
+    int bad = s->invalidated;
+    pthread_mutex_unlock(&d.mu);
+    *g = bad ? NULL : calloc(1, sizeof **g);
+    return bad ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+}
 API CUresult cuStreamSynchronize(CUstream s) {
+    if (unsafe()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_for((s ? s : &default_stream)->last);
     return CUDA_SUCCESS;
 }
 API CUresult cuStreamQuery(CUstream s) {
+    if (unsafe()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&d.mu);
     int ready = d.completed >= (s ? s : &default_stream)->last;
     pthread_mutex_unlock(&d.mu);
@@ -333,16 +386,19 @@ API CUresult cuEventCreate(CUevent *e, unsigned flags) {
 }
 API CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
 API CUresult cuEventRecord(CUevent e, CUstream s) {
+    if (captured(s)) return CUDA_SUCCESS; /* a node of the graph, not run */
     submit(OP_EVENT, s, 0, e, NULL);
     return CUDA_SUCCESS;
 }
 API CUresult cuEventQuery(CUevent e) {
+    if (unsafe()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&d.mu);
     int ready = d.completed >= e->idx;
     pthread_mutex_unlock(&d.mu);
     return ready ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 API CUresult cuEventSynchronize(CUevent e) {
+    if (unsafe()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_for(e->idx);
     return CUDA_SUCCESS;
 }
@@ -489,6 +545,7 @@ static const struct {
     E("cuMemCreate", cuMemCreate), E("cuMemRelease", cuMemRelease),
     E("cuMemAddressReserve", cuMemAddressReserve), E("cuMemAddressFree", cuMemAddressFree),
     E("cuMemMap", cuMemMap), E("cuMemUnmap", cuMemUnmap),
+    E("cuStreamBeginCapture", cuStreamBeginCapture_v2), E("cuStreamEndCapture", cuStreamEndCapture),
 };
 
 static CUresult lookup(const char *sym, void **pfn, int ver) {

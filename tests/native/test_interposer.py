@@ -567,3 +567,23 @@ def test_find_real_libcuda_skips_shims_and_foreign_libraries(
     ldconfig.chmod(0o755)
     monkeypatch.setenv("PATH", f"{ldconfig.parent}:{os.environ['PATH']}")
     assert native.find_real_libcuda() == built.real.resolve()
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_a_stream_capture_is_left_alone_and_its_graph_is_gated(
+    built: Native, server: TokenServer, tmp_path: Path, deployment: str
+) -> None:
+    # PyTorch's CUDA graphs capture in the global mode: an event query or synchronisation by
+    # the gate while the capture is in progress (the reaper giving back an expired token, a
+    # revocation) would invalidate it. The capture outlasts several windows here.
+    server.add_client(ClientSpec("cap", 100.0, 0.5, 0.5))
+    env = _env(built, tmp_path, "cap", server, deployment)
+    sleep_ms = str(int(3 * W_MS))
+    out = _run(built, env, "capture", "gpa", sleep_ms).split()
+    assert out == ["begin", "0", "launch", "0", "launch", "0", "end", "0", "graph", "0"]
+    stats = _stats(tmp_path, "cap")
+    assert stats["launches_while_capturing"] == 2  # passed through, counted
+    assert stats["graph_launches"] == 1 and stats["launches"] == 3
+    assert stats["tokens"] >= 1  # the graph's launch took one
+    # only the graph ran (the captured kernels were recorded, not run)
+    assert [n for *_, n in _named_spans(tmp_path, "cap")] == ["graph"]
