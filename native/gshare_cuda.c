@@ -28,7 +28,9 @@
  *           (Gemini revocation): the work queued on it is drained, its device busy time
  *           (events recorded around the burst) is reported on RELEASE, and a new token is
  *           asked for. A reaper thread gives a token back when it expires while the process
- *           launches nothing.
+ *           launches nothing. While a stream capture is in progress (cuStreamBeginCapture*
+ *           .. cuStreamEndCapture*) launches pass through ungated: they record a graph, and the
+ *           gate's event queries would invalidate a global-mode capture.
  *   memory  device allocations (cuMemAlloc/_Pitch/Managed/Async, cuMemAllocFromPoolAsync) and
  *           VMM physical allocations (cuMemCreate, per handle) are accounted exactly and
  *           refused with CUDA_ERROR_OUT_OF_MEMORY past GSHARE_CUDA_MEM_LIMIT_MB; frees (sync
@@ -48,7 +50,8 @@
  *   GSHARE_CUDA_PROFILE, GSHARE_CUDA_TASK_KEY   measurement mode output and its task key
  *   GSHARE_CUDA_STATS                    JSON counters written at exit (also when nothing was
  *                                        intercepted): launches, launches_by_entry (per entry
- *                                        point), graph_launches, deployment ("preload" |
+ *                                        point), graph_launches,
+ *                                        launches_while_capturing, deployment ("preload" |
  *                                        "shim", from the name this library was loaded as),
  *                                        tokens, memory (mem_live_bytes includes
  *                                        vmm_bytes_live), ...
@@ -59,10 +62,10 @@
  *                                        an absolute path, default the one it was built from)
  *
  * Limits (see DESIGN): one context per process is assumed for the burst events; multi-GPU
- * processes and stream capture (launches recorded into a graph are gated and sampled as if
- * they ran) are not handled; a graph's first launches run unmeasured; cuGetExportTable (the
- * runtime's private tables) is forwarded untouched; an async free and cuMemRelease are
- * credited when called. Never run on a real GPU.
+ * processes are not handled; launches from other streams during a capture are ungoverned,
+ * and a token held when a capture begins is kept until it ends; a graph's first launches run
+ * unmeasured; cuGetExportTable (the runtime's private tables) is forwarded untouched; an async
+ * free and cuMemRelease are credited when called. Never run on a real GPU.
  */
 #define _GNU_SOURCE
 #include <cuda.h>

@@ -5,7 +5,9 @@
 node's token server (the same Unix-socket protocol and ``policy.tokens`` as the Python
 ``TokenClient``), measures device busy time with events around bursts (Gemini), caps device
 memory at the instance's limit (allocations, pools and VMM ``cuMemCreate``), and identifies
-kernels (FIKIT §3.2). docs/DESIGN.md ("GPU frontend") has the design.
+kernels (FIKIT §3.2); while a stream capture is in progress it lets launches through (they
+record a CUDA graph; the graph's launches are gated). docs/DESIGN.md ("GPU frontend") has the
+design.
 
 Two deployments (``Deployment``), chosen for a node's CUDA instances by
 ``GSHARE_CUDA_DEPLOYMENT`` (default ``preload``):
