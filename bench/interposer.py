@@ -16,7 +16,10 @@ Cases (alternated in every one of ``--repeat`` runs, so machine drift spreads ov
   ``TokenServer`` (this process) granting 10-s tokens to a client alone with request = limit =
   1: after the first launch every launch takes the fast path (the token is held and the kernel
   fits) -- the cost FaST-GShare and HAMi pay per launch. The interposer's own counters
-  (``GSHARE_CUDA_STATS``) give the fast-path fraction.
+  (``GSHARE_CUDA_STATS``) give the fast-path fraction;
+* ``token held, shim`` -- the same, in the shim deployment: no ``LD_PRELOAD``; the
+  ``libcuda.so.1`` built from the interposer and the stub (``native.build_shim``) first on
+  ``LD_LIBRARY_PATH`` (x86-64 only; the case is left out elsewhere).
 
 With ``strace`` on the machine, one extra run of ``direct`` and ``token held`` under
 ``strace -f -c`` counts system calls per launch: the fast path must add none (a mutex that is
@@ -24,10 +27,11 @@ not contended, a vDSO clock read and a hash lookup; 1 launch in 64 records two s
 which the stub turns into two more queue appends).
 
 Summary: ``added_ns_per_launch_token_held`` (median over runs of held - direct, same run;
-target <= 1000 ns), ``..._gpa``, ``added_ns_per_launch_ungoverned``, ``launches_per_s_direct``,
-``launches_per_s_token_held``, ``fast_path_fraction``, ``syscalls_per_launch_direct`` /
-``..._token_held`` (all calls; futex wake-ups of the stub's device thread vary with how often
-it sleeps, which the loop's pace changes) and ``non_futex_syscalls_per_launch_*``.
+target <= 1000 ns), ``..._gpa``, ``..._shim``, ``added_ns_per_launch_ungoverned``,
+``launches_per_s_direct``, ``launches_per_s_token_held``, ``fast_path_fraction``,
+``syscalls_per_launch_direct`` / ``..._token_held`` (all calls; futex wake-ups of the stub's
+device thread vary with how often it sleeps, which the loop's pace changes) and
+``non_futex_syscalls_per_launch_*``.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def compile_stub(d: Path) -> Path:
     (d / "libcuda.so").symlink_to("libcuda.so.1")
     subprocess.run(
         [*cc, "-o", str(d / "cuda_app"), str(src / "cuda_app.c"), f"-L{d}", "-lcuda", "-ldl",
-         f"-Wl,-rpath,{d}"],
+         f"-Wl,-rpath,{d}", "-Wl,--enable-new-dtags"],
         check=True,
     )  # fmt: skip
     return d / "cuda_app"
@@ -113,6 +117,11 @@ def main() -> None:
         "token held, direct": (held, "direct"),
         "token held, cuGetProcAddress": (held, "gpa"),
     }
+    if native.shim_skip_reason() is None:
+        shim = native.build_shim(tmp / "libcuda.so.1", tmp / "shim")
+        shim_held = {k: v for k, v in held.items() if k != "LD_PRELOAD"}
+        shim_held.update(native.shim_env(shim, tmp / "libcuda.so.1", base=shim_held))
+        cases["token held, shim"] = (shim_held, "direct")
     ns: dict[str, list[float]] = {c: [] for c in cases}
     fast: list[float] = []
     try:
@@ -127,7 +136,7 @@ def main() -> None:
                     timeout=600,
                 ).stdout
                 ns[case].append(float(out.split()[-1]))
-                if env is held:
+                if "GSHARE_CLIENT_ID" in env:
                     st = json.loads((tmp / "stats.json").read_text())
                     fast.append(st["fast_path"] / st["launches"])
         sys_per_launch: dict[str, float] = {}
@@ -174,6 +183,9 @@ def main() -> None:
     summary: dict[str, object] = {
         "added_ns_per_launch_token_held": added("token held, direct"),
         "added_ns_per_launch_token_held_gpa": added("token held, cuGetProcAddress"),
+        "added_ns_per_launch_token_held_shim": (
+            added("token held, shim") if "token held, shim" in ns else float("nan")
+        ),
         "added_ns_per_launch_ungoverned": added("preloaded, ungoverned"),
         "ns_per_launch_direct": statistics.median(ns["direct"]),
         "launches_per_s_direct": 1e9 / statistics.median(ns["direct"]),

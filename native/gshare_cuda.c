@@ -1,29 +1,46 @@
 /*
- * libgshare_cuda.so -- gshare's CUDA driver-API interposer (issue 13; DESIGN "GPU frontend").
+ * libgshare_cuda.so -- gshare's CUDA driver-API interposer (DESIGN "GPU frontend").
  *
- * Loaded with LD_PRELOAD into a process that uses the CUDA driver (directly, or through the
- * CUDA runtime, which resolves driver entry points with dlopen/dlsym and cuGetProcAddress).
- * It exports the intercepted driver symbols, a dlsym() that hands out the same wrappers for
- * them, and a cuGetProcAddress (v1 and _v2) that does too, so every path to a kernel launch
- * ends in one gate:
+ * Two deployments of the same code (gshare.runtime.native, GSHARE_CUDA_DEPLOYMENT):
  *
- *   tokens  (FaST-GShare 3.3.2, Gemini): a launch needs a time token from the node's token
- *           server (gshare.runtime.tokens, same Unix-socket protocol and policy as the Python
- *           client). While a token is held the gate is a mutex (uncontended: one atomic, no
- *           syscall), a vDSO clock read and a hash lookup. When the predicted device end of
- *           the work queued on the token plus the predicted next kernel passes the token's
- *           end, the token is given back early (Gemini revocation): the work queued on it is
- *           drained, its device busy time (events recorded around the burst) is reported on
- *           RELEASE, and a new token is asked for. A reaper thread gives a token back when it
- *           expires while the process launches nothing.
- *   memory  device allocations (cuMemAlloc/_Pitch/Managed/Async) are accounted exactly per
- *           pointer and refused with CUDA_ERROR_OUT_OF_MEMORY past GSHARE_CUDA_MEM_LIMIT_MB;
- *           frees (sync and async) return their bytes; cuMemGetInfo reports the cap.
+ *   preload  libgshare_cuda.so in LD_PRELOAD. It exports the intercepted driver symbols, a
+ *            dlsym() that hands out the same wrappers for them (the CUDA runtime dlopens
+ *            libcuda.so.1 and dlsyms from that handle, which LD_PRELOAD does not reach), and a
+ *            cuGetProcAddress (v1 and _v2) that does too. A runtime that reaches the driver
+ *            any other way is not governed.
+ *   shim     built with -DGSHARE_SHIM into DIR/libcuda.so.1 (build_shim) together with
+ *            generated x86-64 forwarders (`jmp *slot`) for every other function the real
+ *            driver exports; DIR first on LD_LIBRARY_PATH. Every dlopen("libcuda.so.1") and
+ *            -lcuda finds it. The real driver is dlopened RTLD_LOCAL by absolute path
+ *            (GSHARE_REAL_LIBCUDA, else the path the shim was built from; refused if it is a
+ *            gshare library) and the slots are filled by a constructor. No dlsym export.
+ *
+ * Every path to a kernel launch ends in one gate:
+ *
+ *   tokens  (FaST-GShare 3.3.2, Gemini): a launch (cuLaunchKernel, cuLaunchKernelEx,
+ *           cuLaunchCooperativeKernel, their _ptsz forms) or a graph launch (cuGraphLaunch,
+ *           _ptsz: one opaque burst keyed by the graph exec, sampled with events like a
+ *           kernel) needs a time token from the node's token server (gshare.runtime.tokens,
+ *           same Unix-socket protocol and policy as the Python client). While a token is held
+ *           the gate is a mutex (uncontended: one atomic, no syscall), a vDSO clock read and a
+ *           hash lookup. When the predicted device end of the work queued on the token plus
+ *           the predicted next kernel passes the token's end, the token is given back early
+ *           (Gemini revocation): the work queued on it is drained, its device busy time
+ *           (events recorded around the burst) is reported on RELEASE, and a new token is
+ *           asked for. A reaper thread gives a token back when it expires while the process
+ *           launches nothing. While a stream capture is in progress (cuStreamBeginCapture*
+ *           .. cuStreamEndCapture*) launches pass through ungated: they record a graph, and the
+ *           gate's event queries would invalidate a global-mode capture.
+ *   memory  device allocations (cuMemAlloc/_Pitch/Managed/Async, cuMemAllocFromPoolAsync) and
+ *           VMM physical allocations (cuMemCreate, per handle) are accounted exactly and
+ *           refused with CUDA_ERROR_OUT_OF_MEMORY past GSHARE_CUDA_MEM_LIMIT_MB; frees (sync
+ *           and async) and cuMemRelease return their bytes; cuMemGetInfo reports the cap.
  *   kernel identity (FIKIT 3.2): function name (cuFuncGetName, else the name given to
  *           cuModuleGetFunction, else "fn@<address>") + grid + block. Kernel durations are
  *           sampled with event pairs (first launches of an ID, then 1 in SAMPLE_EVERY) to
  *           predict the next kernel; GSHARE_CUDA_PROFILE=<path> measures every kernel and its
- *           idle gap and writes a policy.priority KernelProfile (to_records JSON) at exit.
+ *           idle gap and writes a policy.priority KernelProfile (to_records JSON) at exit
+ *           (graphs have no kernel ID: they are left out of it).
  *
  * Configuration (read at the first intercepted call; gshare_cuda_configure() overrides it,
  * which is how the runtime passes the instance secret without putting it in the environment):
@@ -31,15 +48,24 @@
  *                                        (no socket: launches are not governed)
  *   GSHARE_CUDA_MEM_LIMIT_MB             memory cap (unset or 0: none)
  *   GSHARE_CUDA_PROFILE, GSHARE_CUDA_TASK_KEY   measurement mode output and its task key
- *   GSHARE_CUDA_STATS                    JSON counters written at exit (tests, benches)
+ *   GSHARE_CUDA_STATS                    JSON counters written at exit (also when nothing was
+ *                                        intercepted): launches, launches_by_entry (per entry
+ *                                        point), graph_launches,
+ *                                        launches_while_capturing, deployment ("preload" |
+ *                                        "shim", from the name this library was loaded as),
+ *                                        tokens, memory (mem_live_bytes includes
+ *                                        vmm_bytes_live), ...
  *   GSHARE_CUDA_MARGIN_US                stop this much before the token end (default 200)
  *   GSHARE_TOKEN_EPOCH_S                 the token server's epoch_s (CLOCK_MONOTONIC seconds):
  *                                        work on a token then also stops at its window's end
- *   GSHARE_REAL_LIBCUDA                  the real driver (default libcuda.so.1)
+ *   GSHARE_REAL_LIBCUDA                  the real driver (preload: default libcuda.so.1; shim:
+ *                                        an absolute path, default the one it was built from)
  *
  * Limits (see DESIGN): one context per process is assumed for the burst events; multi-GPU
- * processes, CUDA graphs (cuGraphLaunch), cuMemCreate/VMM and cuMemAllocFromPoolAsync are not
- * intercepted; an async free is credited when it is enqueued. Never run on a real GPU.
+ * processes are not handled; launches from other streams during a capture are ungoverned,
+ * and a token held when a capture begins is kept until it ends; a graph's first launches run
+ * unmeasured; cuGetExportTable (the runtime's private tables) is forwarded untouched; an async
+ * free and cuMemRelease are credited when called. Never run on a real GPU.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -60,6 +86,7 @@
 /* cuda.h renames these to their _v2 forms; we export both versions by their real names. */
 #undef cuGetProcAddress
 #undef cuEventElapsedTime
+#undef cuStreamBeginCapture
 
 #define API __attribute__((visibility("default")))
 #define SAMPLE_FIRST 3      /* sample the first launches of every kernel ID ... */
@@ -69,24 +96,72 @@
 #define N_STREAMS 16        /* streams tracked per burst */
 #define N_SEGS 64           /* closed burst segments waiting to be read */
 #define SPLIT_NS 100000     /* split a segment when the device is predicted idle this long */
+#define N_CAPTURES 64       /* stream captures in progress tracked by stream */
+
+/* The launch entry points, counted apart (stats "launches_by_entry"): which doors the
+ * application's launches really came through is the check that the interception works. */
+enum { E_LAUNCH, E_LAUNCH_PTSZ, E_LAUNCH_EX, E_LAUNCH_EX_PTSZ, E_COOP, E_COOP_PTSZ, E_GRAPH,
+       E_GRAPH_PTSZ, N_ENTRIES };
+static const char *const entry_names[N_ENTRIES] = {
+    "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+    "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", "cuGraphLaunch",
+    "cuGraphLaunch_ptsz"};
 
 /* ---------------------------------------------------------------- real driver lookup ---- */
 
+static void warn(const char *fmt, ...);
 typedef void *(*dlsym_fn)(void *, const char *);
 static dlsym_fn real_dlsym;
 static void *libcuda;
 
+#ifdef GSHARE_SHIM
+/* The shim is libcuda.so.1 itself: it does not export dlsym (nothing to redirect: a handle on
+ * libcuda.so.1 is this library), so libc's dlsym is the real one. */
+static void resolve_dlsym(void) { real_dlsym = dlsym; }
+#ifndef GSHARE_SHIM_REAL
+#define GSHARE_SHIM_REAL ""
+#endif
+#else
 static void resolve_dlsym(void) {
     if (!real_dlsym) real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
     if (!real_dlsym) real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+}
+#endif
+
+/* Loads the real driver. Preloaded: GSHARE_REAL_LIBCUDA, else "libcuda.so.1" (the library
+ * path finds the driver). As the shim: GSHARE_REAL_LIBCUDA, else the path the shim was built
+ * from; never "libcuda.so.1" (that name is the shim), loaded RTLD_LOCAL so that the real
+ * symbols never enter the global scope, and refused when the path is a gshare library. */
+static void *open_real(void) {
+    const char *path = getenv("GSHARE_REAL_LIBCUDA");
+#ifdef GSHARE_SHIM
+    static int failed; /* said once (at load): every call fails after that, no retry */
+    if (__atomic_load_n(&failed, __ATOMIC_RELAXED)) return NULL;
+    if (!path || !*path) path = GSHARE_SHIM_REAL;
+    void *h = NULL;
+    if (!*path || path[0] != '/') {
+        warn("shim: GSHARE_REAL_LIBCUDA must be the real driver's absolute path (got \"%s\")",
+             path);
+    } else if (!(h = dlopen(path, RTLD_NOW | RTLD_LOCAL))) {
+        warn("shim: cannot load the real driver %s: %s", path, dlerror());
+    } else if (dlsym(h, "gshare_cuda_configure")) {
+        warn("shim: %s is a gshare library, not the real driver", path);
+        dlclose(h);
+        h = NULL;
+    }
+    if (!h) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+    return h;
+#else
+    return dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+#endif
 }
 
 static void *real_sym(const char *name) {
     resolve_dlsym();
     if (!libcuda) {
-        const char *path = getenv("GSHARE_REAL_LIBCUDA");
-        libcuda = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-        if (!libcuda) return NULL;
+        void *h = open_real();
+        if (!h) return NULL;
+        libcuda = h; /* a benign race: dlopen returns the same handle */
     }
     return real_dlsym(libcuda, name);
 }
@@ -106,7 +181,12 @@ static void *r_cuLaunchKernel, *r_cuLaunchKernel_ptsz, *r_cuLaunchKernelEx,
     *r_cuMemcpyDtoH_v2_ptds, *r_cuMemcpyDtoHAsync_v2, *r_cuMemcpyDtoHAsync_v2_ptsz,
     *r_cuMemAlloc_v2, *r_cuMemAllocManaged, *r_cuMemAllocPitch_v2, *r_cuMemAllocAsync,
     *r_cuMemAllocAsync_ptsz, *r_cuMemFree_v2, *r_cuMemFreeAsync, *r_cuMemFreeAsync_ptsz,
-    *r_cuMemGetInfo_v2, *r_cuModuleGetFunction, *r_cuGetProcAddress, *r_cuGetProcAddress_v2;
+    *r_cuMemGetInfo_v2, *r_cuModuleGetFunction, *r_cuGetProcAddress, *r_cuGetProcAddress_v2,
+    *r_cuGraphLaunch, *r_cuGraphLaunch_ptsz, *r_cuMemCreate, *r_cuMemRelease,
+    *r_cuMemAllocFromPoolAsync, *r_cuMemAllocFromPoolAsync_ptsz, *r_cuStreamBeginCapture,
+    *r_cuStreamBeginCapture_ptsz, *r_cuStreamBeginCapture_v2, *r_cuStreamBeginCapture_v2_ptsz,
+    *r_cuStreamBeginCaptureToGraph, *r_cuStreamBeginCaptureToGraph_ptsz, *r_cuStreamEndCapture,
+    *r_cuStreamEndCapture_ptsz;
 /* used by the gate itself, never wrapped */
 static void *r_cuEventCreate, *r_cuEventRecord, *r_cuEventQuery, *r_cuEventElapsedTime,
     *r_cuCtxGetCurrent, *r_cuCtxSetCurrent, *r_cuFuncGetName, *r_cuEventSync_raw;
@@ -130,6 +210,16 @@ typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*alloc_managed_fn)(CUdeviceptr *, size_t, unsigned);
 typedef CUresult (*alloc_pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+typedef CUresult (*mem_create_fn)(CUmemGenericAllocationHandle *, size_t,
+                                  const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*mem_release_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*graph_launch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*capture1_fn)(CUstream);
+typedef CUresult (*capture2_fn)(CUstream, CUstreamCaptureMode);
+typedef CUresult (*capture_graph_fn)(CUstream, CUgraph, const CUgraphNode *,
+                                     const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+typedef CUresult (*end_capture_fn)(CUstream, CUgraph *);
 typedef CUresult (*free_fn)(CUdeviceptr);
 typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
 typedef CUresult (*meminfo_fn)(size_t *, size_t *);
@@ -222,10 +312,15 @@ static struct {
     CUevent prof_ref; /* measurement mode: time origin */
     kentry *prof_last;
     double prof_last_end_ms;
-    /* memory */
-    size_t mem_cap, mem_used, mem_peak;
+    /* memory (mem_used includes vmm_used: one account, one cap) */
+    size_t mem_cap, mem_used, mem_peak, vmm_used;
     /* counters */
     uint64_t launches, fast, tokens, revoked, reaped, oom, denied, sampled, waited, late;
+    uint64_t by_entry[N_ENTRIES];
+    /* stream capture in progress: launches pass through (see cuStreamBeginCapture) */
+    CUstream capturing[N_CAPTURES];
+    int n_capturing, capture_overflow;
+    uint64_t captured;
     int64_t max_late_ns;
     double busy_ms;
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .fd = -1};
@@ -233,11 +328,14 @@ static struct {
 /* Memory accounting has its own lock: allocations never wait behind a token. */
 static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
 typedef struct {
-    CUdeviceptr p;
+    CUdeviceptr p; /* a device pointer, or a cuMemCreate handle (0: free slot) */
     size_t n;
 } alloc_rec;
-static alloc_rec *allocs;
-static size_t alloc_cap, alloc_len;
+typedef struct {
+    alloc_rec *v;
+    size_t cap, len;
+} rec_table;
+static rec_table allocs, handles; /* by pointer; VMM physical allocations by handle */
 
 /* Function names given to cuModuleGetFunction (the symbol-derived key when the driver has
  * no cuFuncGetName). Small append-only list guarded by g.mu. */
@@ -296,6 +394,14 @@ static inline void ensure_init(void) {
         init_locked();
         pthread_mutex_unlock(&g.mu);
     }
+}
+
+/* With GSHARE_CUDA_STATS set, the counters are written even when nothing was intercepted: a
+ * stats file with no launches says that the library was loaded and saw none (the check that
+ * a stack's launches really come through it). */
+__attribute__((constructor)) static void stats_at_load(void) {
+    const char *s = getenv("GSHARE_CUDA_STATS");
+    if (s && *s) ensure_init();
 }
 
 /* Called by the gshare runtime (ctypes) before the instance touches CUDA. */
@@ -520,8 +626,13 @@ static void *reaper(void *arg) {
         struct timespec ts = {end / 1000000000LL, end % 1000000000LL};
         int rc = pthread_cond_timedwait(&g.cv, &g.mu, &ts); /* cv uses CLOCK_MONOTONIC */
         if (rc == ETIMEDOUT && g.held && g.grant_no == no) {
-            g.reaped++;
-            release_token(1);
+            /* no event query or synchronisation while a capture is in progress: it would
+             * invalidate the capture (global capture mode); the token is kept until it ends */
+            while (g.n_capturing > 0) pthread_cond_wait(&g.cv, &g.mu);
+            if (g.held && g.grant_no == no) {
+                g.reaped++;
+                release_token(1);
+            }
         }
     }
     return NULL;
@@ -562,7 +673,8 @@ static kentry *kernel_of(CUfunction f, const unsigned grid[3], const unsigned bl
             k->fn = f;
             memcpy(k->grid, grid, sizeof k->grid);
             memcpy(k->block, block, sizeof k->block);
-            snprintf(k->name, sizeof k->name, "%s", name_of(f, buf, sizeof buf));
+            if (grid[0]) snprintf(k->name, sizeof k->name, "%s", name_of(f, buf, sizeof buf));
+            else snprintf(k->name, sizeof k->name, "graph@%p", (void *)f); /* a graph exec */
             return k;
         }
     }
@@ -635,13 +747,18 @@ typedef struct {
 /* Runs with g.mu held. Returns 0 when the launch may go (a token is held and the kernel is
  * predicted to end inside it), else a CUresult to return. */
 static CUresult gate_enter(CUfunction f, const unsigned grid[3], const unsigned block[3],
-                           CUstream stream, gate_t *gt) {
+                           CUstream stream, int entry, gate_t *gt) {
     init_locked();
     g.launches++;
+    g.by_entry[entry]++;
     gt->sample = gt->opened = gt->idle = 0;
     gt->k = NULL;
     gt->t_check = 0;
     if (!g.governed && !g.profile_all) return CUDA_SUCCESS; /* pass-through */
+    if (__builtin_expect(g.n_capturing > 0, 0)) {
+        g.captured++; /* a stream capture is in progress: pass-through (cuStreamBeginCapture) */
+        return CUDA_SUCCESS;
+    }
     kentry *k = gt->k = kernel_of(f, grid, block);
     double pred = k ? k->ewma_ns : 0.0;
     gt->pred = (int64_t)pred;
@@ -759,11 +876,11 @@ static void late_check(gate_t *gt) {
     if (g.dev_end < gt->t_submit + gt->pred) g.dev_end = gt->t_submit + gt->pred;
 }
 
-#define GATED_LAUNCH(slot, sym, stream, call)                                                   \
+#define GATED_LAUNCH(slot, sym, entry, stream, call)                                            \
     do {                                                                                       \
         gate_t gt;                                                                             \
         pthread_mutex_lock(&g.mu);                                                             \
-        CUresult rc = gate_enter(f, grid, block, stream, &gt);                                 \
+        CUresult rc = gate_enter(f, grid, block, stream, entry, &gt);                          \
         if (rc == CUDA_SUCCESS) {                                                              \
             void *real = REAL(slot, sym);                                                      \
             gt.t_submit = now_ns();                                                            \
@@ -785,37 +902,134 @@ static void late_check(gate_t *gt) {
 
 API CUresult cuLaunchKernel(LAUNCH_ARGS, void **extra) {
     DIMS;
-    GATED_LAUNCH(r_cuLaunchKernel, "cuLaunchKernel", s,
+    GATED_LAUNCH(r_cuLaunchKernel, "cuLaunchKernel", E_LAUNCH, s,
                  ((launch_fn)real)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
 }
 API CUresult cuLaunchKernel_ptsz(LAUNCH_ARGS, void **extra) {
     DIMS;
-    GATED_LAUNCH(r_cuLaunchKernel_ptsz, "cuLaunchKernel_ptsz", s,
+    GATED_LAUNCH(r_cuLaunchKernel_ptsz, "cuLaunchKernel_ptsz", E_LAUNCH_PTSZ, s,
                  ((launch_fn)real)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
 }
 API CUresult cuLaunchCooperativeKernel(LAUNCH_ARGS) {
     DIMS;
-    GATED_LAUNCH(r_cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", s,
+    GATED_LAUNCH(r_cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", E_COOP, s,
                  ((coop_fn)real)(f, gx, gy, gz, bx, by, bz, shmem, s, params));
 }
 API CUresult cuLaunchCooperativeKernel_ptsz(LAUNCH_ARGS) {
     DIMS;
-    GATED_LAUNCH(r_cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel_ptsz", s,
+    GATED_LAUNCH(r_cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel_ptsz", E_COOP_PTSZ, s,
                  ((coop_fn)real)(f, gx, gy, gz, bx, by, bz, shmem, s, params));
 }
 API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params,
                               void **extra) {
     const unsigned grid[3] = {c->gridDimX, c->gridDimY, c->gridDimZ};
     const unsigned block[3] = {c->blockDimX, c->blockDimY, c->blockDimZ};
-    GATED_LAUNCH(r_cuLaunchKernelEx, "cuLaunchKernelEx", c->hStream,
+    GATED_LAUNCH(r_cuLaunchKernelEx, "cuLaunchKernelEx", E_LAUNCH_EX, c->hStream,
                  ((launch_ex_fn)real)(c, f, params, extra));
 }
 API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params,
                                    void **extra) {
     const unsigned grid[3] = {c->gridDimX, c->gridDimY, c->gridDimZ};
     const unsigned block[3] = {c->blockDimX, c->blockDimY, c->blockDimZ};
-    GATED_LAUNCH(r_cuLaunchKernelEx_ptsz, "cuLaunchKernelEx_ptsz", c->hStream,
+    GATED_LAUNCH(r_cuLaunchKernelEx_ptsz, "cuLaunchKernelEx_ptsz", E_LAUNCH_EX_PTSZ, c->hStream,
                  ((launch_ex_fn)real)(c, f, params, extra));
+}
+
+/* A graph launch is gated like a kernel: one opaque burst whose duration is unknown until
+ * sampled (event pairs around it, like a kernel's), keyed by the graph exec handle with a zero
+ * grid (no kernel has one). Its kernels are not seen one by one: the token may be overrun by
+ * up to one graph's length on its first launches, before it has been measured. */
+#define GRAPH_LAUNCH(slot, sym, entry)                                                          \
+    do {                                                                                       \
+        CUfunction f = (CUfunction)(void *)exec;                                               \
+        const unsigned grid[3] = {0, 0, 0}, block[3] = {0, 0, 0};                              \
+        GATED_LAUNCH(slot, sym, entry, s, ((graph_launch_fn)real)(exec, s));                   \
+    } while (0)
+API CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
+    GRAPH_LAUNCH(r_cuGraphLaunch, "cuGraphLaunch", E_GRAPH);
+}
+API CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) {
+    GRAPH_LAUNCH(r_cuGraphLaunch_ptsz, "cuGraphLaunch_ptsz", E_GRAPH_PTSZ);
+}
+
+/* ---------------------------------------------------------------- stream capture -------- */
+/* While a stream capture is in progress (CUDA graphs: PyTorch's torch.cuda.graph, vLLM and
+ * torch.compile capture at start-up), the kernels launched into the capturing stream do not
+ * run: they are recorded into a graph. Gating or sampling them would acquire tokens for
+ * nothing and record events into the graph, and in the global capture mode (PyTorch's
+ * default) any event query or synchronisation by the gate -- a revocation, the reaper -- from
+ * any thread invalidates the capture. So while any capture is in progress every launch passes
+ * through ungated (counted: stats "launches_while_capturing"), and the reaper keeps a held
+ * token until the capture ends. The graph's launches are gated (cuGraphLaunch). */
+static void capture_begin(CUstream s) {
+    pthread_mutex_lock(&g.mu);
+    if (g.n_capturing - g.capture_overflow < N_CAPTURES)
+        g.capturing[g.n_capturing - g.capture_overflow] = s;
+    else
+        g.capture_overflow++;
+    g.n_capturing++;
+    pthread_mutex_unlock(&g.mu);
+}
+static void capture_end(CUstream s) {
+    pthread_mutex_lock(&g.mu);
+    int tracked = g.n_capturing - g.capture_overflow, found = 0;
+    for (int i = 0; i < tracked && !found; i++)
+        if (g.capturing[i] == s) {
+            g.capturing[i] = g.capturing[tracked - 1];
+            found = 1;
+        }
+    if (!found && g.capture_overflow) g.capture_overflow--, found = 1;
+    if (found) g.n_capturing--;
+    pthread_cond_broadcast(&g.cv); /* the reaper */
+    pthread_mutex_unlock(&g.mu);
+}
+#define BEGIN_CAPTURE(slot, sym, type, ...)                                                     \
+    do {                                                                                       \
+        ensure_init();                                                                         \
+        void *r = REAL(slot, sym);                                                             \
+        CUresult rc = r ? ((type)r)(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED;                 \
+        if (rc == CUDA_SUCCESS) capture_begin(s);                                              \
+        return rc;                                                                             \
+    } while (0)
+API CUresult cuStreamBeginCapture(CUstream s) {
+    BEGIN_CAPTURE(r_cuStreamBeginCapture, "cuStreamBeginCapture", capture1_fn, s);
+}
+API CUresult cuStreamBeginCapture_ptsz(CUstream s) {
+    BEGIN_CAPTURE(r_cuStreamBeginCapture_ptsz, "cuStreamBeginCapture_ptsz", capture1_fn, s);
+}
+API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+    BEGIN_CAPTURE(r_cuStreamBeginCapture_v2, "cuStreamBeginCapture_v2", capture2_fn, s, mode);
+}
+API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
+    BEGIN_CAPTURE(r_cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture_v2_ptsz", capture2_fn,
+                  s, mode);
+}
+API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph graph, const CUgraphNode *deps,
+                                         const CUgraphEdgeData *data, size_t n,
+                                         CUstreamCaptureMode mode) {
+    BEGIN_CAPTURE(r_cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph",
+                  capture_graph_fn, s, graph, deps, data, n, mode);
+}
+API CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph graph,
+                                              const CUgraphNode *deps,
+                                              const CUgraphEdgeData *data, size_t n,
+                                              CUstreamCaptureMode mode) {
+    BEGIN_CAPTURE(r_cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph_ptsz",
+                  capture_graph_fn, s, graph, deps, data, n, mode);
+}
+static CUresult end_capture(void **slot, const char *sym, CUstream s, CUgraph *graph) {
+    void *r = REAL(*slot, sym);
+    CUresult rc = r ? ((end_capture_fn)r)(s, graph) : CUDA_ERROR_NOT_INITIALIZED;
+    /* over when it succeeded or was invalidated (other errors -- wrong thread, not capturing
+     * -- leave it as it was; a stream never seen to begin one is ignored) */
+    if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) capture_end(s);
+    return rc;
+}
+API CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
+    return end_capture(&r_cuStreamEndCapture, "cuStreamEndCapture", s, graph);
+}
+API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph) {
+    return end_capture(&r_cuStreamEndCapture_ptsz, "cuStreamEndCapture_ptsz", s, graph);
 }
 
 /* ---------------------------------------------------------------- synchronisation ------- */
@@ -910,39 +1124,45 @@ API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n, CUs
 
 /* ---------------------------------------------------------------- memory ---------------- */
 
-static void rec_put(CUdeviceptr p, size_t n) { /* linear probing, backward-shift delete */
-    if ((alloc_len + 1) * 2 > alloc_cap) {
-        size_t cap = alloc_cap ? alloc_cap * 2 : 1024;
-        alloc_rec *t = calloc(cap, sizeof *t), *old = allocs;
-        for (size_t i = 0; i < alloc_cap; i++)
-            if (old[i].p) {
-                size_t j = (old[i].p >> 8) & (cap - 1);
-                while (t[j].p) j = (j + 1) & (cap - 1);
-                t[j] = old[i];
-            }
-        free(old);
-        allocs = t, alloc_cap = cap;
-    }
-    size_t j = (p >> 8) & (alloc_cap - 1);
-    while (allocs[j].p) j = (j + 1) & (alloc_cap - 1);
-    allocs[j] = (alloc_rec){p, n};
-    alloc_len++;
+static inline size_t rec_hash(CUdeviceptr p, size_t cap) {
+    return (size_t)((p * 0x9E3779B97F4A7C15ULL) >> 20) & (cap - 1);
 }
 
-static size_t rec_take(CUdeviceptr p) { /* the size recorded for p, removed; 0 if unknown */
-    if (!alloc_cap || !p) return 0;
-    size_t j = (p >> 8) & (alloc_cap - 1);
-    while (allocs[j].p && allocs[j].p != p) j = (j + 1) & (alloc_cap - 1);
-    if (!allocs[j].p) return 0;
-    size_t n = allocs[j].n;
-    allocs[j].p = 0;
-    alloc_len--;
-    for (size_t k = (j + 1) & (alloc_cap - 1); allocs[k].p; k = (k + 1) & (alloc_cap - 1)) {
-        alloc_rec r = allocs[k];
-        allocs[k].p = 0;
-        size_t h = (r.p >> 8) & (alloc_cap - 1);
-        while (allocs[h].p) h = (h + 1) & (alloc_cap - 1);
-        allocs[h] = r;
+static void rec_put(rec_table *t, CUdeviceptr p, size_t n) { /* linear probing */
+    if (!p) return;
+    if ((t->len + 1) * 2 > t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 1024;
+        alloc_rec *v = calloc(cap, sizeof *v), *old = t->v;
+        for (size_t i = 0; i < t->cap; i++)
+            if (old[i].p) {
+                size_t j = rec_hash(old[i].p, cap);
+                while (v[j].p) j = (j + 1) & (cap - 1);
+                v[j] = old[i];
+            }
+        free(old);
+        t->v = v, t->cap = cap;
+    }
+    size_t j = rec_hash(p, t->cap);
+    while (t->v[j].p) j = (j + 1) & (t->cap - 1);
+    t->v[j] = (alloc_rec){p, n};
+    t->len++;
+}
+
+/* The size recorded for p, removed (backward-shift delete); 0 if unknown. */
+static size_t rec_take(rec_table *t, CUdeviceptr p) {
+    if (!t->cap || !p) return 0;
+    size_t j = rec_hash(p, t->cap);
+    while (t->v[j].p && t->v[j].p != p) j = (j + 1) & (t->cap - 1);
+    if (!t->v[j].p) return 0;
+    size_t n = t->v[j].n;
+    t->v[j].p = 0;
+    t->len--;
+    for (size_t k = (j + 1) & (t->cap - 1); t->v[k].p; k = (k + 1) & (t->cap - 1)) {
+        alloc_rec r = t->v[k];
+        t->v[k].p = 0;
+        size_t h = rec_hash(r.p, t->cap);
+        while (t->v[h].p) h = (h + 1) & (t->cap - 1);
+        t->v[h] = r;
     }
     return n;
 }
@@ -969,14 +1189,14 @@ static void mem_commit(CUresult rc, CUdeviceptr *p, size_t reserved, size_t actu
     if (rc == CUDA_SUCCESS && p) {
         g.mem_used += actual;
         if (g.mem_used > g.mem_peak) g.mem_peak = g.mem_used;
-        rec_put(*p, actual);
+        rec_put(&allocs, *p, actual);
     }
     pthread_mutex_unlock(&mem_mu);
 }
 
 static void mem_release(CUdeviceptr p) {
     pthread_mutex_lock(&mem_mu);
-    g.mem_used -= rec_take(p);
+    g.mem_used -= rec_take(&allocs, p);
     pthread_mutex_unlock(&mem_mu);
 }
 
@@ -1031,6 +1251,56 @@ API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
 API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) {
     return alloc_async(&r_cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz", p, n, s);
 }
+static CUresult alloc_pool(void **slot, const char *sym, CUdeviceptr *p, size_t n,
+                           CUmemoryPool pool, CUstream s) {
+    if (!mem_reserve(n)) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *r = REAL(*slot, sym);
+    CUresult rc = r ? ((alloc_pool_fn)r)(p, n, pool, s) : CUDA_ERROR_NOT_INITIALIZED;
+    mem_commit(rc, p, n, n);
+    return rc;
+}
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
+    return alloc_pool(&r_cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", p, n, pool, s);
+}
+API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool,
+                                          CUstream s) {
+    return alloc_pool(&r_cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync_ptsz", p, n,
+                      pool, s);
+}
+
+/* The virtual memory management API (PyTorch's expandable segments): physical memory is
+ * cuMemCreate'd per handle and mapped into reserved address ranges (cuMemAddressReserve,
+ * cuMemMap: not memory, not accounted). A handle's bytes count against the same cap from its
+ * creation to its cuMemRelease (the driver keeps the memory until the last mapping is unmapped
+ * too: credited at the release, like an async free at its enqueue). */
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n,
+                         const CUmemAllocationProp *prop, unsigned long long flags) {
+    if (!mem_reserve(n)) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *r = REAL(r_cuMemCreate, "cuMemCreate");
+    CUresult rc = r ? ((mem_create_fn)r)(h, n, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&mem_mu);
+    if (rc == CUDA_SUCCESS && h && *h) {
+        rec_put(&handles, *h, n);
+        g.vmm_used += n;
+    } else {
+        g.mem_used -= n;
+    }
+    pthread_mutex_unlock(&mem_mu);
+    return rc;
+}
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    void *r = REAL(r_cuMemRelease, "cuMemRelease");
+    CUresult rc = r ? ((mem_release_fn)r)(h) : CUDA_ERROR_NOT_INITIALIZED;
+    if (rc == CUDA_SUCCESS) {
+        pthread_mutex_lock(&mem_mu);
+        size_t n = rec_take(&handles, h);
+        g.mem_used -= n;
+        g.vmm_used -= n;
+        pthread_mutex_unlock(&mem_mu);
+    }
+    return rc;
+}
+
 API CUresult cuMemFree_v2(CUdeviceptr p) {
     void *r = REAL(r_cuMemFree_v2, "cuMemFree_v2");
     CUresult rc = r ? ((free_fn)r)(p) : CUDA_ERROR_NOT_INITIALIZED;
@@ -1102,7 +1372,11 @@ static const hook hooks[] = {
     H(cuMemcpyDtoHAsync_v2), H(cuMemcpyDtoHAsync_v2_ptsz), H(cuMemAlloc_v2),
     H(cuMemAllocManaged), H(cuMemAllocPitch_v2), H(cuMemAllocAsync), H(cuMemAllocAsync_ptsz),
     H(cuMemFree_v2), H(cuMemFreeAsync), H(cuMemFreeAsync_ptsz), H(cuMemGetInfo_v2),
-    H(cuModuleGetFunction), H(cuGetProcAddress), H(cuGetProcAddress_v2),
+    H(cuModuleGetFunction), H(cuGetProcAddress), H(cuGetProcAddress_v2), H(cuGraphLaunch),
+    H(cuGraphLaunch_ptsz), H(cuMemCreate), H(cuMemRelease), H(cuMemAllocFromPoolAsync),
+    H(cuMemAllocFromPoolAsync_ptsz), H(cuStreamBeginCapture), H(cuStreamBeginCapture_ptsz),
+    H(cuStreamBeginCapture_v2), H(cuStreamBeginCapture_v2_ptsz), H(cuStreamBeginCaptureToGraph),
+    H(cuStreamBeginCaptureToGraph_ptsz), H(cuStreamEndCapture), H(cuStreamEndCapture_ptsz),
 };
 
 static const hook *find_hook(const char *name) {
@@ -1139,6 +1413,14 @@ static void *gpa_wrap(const char *sym, void *real, int ver, cuuint64_t flags) {
         {"cuMemGetInfo", "cuMemGetInfo_v2", "cuMemGetInfo_v2", 3020},
         {"cuModuleGetFunction", "cuModuleGetFunction", "cuModuleGetFunction", 0},
         {"cuGetProcAddress", "cuGetProcAddress", "cuGetProcAddress", 0},
+        {"cuGraphLaunch", "cuGraphLaunch", "cuGraphLaunch_ptsz", 0},
+        {"cuMemCreate", "cuMemCreate", "cuMemCreate", 0},
+        {"cuMemRelease", "cuMemRelease", "cuMemRelease", 0},
+        {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", 0},
+        {"cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", 0},
+        {"cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph",
+         "cuStreamBeginCaptureToGraph_ptsz", 0},
+        {"cuStreamEndCapture", "cuStreamEndCapture", "cuStreamEndCapture_ptsz", 0},
     };
     for (size_t i = 0; i < sizeof map / sizeof *map; i++) {
         if (strcmp(map[i].base, sym)) continue;
@@ -1146,6 +1428,10 @@ static void *gpa_wrap(const char *sym, void *real, int ver, cuuint64_t flags) {
         const char *exp = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? map[i].ptsz
                                                                                  : map[i].legacy;
         if (!strcmp(sym, "cuGetProcAddress") && ver >= 12000) exp = "cuGetProcAddress_v2";
+        if (!strcmp(sym, "cuStreamBeginCapture") && ver < 10010) /* before the mode argument */
+            exp = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+                      ? "cuStreamBeginCapture_ptsz"
+                      : "cuStreamBeginCapture";
         const hook *h = find_hook(exp);
         if (!h || real == h->wrapper) return real; /* never our own wrapper as the real one */
         if (!*h->real) *h->real = real;
@@ -1174,6 +1460,7 @@ API CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t f
 /* The CUDA runtime dlopens libcuda.so.1 and dlsyms cuGetProcAddress from that handle, which
  * bypasses LD_PRELOAD (a handle's lookup scope is the library and its dependencies): so
  * dlsym itself hands out our wrappers for the symbols we intercept. */
+#ifndef GSHARE_SHIM
 API void *dlsym(void *handle, const char *symbol) {
     resolve_dlsym();
     if (!real_dlsym) return NULL;
@@ -1187,6 +1474,35 @@ API void *dlsym(void *handle, const char *symbol) {
     }
     return p;
 }
+#endif
+
+/* ---------------------------------------------------------------- the shim's forwarders - */
+#ifdef GSHARE_SHIM
+/* Built as libcuda.so.1 (gshare.runtime.native.build_shim): a generated assembly file defines
+ * every other function the real driver exports as `jmp *gshare_fwd_slots[i](%rip)`, with the
+ * names in gshare_fwd_names (NUL-separated) and every slot set to gshare_fwd_unresolved until
+ * this constructor, run when the shim is loaded, points them at the real driver's functions. */
+#define HIDDEN __attribute__((visibility("hidden")))
+extern void *gshare_fwd_slots[] HIDDEN;
+extern const char gshare_fwd_names[] HIDDEN;
+extern const unsigned gshare_fwd_count HIDDEN;
+
+/* A forwarded function the real driver lacks, or every one when it could not be loaded. */
+HIDDEN CUresult gshare_fwd_unresolved(void) {
+    return libcuda ? CUDA_ERROR_NOT_FOUND : CUDA_ERROR_SHARED_OBJECT_INIT_FAILED;
+}
+
+__attribute__((constructor)) static void shim_load(void) {
+    resolve_dlsym();
+    if (!libcuda) libcuda = open_real();
+    if (!libcuda) return; /* warned; every forwarder fails, every wrapper too */
+    const char *name = gshare_fwd_names;
+    for (unsigned i = 0; i < gshare_fwd_count; i++, name += strlen(name) + 1) {
+        void *p = real_dlsym(libcuda, name);
+        if (p) gshare_fwd_slots[i] = p;
+    }
+}
+#endif
 
 /* ---------------------------------------------------------------- exit ------------------ */
 
@@ -1198,6 +1514,18 @@ static void write_json_str(FILE *f, const char *s) {
         else fputc(*s, f);
     }
     fputc('"', f);
+}
+
+/* "shim" when this library was loaded as libcuda.so.1 (the shim deployment), else
+ * "preload" (LD_PRELOAD of libgshare_cuda.so). */
+static const char *deployment(void) {
+    Dl_info info;
+    if (dladdr((void *)deployment, &info) && info.dli_fname) {
+        const char *base = strrchr(info.dli_fname, '/');
+        base = base ? base + 1 : info.dli_fname;
+        if (!strncmp(base, "libcuda.so", 10)) return "shim";
+    }
+    return "preload";
 }
 
 static void finish(void) {
@@ -1213,7 +1541,7 @@ static void finish(void) {
             int first = 1;
             for (int i = 0; i < N_KERNELS; i++) {
                 kentry *k = &g.kernels[i];
-                if (!k->fn || !k->count) continue;
+                if (!k->fn || !k->count || !k->grid[0]) continue; /* graphs: no kernel ID */
                 fprintf(f, "%s\n  {\"kernel\": {\"device\": \"gpu\", \"name\": ", first ? "" : ",");
                 write_json_str(f, k->name);
                 fprintf(f,
@@ -1238,10 +1566,17 @@ static void finish(void) {
                     ", \"late_launches\": %" PRIu64 ", \"max_late_us\": %.1f"
                     ", \"busy_ms_reported\": %.6f"
                     ", \"mem_limit_bytes\": %zu, \"mem_live_bytes\": %zu"
-                    ", \"mem_peak_bytes\": %zu, \"oom_refusals\": %" PRIu64 "}\n",
+                    ", \"mem_peak_bytes\": %zu, \"oom_refusals\": %" PRIu64
+                    ", \"vmm_bytes_live\": %zu, \"graph_launches\": %" PRIu64
+                    ", \"launches_while_capturing\": %" PRIu64
+                    ", \"deployment\": \"%s\", \"launches_by_entry\": {",
                     g.launches, g.fast, g.tokens, g.revoked, g.reaped, g.denied, g.sampled, g.waited,
-                    g.late, (double)g.max_late_ns / 1e3,
-                    g.busy_ms, g.mem_cap, g.mem_used, g.mem_peak, g.oom);
+                    g.late, (double)g.max_late_ns / 1e3, g.busy_ms, g.mem_cap, g.mem_used,
+                    g.mem_peak, g.oom, g.vmm_used, g.by_entry[E_GRAPH] + g.by_entry[E_GRAPH_PTSZ],
+                    g.captured, deployment());
+            for (int i = 0; i < N_ENTRIES; i++)
+                fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", entry_names[i], g.by_entry[i]);
+            fprintf(f, "}}\n");
             fclose(f);
         }
     }

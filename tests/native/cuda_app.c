@@ -6,12 +6,21 @@
  * LD_PRELOAD interposes) or, with "gpa", the way the CUDA runtime does it: dlopen
  * libcuda.so.1, dlsym cuGetProcAddress_v2 from that handle, and resolve everything through it.
  *
- *   cuda_app run   MODE SECONDS KERNEL_US BATCH   "ready", waits for a stdin line, then
- *                  launches BATCH kernels of KERNEL_US and synchronises, for SECONDS
+ *   cuda_app run   MODE SECONDS KERNEL_US BATCH [graph]   "ready", waits for a stdin line,
+ *                  then launches BATCH kernels of KERNEL_US (or, with "graph", BATCH launches
+ *                  of one instantiated graph: the stub's STUB_CUDA_GRAPH_US) and synchronises,
+ *                  for SECONDS
  *   cuda_app once  MODE                           one kernel; prints its launch result
  *   cuda_app alloc MODE                           the allocation script (prints results)
  *   cuda_app ids   MODE                           named kernels at several grids
  *   cuda_app bench MODE N                         N launches of 0-us kernels: ns per launch
+ *   cuda_app graph MODE N                         N launches of one graph; prints each result
+ *   cuda_app capture MODE SLEEP_MS                captures two kernels on a stream into a
+ *                                                 graph (global mode), sleeping SLEEP_MS
+ *                                                 between them, then launches the graph
+ *   cuda_app info  MODE                           calls that no deployment intercepts
+ *                                                 (driver version, device name) and, in
+ *                                                 direct mode, the library they came from
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -39,6 +48,23 @@ static struct {
     CUresult (*free_async)(CUdeviceptr, CUstream);
     CUresult (*mem_info)(size_t *, size_t *);
     CUresult (*dtoh)(void *, CUdeviceptr, size_t);
+    CUresult (*alloc_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                           unsigned long long);
+    CUresult (*mem_release)(CUmemGenericAllocationHandle);
+    CUresult (*addr_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*addr_free)(CUdeviceptr, size_t);
+    CUresult (*mem_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                        unsigned long long);
+    CUresult (*mem_unmap)(CUdeviceptr, size_t);
+    CUresult (*graph_create)(CUgraph *, unsigned);
+    CUresult (*graph_instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*graph_launch)(CUgraphExec, CUstream);
+    CUresult (*driver_version)(int *);
+    CUresult (*device_name)(char *, int, CUdevice);
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*begin_capture)(CUstream, CUstreamCaptureMode);
+    CUresult (*end_capture)(CUstream, CUgraph *);
 } cu;
 
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
@@ -62,6 +88,21 @@ static void resolve(const char *mode) {
         cu.free_async = cuMemFreeAsync;
         cu.mem_info = cuMemGetInfo;
         cu.dtoh = cuMemcpyDtoH;
+        cu.alloc_pool = cuMemAllocFromPoolAsync;
+        cu.mem_create = cuMemCreate;
+        cu.mem_release = cuMemRelease;
+        cu.addr_reserve = cuMemAddressReserve;
+        cu.addr_free = cuMemAddressFree;
+        cu.mem_map = cuMemMap;
+        cu.mem_unmap = cuMemUnmap;
+        cu.graph_create = cuGraphCreate;
+        cu.graph_instantiate = cuGraphInstantiateWithFlags;
+        cu.graph_launch = cuGraphLaunch;
+        cu.driver_version = cuDriverGetVersion;
+        cu.device_name = cuDeviceGetName;
+        cu.stream_create = cuStreamCreate;
+        cu.begin_capture = cuStreamBeginCapture; /* cuda.h: cuStreamBeginCapture_v2 */
+        cu.end_capture = cuStreamEndCapture;
         return;
     }
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -93,6 +134,28 @@ static void resolve(const char *mode) {
     GET(free_async, "cuMemFreeAsync");
     GET(mem_info, "cuMemGetInfo");
     GET(dtoh, "cuMemcpyDtoH");
+    GET(alloc_pool, "cuMemAllocFromPoolAsync");
+    GET(mem_create, "cuMemCreate");
+    GET(mem_release, "cuMemRelease");
+    GET(addr_reserve, "cuMemAddressReserve");
+    GET(addr_free, "cuMemAddressFree");
+    GET(mem_map, "cuMemMap");
+    GET(mem_unmap, "cuMemUnmap");
+    GET(graph_create, "cuGraphCreate");
+    GET(graph_instantiate, "cuGraphInstantiate");
+    GET(graph_launch, "cuGraphLaunch");
+    GET(driver_version, "cuDriverGetVersion");
+    GET(device_name, "cuDeviceGetName");
+    GET(stream_create, "cuStreamCreate");
+    GET(begin_capture, "cuStreamBeginCapture");
+    GET(end_capture, "cuStreamEndCapture");
+}
+
+static CUgraphExec make_graph(void) {
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    if (cu.graph_create(&graph, 0) || cu.graph_instantiate(&exec, graph, 0)) exit(5);
+    return exec;
 }
 
 static void setup(void) {
@@ -123,6 +186,7 @@ int main(int argc, char **argv) {
         double seconds = atof(argv[3]);
         unsigned us = (unsigned)atoi(argv[4]);
         int batch = atoi(argv[5]);
+        CUgraphExec graph = argc >= 7 && !strcmp(argv[6], "graph") ? make_graph() : NULL;
         long launched = 0, failed = 0;
         printf("ready\n");
         fflush(stdout);
@@ -131,7 +195,8 @@ int main(int argc, char **argv) {
         double end = now_s() + seconds;
         while (now_s() < end) {
             for (int i = 0; i < batch; i++) {
-                if (kernel(f, us, 64, 256) == CUDA_SUCCESS) launched++;
+                CUresult rc = graph ? cu.graph_launch(graph, NULL) : kernel(f, us, 64, 256);
+                if (rc == CUDA_SUCCESS) launched++;
                 else failed++;
             }
             cu.stream_sync(NULL);
@@ -175,7 +240,30 @@ int main(int argc, char **argv) {
         printf("free_y %d\n", (int)cu.free(y));
         printf("alloc64 %d\n", (int)cu.alloc(&a, 64 * MB));
         printf("free64 %d\n", (int)cu.free(a));
+        /* The VMM API (PyTorch's expandable segments) and pool allocations: the same account.
+         * Live here: nothing. */
+        CUmemGenericAllocationHandle h40 = 0, h30 = 0, h1 = 0, hleak = 0;
+        CUmemAllocationProp prop = {0};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        CUdeviceptr va = 0, q = 0, q2 = 0;
+        printf("vmm40 %d\n", (int)cu.mem_create(&h40, 40 * MB, &prop, 0));
+        printf("reserve %d\n", (int)cu.addr_reserve(&va, 128 * MB, 0, 0, 0));
+        printf("map40 %d\n", (int)cu.mem_map(va, 40 * MB, 0, h40, 0));
+        printf("vmm30 %d\n", (int)cu.mem_create(&h30, 30 * MB, &prop, 0));        /* OOM */
+        printf("pool30 %d\n", (int)cu.alloc_pool(&q, 30 * MB, NULL, NULL));       /* OOM */
+        printf("pool24 %d\n", (int)cu.alloc_pool(&q, 24 * MB, NULL, NULL));
+        printf("vmm1 %d\n", (int)cu.mem_create(&h1, 1, &prop, 0));                /* OOM */
+        printf("unmap40 %d\n", (int)cu.mem_unmap(va, 40 * MB));
+        printf("release40 %d\n", (int)cu.mem_release(h40));
+        printf("vmm30again %d\n", (int)cu.mem_create(&h30, 30 * MB, &prop, 0));
+        printf("pool10 %d\n", (int)cu.alloc_pool(&q2, 10 * MB, NULL, NULL));
+        printf("free_pool24 %d\n", (int)cu.free_async(q, NULL));
+        printf("free_pool10 %d\n", (int)cu.free(q2));
+        printf("release30 %d\n", (int)cu.mem_release(h30));
+        printf("addr_free %d\n", (int)cu.addr_free(va, 128 * MB));
         printf("alloc_leak %d\n", (int)cu.alloc(&a, 3 * MB)); /* left for exit accounting */
+        printf("vmm_leak %d\n", (int)cu.mem_create(&hleak, 2 * MB, &prop, 0)); /* likewise */
         return 0;
     }
     if (!strcmp(what, "ids")) {
@@ -192,6 +280,44 @@ int main(int argc, char **argv) {
             cu.launch_ex(&cfg, h3, params, NULL);
             cu.ctx_sync();
         }
+        return 0;
+    }
+    if (!strcmp(what, "graph") && argc >= 4) {
+        long n = atol(argv[3]);
+        CUgraphExec graph = make_graph();
+        for (long i = 0; i < n; i++) printf("graph %d\n", (int)cu.graph_launch(graph, NULL));
+        cu.ctx_sync();
+        return 0;
+    }
+    if (!strcmp(what, "capture") && argc >= 4) {
+        int sleep_ms = atoi(argv[3]);
+        CUstream st = NULL;
+        CUgraph graph = NULL;
+        CUgraphExec exec = NULL;
+        unsigned us = 300;
+        void *params[] = {&us};
+        cu.stream_create(&st, 0);
+        printf("begin %d\n", (int)cu.begin_capture(st, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        printf("launch %d\n", (int)cu.launch(f, 1, 1, 1, 1, 1, 1, 0, st, params, NULL));
+        struct timespec ts = {sleep_ms / 1000, (sleep_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL); /* longer than a token: the gate must not touch the capture */
+        printf("launch %d\n", (int)cu.launch(f, 1, 1, 1, 1, 1, 1, 0, st, params, NULL));
+        CUresult rc = cu.end_capture(st, &graph);
+        printf("end %d\n", (int)rc);
+        if (rc == CUDA_SUCCESS && cu.graph_instantiate(&exec, graph, 0) == CUDA_SUCCESS)
+            printf("graph %d\n", (int)cu.graph_launch(exec, st));
+        cu.ctx_sync();
+        return 0;
+    }
+    if (!strcmp(what, "info")) {
+        int version = 0;
+        char name[64] = "";
+        CUresult rv = cu.driver_version(&version), rn = cu.device_name(name, sizeof name, 0);
+        printf("version %d %d\n", (int)rv, version);
+        printf("name %d %s\n", (int)rn, name);
+        Dl_info where;
+        if (cu.device_name == cuDeviceGetName && dladdr((void *)cuDeviceGetName, &where))
+            printf("from %s\n", where.dli_fname);
         return 0;
     }
     if (!strcmp(what, "bench") && argc >= 4) {

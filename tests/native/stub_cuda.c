@@ -14,6 +14,14 @@
  * At exit, STUB_CUDA_LOG=<path> gets one line per kernel: "start_ns end_ns name", and a last
  * line "# mem_used_bytes N failed_allocs N". STUB_CUDA_NO_FUNC_NAME=1: cuFuncGetName fails
  * (a driver older than 12.3), so the interposer falls back to the cuModuleGetFunction name.
+ * Graphs: an instantiated graph is one opaque piece of work of STUB_CUDA_GRAPH_US (default
+ * 500), logged as "graph". VMM: cuMemCreate takes device memory like an allocation (the handle
+ * is its address), cuMemRelease gives it back; reserving and mapping address ranges succeed
+ * and do nothing. Memory pools: cuMemAllocFromPoolAsync allocates like cuMemAllocAsync.
+ * Stream capture (one at a time, on a created stream): kernels and event records on the
+ * capturing stream do not run; in the global capture mode a synchronisation or an event or
+ * stream query from any thread meanwhile fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
+ * invalidates the capture (cuStreamEndCapture then fails with ..._INVALIDATED), as CUDA does.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -45,9 +53,16 @@ struct CUevent_st {
 };
 struct CUstream_st {
     uint64_t last; /* global index of its last op */
+    int capturing, invalidated;
 };
 struct CUctx_st {
     int dummy;
+};
+struct CUgraph_st {
+    int dummy;
+};
+struct CUgraphExec_st {
+    struct CUfunc_st fn; /* logged as a kernel named "graph" */
 };
 
 enum { OP_KERNEL, OP_EVENT, OP_MARK };
@@ -87,6 +102,23 @@ static struct {
        .done = PTHREAD_COND_INITIALIZER};
 
 static struct CUstream_st default_stream;
+static CUstream capture_stream; /* the capture in progress (d.mu) */
+static int capture_global;
+
+/* A "potentially unsafe" call while a global-mode capture is in progress. */
+static int unsafe(void) {
+    pthread_mutex_lock(&d.mu);
+    int bad = capture_stream && capture_global;
+    if (bad) capture_stream->invalidated = 1;
+    pthread_mutex_unlock(&d.mu);
+    return bad;
+}
+static int captured(CUstream s) {
+    pthread_mutex_lock(&d.mu);
+    int c = s && s->capturing;
+    pthread_mutex_unlock(&d.mu);
+    return c;
+}
 static struct CUctx_st the_ctx;
 static __thread CUcontext current;
 
@@ -225,6 +257,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return CUDA_SUCCESS; }
 API CUresult cuCtxSetCurrent(CUcontext c) { current = c; return CUDA_SUCCESS; }
 API CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return CUDA_SUCCESS; }
 API CUresult cuCtxSynchronize(void) {
+    if (unsafe()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&d.mu);
     uint64_t last = d.submitted;
     pthread_mutex_unlock(&d.mu);
@@ -260,6 +293,7 @@ API CUresult cuFuncGetName(const char **name, CUfunction f) {
 static CUresult launch(CUfunction f, CUstream s, void **params) {
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
     unsigned us = params && params[0] ? *(unsigned *)params[0] : f->default_us;
+    if (captured(s)) return CUDA_SUCCESS; /* recorded into the graph, not run */
     submit(OP_KERNEL, s, (int64_t)us * 1000, NULL, f);
     return CUDA_SUCCESS;
 }
@@ -278,17 +312,67 @@ API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, u
     return launch(f, s, params);
 }
 
+/* ---- graphs ---- */
+API CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
+    *g = calloc(1, sizeof **g);
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    *e = calloc(1, sizeof **e);
+    snprintf((*e)->fn.name, sizeof (*e)->fn.name, "graph");
+    const char *us = getenv("STUB_CUDA_GRAPH_US");
+    (*e)->fn.default_us = us && *us ? (unsigned)atoi(us) : 500;
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    submit(OP_KERNEL, s, (int64_t)e->fn.default_us * 1000, NULL, &e->fn);
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphExecDestroy(CUgraphExec e) { free(e); return CUDA_SUCCESS; }
+API CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
+
 /* ---- streams ---- */
 API CUresult cuStreamCreate(CUstream *s, unsigned flags) {
     *s = calloc(1, sizeof **s);
     return CUDA_SUCCESS;
 }
 API CUresult cuStreamDestroy_v2(CUstream s) { free(s); return CUDA_SUCCESS; }
+API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+    if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* not the legacy stream */
+    pthread_mutex_lock(&d.mu);
+    CUresult rc = CUDA_ERROR_ILLEGAL_STATE; /* (the stub captures one stream at a time) */
+    if (!capture_stream) {
+        capture_stream = s;
+        capture_global = mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        s->capturing = 1;
+        s->invalidated = 0;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&d.mu);
+    return rc;
+}
+API CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
+    pthread_mutex_lock(&d.mu);
+    if (!s || s != capture_stream) {
+        pthread_mutex_unlock(&d.mu);
+        return CUDA_ERROR_ILLEGAL_STATE;
+    }
+    capture_stream = NULL;
+    s->capturing = 0;
+    int bad = s->invalidated;
+    pthread_mutex_unlock(&d.mu);
+    *g = bad ? NULL : calloc(1, sizeof **g);
+    return bad ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+}
 API CUresult cuStreamSynchronize(CUstream s) {
+    if (unsafe()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_for((s ? s : &default_stream)->last);
     return CUDA_SUCCESS;
 }
 API CUresult cuStreamQuery(CUstream s) {
+    if (unsafe()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&d.mu);
     int ready = d.completed >= (s ? s : &default_stream)->last;
     pthread_mutex_unlock(&d.mu);
@@ -302,16 +386,19 @@ API CUresult cuEventCreate(CUevent *e, unsigned flags) {
 }
 API CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
 API CUresult cuEventRecord(CUevent e, CUstream s) {
+    if (captured(s)) return CUDA_SUCCESS; /* a node of the graph, not run */
     submit(OP_EVENT, s, 0, e, NULL);
     return CUDA_SUCCESS;
 }
 API CUresult cuEventQuery(CUevent e) {
+    if (unsafe()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&d.mu);
     int ready = d.completed >= e->idx;
     pthread_mutex_unlock(&d.mu);
     return ready ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 API CUresult cuEventSynchronize(CUevent e) {
+    if (unsafe()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_for(e->idx);
     return CUDA_SUCCESS;
 }
@@ -369,6 +456,32 @@ API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t 
     return dev_alloc(p, *pitch * h);
 }
 API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { return dev_alloc(p, n); }
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
+    return dev_alloc(p, n);
+}
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n,
+                         const CUmemAllocationProp *prop, unsigned long long flags) {
+    CUdeviceptr p = 0;
+    CUresult rc = dev_alloc(&p, n);
+    if (rc == CUDA_SUCCESS) *h = (CUmemGenericAllocationHandle)p;
+    return rc;
+}
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return dev_free((CUdeviceptr)h); }
+API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t n, size_t align, CUdeviceptr addr,
+                                 unsigned long long flags) {
+    pthread_mutex_lock(&d.mu);
+    start_device();
+    *p = d.next_addr; /* address space only: no memory */
+    d.next_addr += (n + 511) & ~(size_t)511;
+    pthread_mutex_unlock(&d.mu);
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemAddressFree(CUdeviceptr p, size_t n) { return CUDA_SUCCESS; }
+API CUresult cuMemMap(CUdeviceptr p, size_t n, size_t off, CUmemGenericAllocationHandle h,
+                      unsigned long long flags) {
+    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+API CUresult cuMemUnmap(CUdeviceptr p, size_t n) { return CUDA_SUCCESS; }
 API CUresult cuMemFree_v2(CUdeviceptr p) { return dev_free(p); }
 API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return dev_free(p); }
 API CUresult cuMemGetInfo_v2(size_t *freeb, size_t *total) {
@@ -425,6 +538,14 @@ static const struct {
     E("cuMemFree", cuMemFree_v2), E("cuMemFreeAsync", cuMemFreeAsync),
     E("cuMemGetInfo", cuMemGetInfo_v2), E("cuMemcpyHtoD", cuMemcpyHtoD_v2),
     E("cuMemcpyDtoH", cuMemcpyDtoH_v2), E("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2),
+    E("cuGraphCreate", cuGraphCreate), E("cuGraphInstantiate", cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags),
+    E("cuGraphLaunch", cuGraphLaunch), E("cuGraphExecDestroy", cuGraphExecDestroy),
+    E("cuGraphDestroy", cuGraphDestroy), E("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync),
+    E("cuMemCreate", cuMemCreate), E("cuMemRelease", cuMemRelease),
+    E("cuMemAddressReserve", cuMemAddressReserve), E("cuMemAddressFree", cuMemAddressFree),
+    E("cuMemMap", cuMemMap), E("cuMemUnmap", cuMemUnmap),
+    E("cuStreamBeginCapture", cuStreamBeginCapture_v2), E("cuStreamEndCapture", cuStreamEndCapture),
 };
 
 static CUresult lookup(const char *sym, void **pfn, int ver) {

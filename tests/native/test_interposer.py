@@ -1,7 +1,9 @@
 """The CUDA driver-API interposer (``libgshare_cuda.so``) against a stub driver (issue 13).
 
-Real processes: ``cuda_app.c`` (a CUDA driver-API program) runs with the interposer preloaded
-against ``stub_cuda.c`` built as ``libcuda.so.1`` -- a simulated device whose streams run
+Real processes: ``cuda_app.c`` (a CUDA driver-API program) runs with the interposer -- preloaded
+(``LD_PRELOAD``), or as the ``libcuda.so.1`` shim built from the stub (``LD_LIBRARY_PATH``; the
+app is linked with RUNPATH, which the library path overrides) -- against ``stub_cuda.c`` built
+as ``libcuda.so.1`` -- a simulated device whose streams run
 kernels FIFO in real time for the durations the test passes, and which logs every kernel's
 device interval (CLOCK_MONOTONIC, the token server's clock). A real ``TokenServer`` of
 ``gshare.runtime.tokens`` governs them. Nothing here has run on a GPU: the figures hold for the
@@ -21,6 +23,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,11 +43,24 @@ _SKIP = native.build_skip_reason()
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=f"interposer not buildable: {_SKIP}")
 
 
+_SHIM_SKIP = native.shim_skip_reason()
+DEPLOYMENTS = [
+    "preload",
+    pytest.param("shim", marks=pytest.mark.skipif(_SHIM_SKIP is not None, reason=f"{_SHIM_SKIP}")),
+]
+
+
 @dataclass(frozen=True)
 class Native:
     lib: Path
     stub_dir: Path
     app: Path
+    shim_dir: Path | None
+    """The shim built from the stub as the real driver (None: not buildable here)."""
+
+    @property
+    def real(self) -> Path:
+        return self.stub_dir / "libcuda.so.1"
 
 
 def _cc(*args: str) -> None:
@@ -63,9 +79,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Native:
     _cc("-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic",
         "-o", str(d / "libcuda.so.1"), str(HERE / "stub_cuda.c"), "-lpthread")  # fmt: skip
     (d / "libcuda.so").symlink_to("libcuda.so.1")
+    # RUNPATH (new dtags), not RPATH: LD_LIBRARY_PATH comes first, so the shim can be found
     _cc("-o", str(d / "cuda_app"), str(HERE / "cuda_app.c"), f"-L{d}", "-lcuda", "-ldl",
-        f"-Wl,-rpath,{d}")  # fmt: skip
-    return Native(result.path, d, d / "cuda_app")
+        f"-Wl,-rpath,{d}", "-Wl,--enable-new-dtags")  # fmt: skip
+    shim = None
+    if _SHIM_SKIP is None:
+        shim = native.build_shim(d / "libcuda.so.1", tmp_path_factory.mktemp("shim"))
+    return Native(result.path, d, d / "cuda_app", shim)
 
 
 @pytest.fixture
@@ -77,12 +97,22 @@ def server(tmp_path: Path) -> Iterator[TokenServer]:
 
 
 def _env(
-    nat: Native, tmp: Path, name: str, server: TokenServer | None, **extra: str
+    nat: Native,
+    tmp: Path,
+    name: str,
+    server: TokenServer | None,
+    deployment: str = "preload",
+    **extra: str,
 ) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GSHARE_", "STUB_CUDA"))}
+    env.pop("LD_PRELOAD", None)
+    env.pop("LD_LIBRARY_PATH", None)
+    if deployment == "shim":
+        assert nat.shim_dir is not None
+        env.update(native.deployment_env("shim", shim_dir=nat.shim_dir, real_libcuda=nat.real))
+    else:
+        env.update(LD_LIBRARY_PATH=str(nat.stub_dir), LD_PRELOAD=str(nat.lib))
     env.update(
-        LD_LIBRARY_PATH=str(nat.stub_dir),
-        LD_PRELOAD=str(nat.lib),
         STUB_CUDA_LOG=str(tmp / f"{name}.log"),
         GSHARE_CUDA_STATS=str(tmp / f"{name}.json"),
     )
@@ -102,8 +132,13 @@ def _spans(tmp: Path, name: str) -> list[tuple[float, float]]:
     return [(int(a) / 1e9, int(b) / 1e9) for a, b, _ in (x.split() for x in lines if x[0] != "#")]
 
 
-def _stats(tmp: Path, name: str) -> dict[str, float]:
-    out: dict[str, float] = json.loads((tmp / f"{name}.json").read_text())
+def _named_spans(tmp: Path, name: str) -> list[tuple[str, str, str]]:
+    lines = (tmp / f"{name}.log").read_text().splitlines()
+    return [(a, b, n) for a, b, n in (x.split() for x in lines if x[0] != "#")]
+
+
+def _stats(tmp: Path, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads((tmp / f"{name}.json").read_text())
     return out
 
 
@@ -120,16 +155,19 @@ def _busy_in(spans: Sequence[tuple[float, float]], t0: float, t1: float) -> floa
 def _saturate(
     nat: Native, tmp: Path, server: TokenServer, clients: dict[str, tuple[float, float]],
     mode: str, seconds: float, kernel_us: int = 500, batch: int = 16,
+    deployment: str = "preload", graph: bool = False,
 ) -> tuple[float, float]:  # fmt: skip
     """Register ``clients`` (id -> (request, limit)), run one saturating ``cuda_app`` each at
-    the same time (kernels of ``kernel_us`` in batches of ``batch`` between synchronisations);
-    returns the wall interval they all ran."""
+    the same time (kernels of ``kernel_us`` -- or launches of a graph of ``kernel_us`` -- in
+    batches of ``batch`` between synchronisations); returns the wall interval they all ran."""
     procs = {}
     for cid, (req, lim) in clients.items():
         server.add_client(ClientSpec(cid, 100.0, req, lim))
+        extra = {"STUB_CUDA_GRAPH_US": str(kernel_us)} if graph else {}
         procs[cid] = subprocess.Popen(
-            [str(nat.app), "run", mode, str(seconds), str(kernel_us), str(batch)],
-            env=_env(nat, tmp, cid, server),
+            [str(nat.app), "run", mode, str(seconds), str(kernel_us), str(batch)]
+            + (["graph"] if graph else []),
+            env=_env(nat, tmp, cid, server, deployment, **extra),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -170,14 +208,19 @@ def _windows(
 # -- no launch without a token --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
 def test_an_unregistered_or_wrong_secret_client_launches_nothing(
-    built: Native, server: TokenServer, tmp_path: Path
+    built: Native, server: TokenServer, tmp_path: Path, deployment: str
 ) -> None:
-    out = _run(built, _env(built, tmp_path, "stranger", server), "once", "direct")
+    out = _run(built, _env(built, tmp_path, "stranger", server, deployment), "once", "direct")
     assert out.split() == ["launch", str(NOT_PERMITTED)]
     assert _spans(tmp_path, "stranger") == []
+    assert _stats(tmp_path, "stranger")["deployment"] == deployment
+    out = _run(built, _env(built, tmp_path, "graphs", server, deployment), "graph", "gpa", "2")
+    assert out.split() == ["graph", str(NOT_PERMITTED)] * 2  # nor a graph
+    assert _spans(tmp_path, "graphs") == []
     server.add_client(ClientSpec("owner", 100.0, 0.5, 1.0), secret="s3cret")
-    env = _env(built, tmp_path, "owner", server, GSHARE_TOKEN_SECRET="guess")
+    env = _env(built, tmp_path, "owner", server, deployment, GSHARE_TOKEN_SECRET="guess")
     assert _run(built, env, "once", "gpa").split() == ["launch", str(NOT_PERMITTED)]
     assert _spans(tmp_path, "owner") == []
     env["GSHARE_TOKEN_SECRET"] = "s3cret"
@@ -185,9 +228,10 @@ def test_an_unregistered_or_wrong_secret_client_launches_nothing(
     assert len(_spans(tmp_path, "owner")) == 1
 
 
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
 @pytest.mark.parametrize("mode", ["direct", "gpa"])
 def test_a_launch_waits_for_the_token_held_by_another_client(
-    built: Native, tmp_path: Path, mode: str
+    built: Native, tmp_path: Path, mode: str, deployment: str
 ) -> None:
     cfg = TokenConfig(window_ms=4000.0, max_token_ms=2000.0, idle_token_ms=2000.0)
     with TokenServer(str(tmp_path / "t.sock"), cfg, record_tokens=100) as server:
@@ -197,7 +241,7 @@ def test_a_launch_waits_for_the_token_held_by_another_client(
         holder.acquire()
         p = subprocess.Popen(
             [str(built.app), "once", mode],
-            env=_env(built, tmp_path, "app", server),
+            env=_env(built, tmp_path, "app", server, deployment),
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -215,17 +259,34 @@ def test_a_launch_waits_for_the_token_held_by_another_client(
 # -- busy time, a lone client's limit, and both entry paths ----------------------------------
 
 
-@pytest.mark.parametrize("mode", ["direct", "gpa"])
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+@pytest.mark.parametrize(
+    "mode, graph",
+    [("direct", False), ("gpa", False), ("gpa", True)],
+    ids=["direct", "gpa", "graph"],
+)
 def test_a_lone_client_stays_at_its_limit_and_reports_device_busy_time(
-    built: Native, server: TokenServer, tmp_path: Path, mode: str
+    built: Native, server: TokenServer, tmp_path: Path, mode: str, graph: bool, deployment: str
 ) -> None:
     # request 0.2, limit 0.5: alone, it may take idle time beyond its request, up to its limit
-    t0, t1 = _saturate(built, tmp_path, server, {"lone": (0.2, 0.5)}, mode, seconds=2.5)
+    t0, t1 = _saturate(
+        built, tmp_path, server, {"lone": (0.2, 0.5)}, mode, 2.5,
+        deployment=deployment, graph=graph,
+    )  # fmt: skip
     spans = _spans(tmp_path, "lone")
     device_ms = sum(b - a for a, b in spans) * 1000.0
     reported_ms = sum(r.busy_ms for r in server.token_records() if r.client_id == "lone")
     stats = _stats(tmp_path, "lone")
     assert stats["tokens"] > 10 and stats["fast_path"] > 0 and stats["revoked"] > 0
+    # every launch came through the one door it was made through, and was counted there
+    entry = "cuGraphLaunch" if graph else "cuLaunchKernel"
+    assert stats["deployment"] == deployment
+    assert stats["launches_by_entry"][entry] == stats["launches"] == len(spans)
+    assert sum(stats["launches_by_entry"].values()) == stats["launches"]
+    assert stats["graph_launches"] == (len(spans) if graph else 0)
+    assert {name for *_, name in _named_spans(tmp_path, "lone")} == {
+        "graph" if graph else "gshare_test_kernel"
+    }
     assert reported_ms == pytest.approx(stats["busy_ms_reported"], rel=1e-6)
     assert abs(reported_ms - device_ms) <= 0.01 * device_ms, (reported_ms, device_ms)
     shares = _windows(server, spans, t0 + 0.3, t1)
@@ -233,7 +294,10 @@ def test_a_lone_client_stays_at_its_limit_and_reports_device_busy_time(
     # check and its launch (the interposer counts it), by at most that delay
     assert max(shares) <= 0.5 + _late_allowance(stats) + 1e-9, (max(shares), stats)
     share = _busy_in(spans, t0 + 0.3, t1) / (t1 - t0 - 0.3)
-    print(f"lone[{mode}]: busy reported/device {reported_ms:.1f}/{device_ms:.1f} ms, share {share}")
+    print(
+        f"lone[{deployment}/{mode}/{graph}]: busy reported/device "
+        f"{reported_ms:.1f}/{device_ms:.1f} ms, share {share}"
+    )
     # and it gets about it: 1.25 pp below by kernel granularity (39 x 0.5 ms fit a 19.9-ms
     # cap), and a VM stall of the host can take a few more (0.477 seen); the bound that
     # matters is the one above
@@ -270,22 +334,29 @@ def test_two_clients_at_quota_03_and_06_reach_their_shares(
 # -- memory cap -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
 @pytest.mark.parametrize("mode", ["direct", "gpa"])
 def test_allocations_past_the_cap_fail_and_nothing_else_does(
-    built: Native, tmp_path: Path, mode: str
+    built: Native, tmp_path: Path, mode: str, deployment: str
 ) -> None:
-    env = _env(built, tmp_path, "mem", None, GSHARE_CUDA_MEM_LIMIT_MB="64")
+    env = _env(built, tmp_path, "mem", None, deployment, GSHARE_CUDA_MEM_LIMIT_MB="64")
     results = dict(line.split(maxsplit=1) for line in _run(built, env, "alloc", mode).splitlines())
     failed = {k for k, v in results.items() if not k.startswith("info") and v != "0"}
-    assert failed == {"alloc30", "managed30", "async30", "alloc1"}
+    # the VMM API (cuMemCreate: PyTorch's expandable segments) and pool allocations count
+    # against the same cap; cuMemRelease and the frees give their bytes back
+    vmm = {"vmm30", "pool30", "vmm1"}
+    assert failed == {"alloc30", "managed30", "async30", "alloc1", *vmm}
     assert {results[k] for k in failed} == {str(OOM)}
     assert int(results["info_total"]) == 64 * MIB  # the instance sees its cap as the device
     assert int(results["info_free"]) == 0  # 40 + 24 MiB: exactly full
     stats = _stats(tmp_path, "mem")
     assert stats["mem_peak_bytes"] == 64 * MIB
-    assert stats["mem_live_bytes"] == 3 * MIB  # what the process still held at exit ...
+    assert stats["oom_refusals"] == 7
+    # what the process still held at exit (3 MiB allocated, 2 MiB cuMemCreate'd) ...
+    assert stats["mem_live_bytes"] == 5 * MIB
+    assert stats["vmm_bytes_live"] == 2 * MIB  # (part of mem_live_bytes)
     tail = (tmp_path / "mem.log").read_text().splitlines()[-1].split()
-    assert int(tail[2]) == 3 * MIB  # ... is what the device's own account holds
+    assert int(tail[2]) == 5 * MIB  # ... is what the device's own account holds
     assert int(tail[4]) == 0  # and the device itself never refused anything
 
 
@@ -342,3 +413,177 @@ def test_preload_env_and_configure(built: Native) -> None:
         check=True,
     ).stdout
     assert out.strip() == "True"
+
+
+# -- the libcuda.so.1 shim ---------------------------------------------------------------------
+
+shim_only = pytest.mark.skipif(_SHIM_SKIP is not None, reason=f"{_SHIM_SKIP}")
+
+
+@shim_only
+@pytest.mark.parametrize("mode", ["direct", "gpa"])
+def test_the_shim_forwards_what_it_does_not_intercept(
+    built: Native, tmp_path: Path, mode: str
+) -> None:
+    assert built.shim_dir is not None
+    env = _env(built, tmp_path, "info", None, "shim")
+    lines = dict(line.split(maxsplit=1) for line in _run(built, env, "info", mode).splitlines())
+    assert lines["version"] == "0 13000"  # the stub's, through a forwarder
+    assert lines["name"] == "0 gshare stub device"
+    if mode == "direct":  # the app's own symbol is the shim's (LD_LIBRARY_PATH beat RUNPATH)
+        assert Path(lines["from"]).resolve() == (built.shim_dir / "libcuda.so.1").resolve()
+    assert _stats(tmp_path, "info")["deployment"] == "shim"
+    manifest = json.loads((built.shim_dir / native.MANIFEST).read_text())
+    assert manifest["real_libcuda"] == str(built.real.resolve())
+    assert "cuLaunchKernel" in manifest["intercepted"]
+    assert "cuGraphLaunch" in manifest["intercepted"] and "cuMemCreate" in manifest["intercepted"]
+    real = native.read_elf_symbols(built.real)
+    shim = native.read_elf_symbols(built.shim_dir / "libcuda.so.1")
+    assert set(real.functions) <= set(shim.functions)  # nothing the driver exports is missing
+    assert manifest["forwarded"] == len(set(real.functions) - set(manifest["intercepted"]))
+    assert "dlsym" not in shim.functions  # the shim does not interpose dlsym
+
+
+@shim_only
+def test_the_shim_refuses_itself_or_a_missing_driver_as_the_real_one(
+    built: Native, tmp_path: Path
+) -> None:
+    assert built.shim_dir is not None
+    shim_lib = built.shim_dir / "libcuda.so.1"
+    assert native.is_shim(shim_lib) and native.is_shim(built.lib)
+    assert not native.is_shim(built.real)
+    found = native.find_real_libcuda()
+    assert found is None or not native.is_shim(found)
+    with pytest.raises(native.ShimError, match="gshare library"):
+        native.build_shim(shim_lib, tmp_path / "again")
+    with pytest.raises(native.ShimError, match="absolute"):
+        native.build_shim(Path("libcuda.so.1"), tmp_path / "rel")
+    (tmp_path / "text.so").write_text("not a library")
+    with pytest.raises(native.ShimError, match="ELF"):
+        native.build_shim(tmp_path / "text.so", tmp_path / "bad")
+    # at run time too: pointed at itself, or at nothing, the shim governs nothing and runs
+    # nothing (every call fails), instead of recursing into itself or finding another driver
+    for real, what in [(shim_lib, "gshare library"), (tmp_path / "none.so", "cannot load")]:
+        env = _env(built, tmp_path, "self", None, "shim", GSHARE_REAL_LIBCUDA=str(real))
+        p = subprocess.run(
+            [str(built.app), "once", "direct"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert p.returncode == 4, p  # cuInit failed: setup() exits 4
+        assert p.stderr.count(what) == 1, p.stderr  # said once, at load
+
+
+@shim_only
+def test_a_versioned_driver_gets_a_shim_with_the_same_versions(
+    built: Native, tmp_path: Path
+) -> None:
+    d = tmp_path / "versioned"
+    d.mkdir()
+    (d / "v.map").write_text("LIBCUDA_TEST_1 {\n  global: cu*;\n};\n")
+    _cc("-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-soname,libcuda.so.1", "-Wl,-Bsymbolic",
+        f"-Wl,--version-script={d / 'v.map'}", "-o", str(d / "libcuda.so.1"),
+        str(HERE / "stub_cuda.c"), "-lpthread")  # fmt: skip
+    (d / "libcuda.so").symlink_to("libcuda.so.1")
+    _cc("-o", str(d / "cuda_app"), str(HERE / "cuda_app.c"), f"-L{d}", "-lcuda", "-ldl",
+        f"-Wl,-rpath,{d}", "-Wl,--enable-new-dtags")  # fmt: skip
+    assert native.read_elf_symbols(d / "libcuda.so.1").versions["cuInit"] == "LIBCUDA_TEST_1"
+    shim = native.build_shim(d / "libcuda.so.1", tmp_path / "vshim")
+    assert native.read_elf_symbols(shim / "libcuda.so.1").versions["cuInit"] == "LIBCUDA_TEST_1"
+    env = {**os.environ, **native.shim_env(shim, d / "libcuda.so.1")}
+    env.pop("LD_PRELOAD", None)
+    env["GSHARE_CUDA_STATS"] = str(tmp_path / "v.json")
+    # an app that needs cu*@LIBCUDA_TEST_1 loads against the shim, and is served by it
+    p = subprocess.run(
+        [str(d / "cuda_app"), "info", "direct"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0, p.stderr
+    # (against an unversioned shim, ld.so would only warn: "no version information available")
+    assert "version" not in p.stderr, p.stderr
+    lines = dict(line.split(maxsplit=1) for line in p.stdout.splitlines())
+    assert Path(lines["from"]).resolve() == (shim / "libcuda.so.1").resolve()
+    assert lines["version"] == "0 13000"
+    assert _stats(tmp_path, "v")["deployment"] == "shim"
+
+
+def test_deployment_environments(built: Native, tmp_path: Path) -> None:
+    base = {"LD_LIBRARY_PATH": "/opt/a:/opt/b", "LD_PRELOAD": f"/x/libother.so:{built.lib}"}
+    env = native.shim_env(tmp_path, Path("/drv/libcuda.so.1"), base)
+    assert env["LD_LIBRARY_PATH"].split(":") == [str(tmp_path.resolve()), "/opt/a", "/opt/b"]
+    assert env["GSHARE_REAL_LIBCUDA"] == "/drv/libcuda.so.1"
+    assert env["LD_PRELOAD"] == "/x/libother.so"  # never both deployments at once
+    assert native.deployment_env("shim", shim_dir=tmp_path, real_libcuda=Path("/d"), base=base)
+    assert native.deployment_env("preload", base=base)["LD_PRELOAD"].split(":") == [
+        str(built.lib),
+        "/x/libother.so",
+    ]
+    with pytest.raises(ValueError, match="shim_dir"):
+        native.deployment_env("shim")
+    assert native.deployment_kind("") == "preload" and native.deployment_kind("shim") == "shim"
+    with pytest.raises(ValueError, match="GSHARE_CUDA_DEPLOYMENT"):
+        native.deployment_kind("ld_preload")
+    assert native.cuda_deployment_env(tmp_path, "preload") == native.preload_env()
+
+
+@shim_only
+def test_the_agent_deployment_builds_the_shim_once_and_instances_configure_it(
+    built: Native, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GSHARE_REAL_LIBCUDA", str(built.real))
+    monkeypatch.delenv("GSHARE_CUDA_SHIM_DIR", raising=False)
+    env = native.cuda_deployment_env(tmp_path, "shim")
+    shim_lib = tmp_path / "cuda-shim" / "libcuda.so.1"
+    assert env["LD_LIBRARY_PATH"].split(":")[0] == str(shim_lib.parent.resolve())
+    assert env["GSHARE_REAL_LIBCUDA"] == str(built.real.resolve())
+    first = shim_lib.stat().st_mtime_ns
+    assert native.cuda_deployment_env(tmp_path, "shim") == env
+    assert shim_lib.stat().st_mtime_ns == first  # reused, not rebuilt
+    # an instance process in the shim deployment: configure_interposer finds the shim
+    code = (
+        "from gshare.runtime import native; print(native.configure_interposer('/s', 'i', 'k', 64))"
+    )
+    run_env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**run_env, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip() == "True"
+
+
+@shim_only
+def test_find_real_libcuda_skips_shims_and_foreign_libraries(
+    built: Native, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert built.shim_dir is not None
+    (tmp_path / "notelf.so.1").write_text("text")
+    ldconfig = tmp_path / "bin" / "ldconfig"
+    ldconfig.parent.mkdir()
+    entries = [built.shim_dir / "libcuda.so.1", tmp_path / "notelf.so.1", built.real]
+    ldconfig.write_text(
+        "#!/bin/sh\necho '3 libs found in cache'\n"
+        + "".join(f"echo '\tlibcuda.so.1 (libc6,x86-64) => {p}'\n" for p in entries)
+    )
+    ldconfig.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{ldconfig.parent}:{os.environ['PATH']}")
+    assert native.find_real_libcuda() == built.real.resolve()
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_a_stream_capture_is_left_alone_and_its_graph_is_gated(
+    built: Native, server: TokenServer, tmp_path: Path, deployment: str
+) -> None:
+    # PyTorch's CUDA graphs capture in the global mode: an event query or synchronisation by
+    # the gate while the capture is in progress (the reaper giving back an expired token, a
+    # revocation) would invalidate it. The capture outlasts several windows here.
+    server.add_client(ClientSpec("cap", 100.0, 0.5, 0.5))
+    env = _env(built, tmp_path, "cap", server, deployment)
+    sleep_ms = str(int(3 * W_MS))
+    out = _run(built, env, "capture", "gpa", sleep_ms).split()
+    assert out == ["begin", "0", "launch", "0", "launch", "0", "end", "0", "graph", "0"]
+    stats = _stats(tmp_path, "cap")
+    assert stats["launches_while_capturing"] == 2  # passed through, counted
+    assert stats["graph_launches"] == 1 and stats["launches"] == 3
+    assert stats["tokens"] >= 1  # the graph's launch took one
+    # only the graph ran (the captured kernels were recorded, not run)
+    assert [n for *_, n in _named_spans(tmp_path, "cap")] == ["graph"]

@@ -152,6 +152,7 @@ class NodeAgent:
         launcher: str = "fork",
         device_mem_mb: float | None = None,
         priority_sharing: str = "fikit",
+        cuda_deployment: str | None = None,
     ) -> None:
         logging.basicConfig(level=logging.INFO)
         if priority_sharing not in PRIORITY_SHARING:
@@ -171,6 +172,17 @@ class NodeAgent:
         ensure_private_dir(self.run_dir, levels=3)  # 0700, ours (node.files)
         self.store_root = f"{store_root}-{tag}" if store_root else None
         self.devices = self._detect_devices()
+        # The GPU frontend's deployment for CUDA instances (runtime.native): "preload" (the
+        # interposer in LD_PRELOAD, the default) or "shim" (a libcuda.so.1 built from the
+        # interposer and the node's driver, first on LD_LIBRARY_PATH); cuda_deployment, else
+        # GSHARE_CUDA_DEPLOYMENT. A shim that cannot be made fails the agent, loudly.
+        from gshare.runtime.native import cuda_deployment_env, deployment_kind
+
+        self.cuda_deployment = deployment_kind(cuda_deployment)
+        self._cuda_env: dict[str, str] | None = None  # None: preload_env() at each use
+        if self.cuda_deployment == "shim" and any(d.startswith("cuda") for d in self.devices):
+            self._cuda_env = cuda_deployment_env(self.run_dir, self.cuda_deployment)
+            log.info("CUDA instances on node %s load the libcuda.so.1 shim", node_id[:8])
         self.mps = False
         if any(d.startswith("cuda") for d in self.devices):
             from gshare.runtime.node.partition import mps_available, start_mps_daemon
@@ -214,7 +226,8 @@ class NodeAgent:
             from gshare.runtime.native import preload_env  # the GPU frontend's interposer
 
             cuda = any(d.startswith("cuda") for d in self.devices)
-            self._launcher = Launcher(env=preload_env() if cuda else None)
+            cuda_env = preload_env() if self._cuda_env is None else self._cuda_env
+            self._launcher = Launcher(env=cuda_env if cuda else None)
             threading.Thread(
                 target=self._launcher_started, name="gshare-template", daemon=True
             ).start()
@@ -383,9 +396,9 @@ class NodeAgent:
             from gshare.runtime.node.partition import cuda_env
 
             env.update(cuda_env(base.sm_pct) if self.mps else {})
-            from gshare.runtime.native import instance_env  # LD_PRELOAD for a Ray actor
+            from gshare.runtime.native import instance_env  # LD_PRELOAD/shim for a Ray actor
 
-            env.update(instance_env(self.token_servers[idx].epoch_s))
+            env.update(instance_env(self.token_servers[idx].epoch_s, self._cuda_env))
         else:
             from gshare.runtime.node.partition import cores_for
 
