@@ -1428,6 +1428,8 @@ static void *gpa_wrap(const char *sym, void *real, int ver, cuuint64_t flags) {
         const char *exp = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? map[i].ptsz
                                                                                  : map[i].legacy;
         if (!strcmp(sym, "cuGetProcAddress") && ver >= 12000) exp = "cuGetProcAddress_v2";
+        /* CUDA 13 changed the ABI behind the name: cuCtxSynchronize_v2(CUcontext) */
+        if (!strcmp(sym, "cuCtxSynchronize") && ver >= 13000) exp = "cuCtxSynchronize_v2";
         if (!strcmp(sym, "cuStreamBeginCapture") && ver < 10010) /* before the mode argument */
             exp = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
                       ? "cuStreamBeginCapture_ptsz"

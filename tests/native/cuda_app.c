@@ -39,7 +39,7 @@ static struct {
                        unsigned, CUstream, void **, void **);
     CUresult (*launch_ex)(const CUlaunchConfig *, CUfunction, void **, void **);
     CUresult (*stream_sync)(CUstream);
-    CUresult (*ctx_sync)(void);
+    CUresult (*ctx_sync)(CUcontext); /* CUDA 13's ABI: a context, NULL for the current */
     CUresult (*alloc)(CUdeviceptr *, size_t);
     CUresult (*alloc_managed)(CUdeviceptr *, size_t, unsigned);
     CUresult (*alloc_pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
@@ -70,6 +70,13 @@ static struct {
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t,
                            CUdriverProcAddressQueryResult *);
 
+/* Direct mode links the old ABI, cuCtxSynchronize(void); "gpa" asks for the name at CUDA 13000
+ * and gets cuCtxSynchronize_v2's, as CUDA 13's runtime does. */
+static CUresult ctx_sync_legacy(CUcontext c) {
+    (void)c;
+    return cuCtxSynchronize();
+}
+
 static void resolve(const char *mode) {
     if (strcmp(mode, "gpa") != 0) {
         cu.init = cuInit;
@@ -79,7 +86,7 @@ static void resolve(const char *mode) {
         cu.launch = cuLaunchKernel;
         cu.launch_ex = cuLaunchKernelEx;
         cu.stream_sync = cuStreamSynchronize;
-        cu.ctx_sync = cuCtxSynchronize;
+        cu.ctx_sync = ctx_sync_legacy;
         cu.alloc = cuMemAlloc;
         cu.alloc_managed = cuMemAllocManaged;
         cu.alloc_pitch = cuMemAllocPitch;
@@ -206,7 +213,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(what, "once")) {
         CUresult rc = kernel(f, 1000, 1, 1);
-        cu.ctx_sync();
+        cu.ctx_sync(NULL);
         printf("launch %d\n", (int)rc);
         return 0;
     }
@@ -234,7 +241,7 @@ int main(int argc, char **argv) {
         printf("freeasync %d\n", (int)cu.free_async(y, NULL));
         printf("async10again %d\n", (int)cu.alloc_async(&y, 10 * MB, NULL));
         printf("launch %d\n", (int)kernel(f, 10, 1, 1));
-        printf("sync %d\n", (int)cu.ctx_sync());
+        printf("sync %d\n", (int)cu.ctx_sync(NULL));
         printf("free_c %d\n", (int)cu.free(c));
         printf("free_p %d\n", (int)cu.free(p));
         printf("free_y %d\n", (int)cu.free(y));
@@ -278,7 +285,7 @@ int main(int argc, char **argv) {
             unsigned us = 100;
             void *params[] = {&us};
             cu.launch_ex(&cfg, h3, params, NULL);
-            cu.ctx_sync();
+            cu.ctx_sync(NULL);
         }
         return 0;
     }
@@ -286,7 +293,7 @@ int main(int argc, char **argv) {
         long n = atol(argv[3]);
         CUgraphExec graph = make_graph();
         for (long i = 0; i < n; i++) printf("graph %d\n", (int)cu.graph_launch(graph, NULL));
-        cu.ctx_sync();
+        cu.ctx_sync(NULL);
         return 0;
     }
     if (!strcmp(what, "capture") && argc >= 4) {
@@ -306,7 +313,7 @@ int main(int argc, char **argv) {
         printf("end %d\n", (int)rc);
         if (rc == CUDA_SUCCESS && cu.graph_instantiate(&exec, graph, 0) == CUDA_SUCCESS)
             printf("graph %d\n", (int)cu.graph_launch(exec, st));
-        cu.ctx_sync();
+        cu.ctx_sync(NULL);
         return 0;
     }
     if (!strcmp(what, "info")) {
@@ -327,7 +334,7 @@ int main(int argc, char **argv) {
             double t0 = now_s();
             for (long i = 0; i < n; i++) kernel(f, 0, 1, 1);
             double t1 = now_s();
-            cu.ctx_sync();
+            cu.ctx_sync(NULL);
             if ((t1 - t0) / n < best) best = (t1 - t0) / n;
         }
         printf("ns_per_launch %.1f\n", best * 1e9);

@@ -264,7 +264,13 @@ API CUresult cuCtxSynchronize(void) {
     wait_for(last);
     return CUDA_SUCCESS;
 }
-API CUresult cuCtxSynchronize_v2(CUcontext c) { return cuCtxSynchronize(); }
+/* CUDA 13's ABI of "cuCtxSynchronize" (cuGetProcAddress at version >= 13000): a context, NULL
+ * for the current one; anything else is refused, as a driver refuses a context it does not
+ * know -- so a caller that drops the argument (a wrapper of the old ABI) is caught. */
+API CUresult cuCtxSynchronize_v2(CUcontext c) {
+    if (c != NULL && c != current) return CUDA_ERROR_INVALID_CONTEXT;
+    return cuCtxSynchronize();
+}
 
 /* ---- modules and functions ---- */
 API CUresult cuModuleLoadData(CUmodule *m, const void *image) {
@@ -551,6 +557,10 @@ static const struct {
 static CUresult lookup(const char *sym, void **pfn, int ver) {
     if (!strcmp(sym, "cuGetProcAddress")) {
         *pfn = ver >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+        return CUDA_SUCCESS;
+    }
+    if (!strcmp(sym, "cuCtxSynchronize") && ver >= 13000) { /* the ABI changed in CUDA 13 */
+        *pfn = (void *)cuCtxSynchronize_v2;
         return CUDA_SUCCESS;
     }
     for (size_t i = 0; i < sizeof entries / sizeof *entries; i++)
