@@ -61,13 +61,26 @@ def _probe_run(ctx: KitContext, work: Path, deployment: str) -> Figure:
         p.go()
         words = p.finish(60).split()
     launched, failed = int(words[words.index("launches") + 1]), int(words[-1])
-    governed = read_stats(stats).get("launches")
+    s = read_stats(stats)
+    governed = s.get("launches")
     if ctx.dry_run:
         device = sum(1 for x in log.read_text().splitlines() if x and x[0] != "#")
         src = "the stub's device log"
     else:
         device, src = launched - failed, "the probe's successful launches"
-    return check(name, governed, "==", device, "launches", ctx.on, f"device kernels: {src}")
+    seen = s.get("deployment")
+    fig = check(
+        name,
+        governed,
+        "==",
+        device,
+        "launches",
+        ctx.on,
+        f"device kernels: {src}; the interposer says it ran as {seen!r}",
+    )
+    if seen is not None and seen != deployment:
+        fig.passed = False  # loaded, but not the way this deployment meant
+    return fig
 
 
 def _torch_run(
@@ -89,7 +102,10 @@ def _torch_run(
     s = read_stats(stats)
     governed, device = s.get("launches"), int(r["device_kernels"])
     by_entry = s.get("launches_by_entry", {})
-    note = f"device kernels {device}, memcpy/memset {r['memops']}; by entry {by_entry}"
+    note = (
+        f"device kernels {device}, memcpy/memset {r['memops']}; ran as "
+        f"{s.get('deployment')!r}; by entry {by_entry}"
+    )
     if not s:
         note = "the interposer wrote no stats: not loaded in this deployment? " + note
     fig = Figure(
