@@ -1,5 +1,5 @@
-"""The gateway's HTTP/1.1 connections: uvicorn's httptools protocol with the read deadlines
-and the connection cap it does not have.
+"""The gateway's HTTP/1.1 connections: uvicorn's httptools protocol with the read and write
+deadlines and the connection caps it does not have.
 
 Who uses it: ``server.run_server`` passes ``guarded_protocol(...)`` to ``uvicorn.Config(http=)``.
 
@@ -15,7 +15,16 @@ What holds here (docs/DESIGN.md §5):
   nothing is queued);
 * at most ``max_connections`` connections are open: one more is closed at once (before
   anything is read), and counted in ``gshare_connections_refused_total`` (a connection closed
-  by a deadline: ``gshare_connections_read_timeouts_total``; ``metrics.Metrics``).
+  by a deadline: ``gshare_connections_read_timeouts_total``; ``metrics.Metrics``);
+* at most ``max_connections_per_client`` of them come from one client address (default: a
+  quarter of ``max_connections``), so one client cannot lock the others out: its next one is
+  closed at once and counted in ``gshare_connections_refused_per_client_total``;
+* a client that stops reading its responses cannot hold the gateway's memory: when a
+  connection's write buffer stays over the transport's high-water mark (64 KiB) for
+  ``write_timeout_s``, the connection is aborted and its buffered response dropped
+  (``gshare_connections_write_timeouts_total``). A response is written whole before the
+  gateway waits for the buffer to drain, so what one connection holds is bounded by one
+  response (itself bounded by the batch and output sizes).
 
 The deadline is a timer armed per request, not per read: a client that sends one byte a
 second cannot keep it alive.
@@ -32,11 +41,20 @@ DEFAULT_READ_TIMEOUT_S = 30.0
 """Longest a request's headers and body may take to arrive (``gshare serve --read-timeout-s``)."""
 DEFAULT_MAX_CONNECTIONS = 4096
 """Most HTTP connections open at once (``gshare serve --max-connections``)."""
+DEFAULT_WRITE_TIMEOUT_S = 30.0
+"""Longest a connection's response may wait for its client to read (module doc)."""
+
+
+def default_per_client(max_connections: int) -> int:
+    """The per-client cap when none is given: a quarter of the global cap (at least 1)."""
+    return max(1, max_connections // 4)
 
 
 class _Counters:
     refused = 0
+    refused_per_client = 0
     read_timeouts = 0
+    write_timeouts = 0
 
 
 COUNTERS = _Counters()
@@ -48,8 +66,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     limits are class attributes set by ``guarded_protocol``."""
 
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_client: int = default_per_client(DEFAULT_MAX_CONNECTIONS)
+    per_client: dict[str, int] = {}
+    """Open connections by client address (one dict per ``guarded_protocol`` class)."""
     _deadline: asyncio.TimerHandle | None = None
+    _write_deadline: asyncio.TimerHandle | None = None
+    _counted_as: str | None = None
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -58,6 +82,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.connections.discard(self)
             transport.abort()
             return
+        peer = self.client[0] if self.client else ""
+        if self.per_client.get(peer, 0) >= self.max_connections_per_client:
+            COUNTERS.refused_per_client += 1
+            self.connections.discard(self)
+            transport.abort()
+            return
+        self.per_client[peer] = self.per_client.get(peer, 0) + 1
+        self._counted_as = peer
         self._arm(float(self.timeout_keep_alive))
 
     def on_message_begin(self) -> None:
@@ -70,7 +102,36 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_write()
+        peer = self._counted_as
+        if peer is not None:
+            self._counted_as = None
+            left = self.per_client.get(peer, 1) - 1
+            if left > 0:
+                self.per_client[peer] = left
+            else:
+                self.per_client.pop(peer, None)
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_deadline is None:
+            self._write_deadline = self.loop.call_later(self.write_timeout_s, self._write_expired)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_write()
+
+    def _disarm_write(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _write_expired(self) -> None:
+        self._write_deadline = None
+        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+            COUNTERS.write_timeouts += 1
+            self.transport.abort()  # drops the buffered response: its memory is freed
 
     def _arm(self, delay_s: float) -> None:
         self._disarm()
@@ -88,10 +149,28 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded_protocol(read_timeout_s: float, max_connections: int) -> type[GuardedHttpProtocol]:
-    """A protocol class with these limits (uvicorn instantiates it per connection)."""
+def guarded_protocol(
+    read_timeout_s: float,
+    max_connections: int,
+    *,
+    max_connections_per_client: int | None = None,
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S,
+) -> type[GuardedHttpProtocol]:
+    """A protocol class with these limits (uvicorn instantiates it per connection); its own
+    per-client table. ``max_connections_per_client`` None: ``default_per_client``."""
+    per_client = (
+        default_per_client(max_connections)
+        if max_connections_per_client is None
+        else max_connections_per_client
+    )
     return type(
         "GuardedHttpProtocol",
         (GuardedHttpProtocol,),
-        {"read_timeout_s": float(read_timeout_s), "max_connections": int(max_connections)},
+        {
+            "read_timeout_s": float(read_timeout_s),
+            "write_timeout_s": float(write_timeout_s),
+            "max_connections": int(max_connections),
+            "max_connections_per_client": int(per_client),
+            "per_client": {},
+        },
     )

@@ -213,6 +213,16 @@ class _ConnectionCounters(Collector):
             "HTTP connections closed because a request did not arrive within its deadline",
             value=COUNTERS.read_timeouts,
         )
+        yield CounterMetricFamily(
+            "gshare_connections_refused_per_client",
+            "HTTP connections closed at once because their client address had its cap open",
+            value=COUNTERS.refused_per_client,
+        )
+        yield CounterMetricFamily(
+            "gshare_connections_write_timeouts",
+            "HTTP connections aborted because their client did not read a response in time",
+            value=COUNTERS.write_timeouts,
+        )
 
 
 __all__ = ["LATENCY_BUCKETS_S", "Metrics"]
