@@ -30,6 +30,8 @@ from gshare.testing import ServeProcess, wait_until
 REPO = Path(__file__).resolve().parents[2]
 READ_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 40
+PER_CLIENT = 20
+WRITE_TIMEOUT_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,10 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
         str(READ_TIMEOUT_S),
         "--max-connections",
         str(MAX_CONNECTIONS),
+        "--max-connections-per-client",
+        str(PER_CLIENT),
+        "--write-timeout-s",
+        str(WRITE_TIMEOUT_S),
         state_dir=tmp_path_factory.mktemp("hardening") / "state",
         tiny_models=True,
         cwd=REPO,
@@ -50,9 +56,37 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
         assert stopped.code == 0 and not stopped.killed, f"{stopped}\n{s.log()}"
 
 
-def _connect(srv: ServeProcess) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", srv.port), timeout=15)
+def _connect(srv: ServeProcess, source: str = "127.0.0.1") -> socket.socket:
+    """A connection from ``source`` (any 127.x address: each is another client address)."""
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=15, source_address=(source, 0))
     return s
+
+
+def _refused(socks: list[socket.socket]) -> int:
+    """How many of ``socks`` the server closed at once (EOF or reset)."""
+    time.sleep(0.3)  # let the server accept them all
+    refused = 0
+    for s in socks:
+        s.settimeout(0.2)
+        try:
+            if s.recv(1) == b"":
+                refused += 1
+        except (ConnectionResetError, BrokenPipeError):
+            refused += 1
+        except TimeoutError:
+            pass
+    return refused
+
+
+def _live_from(srv: ServeProcess, source: str) -> bool:
+    """Whether a client at ``source`` gets ``/v2/health/live`` answered."""
+    with contextlib.closing(_connect(srv, source)) as s:
+        s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        data = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := s.recv(65536):
+                data += chunk
+    return data.startswith(b"HTTP/1.1 200")
 
 
 def _closed_by_server(s: socket.socket, within_s: float = 15.0) -> bool:
@@ -103,20 +137,11 @@ def test_slow_or_silent_connections_are_closed(srv: ServeProcess, sent: bytes) -
 
 
 def test_connections_over_the_cap_are_closed_and_service_goes_on(srv: ServeProcess) -> None:
-    socks = [_connect(srv) for _ in range(MAX_CONNECTIONS + 20)]
+    # 60 connections from 4 client addresses, 15 each: under the per-client cap, over the
+    # global one by 20
+    socks = [_connect(srv, f"127.0.0.{2 + i % 4}") for i in range(MAX_CONNECTIONS + 20)]
     try:
-        time.sleep(0.3)  # let the server accept them all
-        refused = 0
-        for s in socks:
-            s.settimeout(0.2)
-            try:
-                if s.recv(1) == b"":
-                    refused += 1
-            except (ConnectionResetError, BrokenPipeError):
-                refused += 1
-            except TimeoutError:
-                pass
-        assert refused >= 20
+        assert _refused(socks) >= 20
     finally:
         for s in socks:
             s.close()
@@ -126,6 +151,48 @@ def test_connections_over_the_cap_are_closed_and_service_goes_on(srv: ServeProce
         "the gateway to serve after the flood",
     )
     assert metric(srv, "gshare_connections_refused_total") >= 20
+
+
+def test_one_client_cannot_take_every_connection(srv: ServeProcess) -> None:
+    before = metric(srv, "gshare_connections_refused_per_client_total")
+    greedy = [_connect(srv, "127.0.0.6") for _ in range(PER_CLIENT + 10)]
+    try:
+        assert _refused(greedy) >= 10  # its connections past its cap are closed at once ...
+        assert _live_from(srv, "127.0.0.7")  # ... while another client is served
+    finally:
+        for s in greedy:
+            s.close()
+    assert metric(srv, "gshare_connections_refused_per_client_total") - before >= 10
+    assert _live_from(srv, "127.0.0.6")  # its slots come back when it lets go
+
+
+def test_a_client_that_stops_reading_is_cut_off(srv: ServeProcess) -> None:
+    before = metric(srv, "gshare_connections_write_timeouts_total")
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    s.bind(("127.0.0.8", 0))
+    s.connect(("127.0.0.1", srv.port))
+    with contextlib.closing(s):
+        # many pipelined requests for a large answer, none of it read: the gateway's write
+        # buffer stays full, and past --write-timeout-s the connection is aborted
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n" * 3000)
+        wait_until(
+            lambda: metric(srv, "gshare_connections_write_timeouts_total") > before,
+            30,
+            "the gateway to cut off a client that does not read",
+        )
+        s.settimeout(10)
+        ended = False
+        try:
+            while s.recv(1 << 20):  # what the kernel still held, then the end
+                pass
+            ended = True
+        except (ConnectionResetError, BrokenPipeError):
+            ended = True
+        except TimeoutError:
+            pass
+        assert ended, "the connection is still open"
+    assert httpx.get(srv.url + "/v2/health/live", timeout=10).status_code == 200
 
 
 # -- item 5: cancellation of abandoned requests -------------------------------------------------
