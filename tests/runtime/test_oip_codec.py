@@ -405,6 +405,14 @@ def test_model_config_maps_the_spec() -> None:
     }
     assert c["instance_group"] == [{"name": "f", "kind": "KIND_CPU", "count": 4}]
     assert c["parameters"]["quota_request"] == {"string_value": "0.4"}
+    # the kind is where the instances run: device auto on a CPU node is KIND_CPU, not GPU
+    auto = status()
+    auto["spec"]["device"] = "auto"
+    assert model_config(auto)["instance_group"][0]["kind"] == "KIND_AUTO"  # none runs yet
+    auto["instances"] = [{"device": "cpu"}]
+    assert model_config(auto)["instance_group"][0]["kind"] == "KIND_CPU"
+    auto["instances"] = [{"device": "cuda:0"}, {"device": "cpu"}]
+    assert model_config(auto)["instance_group"][0]["kind"] == "KIND_GPU"
     # the document is a valid Triton ModelConfig (what the gRPC ModelConfig RPC sends)
     from gshare.runtime.gateway.oip_grpc import from_dict
 

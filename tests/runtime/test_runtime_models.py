@@ -169,6 +169,8 @@ def test_batch_payloads_give_lists() -> None:
     [
         ([[1.0, 2.0]], "expected an image of shape [3, 32, 32] or [n, 3, 32, 32], got [1, 2]"),
         (b"\x00\x01\x02", "raw payload of 3 bytes"),
+        # JSON sent without its content type arrives as raw bytes: the error says so
+        (b"[[0.1, 0.2]]", "a JSON body needs the header 'Content-Type: application/json'"),
         ("a string", "unsupported payload type str"),
         ([[1.0], [2.0, 3.0]], "regular shape"),
         ({"data": [1.0, 2.0, 3.0], "shape": [2, 2]}, "do not fit"),

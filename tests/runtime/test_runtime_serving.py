@@ -81,6 +81,7 @@ def test_control_api_needs_the_token(served: ServeProcess) -> None:
     assert "Bearer" in r.json()["error"]
     r = httpx.get(served.url + "/system/functions", headers={"authorization": "Bearer wrong"})
     assert r.status_code == 401
+    assert "refused this token" in r.json()["error"]  # a wrong token is not a missing one
     r = httpx.post(served.url + "/system/functions", content=ECHO)
     assert r.status_code == 401
     r = httpx.get(
@@ -259,6 +260,11 @@ def test_oip_infer_good_and_bad_tensors(served: ServeProcess) -> None:
     assert httpx.get(served.url + "/v2/models/nope").status_code == 404
     # still serving after the bad requests
     assert c.infer("mlp", [_tensor([1, 64])])["outputs"]
+    # a numpy array as data: its shape and datatype fill in the tensor
+    import numpy as np
+
+    out = c.infer("mlp", [{"name": "input", "data": np.full((3, 64), 0.5, np.float32)}])
+    assert {o["name"]: o["shape"] for o in out["outputs"]} == {"label": [3], "score": [3]}
 
 
 # -- bad inputs ------------------------------------------------------------------------------------

@@ -52,6 +52,14 @@ def test_a_workflow_is_deployed_run_kept_across_a_restart_and_fails_clearly(
         assert out == {"in": {"b": {"in": {"in": {"x": 1}}}, "c": {"in": {"in": {"x": 1}}}}}
         r = srv.cli("invoke", "diamond", "--workflow", "--data", "[7]", auth=False)
         assert r.returncode == 0 and '"b"' in r.stdout, r.stderr
+        # invoked as a function, a workflow's name says what it is (with the token: for sure)
+        r = srv.cli("invoke", "diamond", "--data", "[7]")
+        assert r.returncode == 1, r.stderr
+        assert "'diamond' is a workflow; use gshare invoke --workflow diamond" in r.stderr
+        r = srv.cli("invoke", "wrap-a", "--workflow", "--data", "[7]")
+        assert "'wrap-a' is a function; use gshare invoke wrap-a" in r.stderr
+        r = srv.cli("invoke", "nothing", "--data", "[7]")
+        assert r.returncode == 1 and "is a" not in r.stderr and "not deployed" in r.stderr
         listed = srv.cli("list")
         assert "diamond" in listed.stdout and "b(wrap-b)" in listed.stdout
         metrics = httpx.get(srv.url + "/metrics", timeout=10).text

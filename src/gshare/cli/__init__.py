@@ -34,6 +34,24 @@ experiment_app = typer.Typer(
 )
 app.add_typer(experiment_app, name="experiment")
 
+
+def _version(value: bool) -> None:
+    if value:
+        import gshare
+
+        print(f"gshare {gshare.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print gshare's version."
+    ),
+) -> None:
+    """gshare: serverless DL inference on shared GPUs, and its trace-driven simulator."""
+
+
 # Wide tables when the output is a file or a pipe (CI logs), the terminal's width otherwise.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)

@@ -304,9 +304,12 @@ def invoke_cmd(
     workflow: bool = typer.Option(
         False, "--workflow", help="NAME is a workflow: run its stages (POST /workflow/NAME)."
     ),
+    token: str | None = TOKEN_OPTION,
+    state: Path | None = STATE_OPTION,
 ) -> None:
     """Invoke a function (or with --workflow a workflow) and print its answer (JSON, or raw
-    bytes to stdout)."""
+    bytes to stdout). Invoking needs no token; with one (--token, --state) a 404 says whether
+    NAME is deployed as the other kind."""
     if data is not None and file is not None:
         raise CliError("give --data or --file, not both")
     if data is not None:
@@ -325,13 +328,37 @@ def invoke_cmd(
         ctype = "application/json" if file.endswith(".json") else "application/octet-stream"
     else:
         body, ctype = b"null", "application/json"
-    with _client(url, None, None) as c:
-        r = _call(c.invoke_workflow_raw if workflow else c.invoke_raw, name, body, ctype)
+    from gshare.runtime.client import ClientError
+
+    with _client(url, token, state) as c:
+        try:
+            r = (c.invoke_workflow_raw if workflow else c.invoke_raw)(name, body, ctype)
+        except ClientError as e:
+            raise CliError(_not_deployed_hint(c, name, workflow, e), code=1) from None
     if r.headers.get("content-type", "").startswith("application/json"):
         print(r.text)
     else:
         sys.stdout.buffer.write(r.content)
         sys.stdout.flush()
+
+
+def _not_deployed_hint(c: Any, name: str, workflow: bool, e: Any) -> str:
+    """The error of a failed invoke (a ``ClientError``); for a 404, whether NAME is deployed
+    as the other kind (asked with the token when the CLI finds one; a hint otherwise)."""
+    from gshare.runtime.client import ClientError
+
+    if e.status != 404:
+        return str(e)
+    other = "function" if workflow else "workflow"
+    try:
+        names = [f["name"] for f in (c.list() if workflow else c.list_workflows())]
+    except ClientError:  # no token here: the hint, unconfirmed
+        flag = "without --workflow" if workflow else "with --workflow"
+        return f"{e} (if {name!r} is a {other}, invoke it {flag})"
+    if name in names:
+        cmd = f"gshare invoke {name}" if workflow else f"gshare invoke --workflow {name}"
+        return f"{e}: {name!r} is a {other}; use {cmd}"
+    return str(e)
 
 
 @app.command("delete")

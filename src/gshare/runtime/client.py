@@ -5,6 +5,7 @@
     c.deploy("examples/mlp.yaml")                 # a path, YAML text, a mapping or a FunctionSpec
     c.invoke("mlp", [0.1] * 64)                   # JSON in, JSON out (bytes in → bytes out)
     c.infer("mlp", [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [...]}])
+    c.infer("mlp", [{"name": "input", "data": np.zeros((1, 64), np.float32)}])  # numpy too
     c.list(); c.logs("mlp"); c.delete("mlp")
 
 The control API (``/system/...``) needs the server's bearer token: ``token=`` or else the
@@ -51,6 +52,38 @@ def _message(r: httpx.Response) -> str:
     return text[0] if text else r.reason_phrase
 
 
+_NUMPY_DATATYPES = {
+    "float16": "FP16", "float32": "FP32", "float64": "FP64", "int8": "INT8", "int16": "INT16",
+    "int32": "INT32", "int64": "INT64", "uint8": "UINT8", "uint16": "UINT16",
+    "uint32": "UINT32", "uint64": "UINT64", "bool": "BOOL",
+}  # fmt: skip
+"""numpy dtype name -> the Open Inference Protocol's datatype."""
+
+
+def _tensor_json(t: Mapping[str, Any]) -> dict[str, Any]:
+    """An OIP input with its ``data`` made JSON: an array's ``tolist()``, and the array's
+    shape and datatype where the input does not give them (``ClientError`` for a dtype the
+    protocol has no name for)."""
+    out = dict(t)
+    data = out.get("data")
+    if data is None or not hasattr(data, "tolist"):
+        return out
+    shape, dtype = getattr(data, "shape", None), getattr(data, "dtype", None)
+    if "shape" not in out and shape is not None:
+        out["shape"] = [int(d) for d in shape]
+    if "datatype" not in out and dtype is not None:
+        kind = str(dtype)
+        if kind not in _NUMPY_DATATYPES:
+            raise ClientError(
+                f"input {out.get('name')!r}: numpy dtype {kind} has no Open Inference Protocol "
+                f"datatype (use one of {', '.join(sorted(_NUMPY_DATATYPES))})"
+            )
+        out["datatype"] = _NUMPY_DATATYPES[kind]
+    flat = data.reshape(-1) if hasattr(data, "reshape") else data
+    out["data"] = flat.tolist()
+    return out
+
+
 class Client:
     """A synchronous client of one server (see the module doc)."""
 
@@ -91,8 +124,9 @@ class Client:
         if not token:
             where = resolve_state_dir(self._state_dir)
             raise ClientError(
-                "no control-API token: pass --token, or --state pointing at the server's "
-                f"state directory (no token in {where})"
+                "no control-API token: give the token (Client(token=...); the CLI's --token or "
+                "$GSHARE_TOKEN) or the server's state directory (Client(state_dir=...); the "
+                f"CLI's --state or $GSHARE_STATE); there is no token in {where}"
             )
         return {"authorization": f"Bearer {token}"}
 
@@ -240,9 +274,10 @@ class Client:
     def infer(
         self, name: str, inputs: builtins.list[Mapping[str, Any]], request_id: str | None = None
     ) -> dict[str, Any]:
-        """Open Inference Protocol v2 ``infer``: ``inputs`` are
-        ``{name, shape, datatype, data}``."""
-        body: dict[str, Any] = {"inputs": builtins.list(inputs)}
+        """Open Inference Protocol v2 ``infer``: ``inputs`` are ``{name, shape, datatype,
+        data}``; ``data`` may be a numpy array (or anything with ``tolist``), whose shape and
+        datatype fill in ``shape`` and ``datatype`` when they are not given."""
+        body: dict[str, Any] = {"inputs": [_tensor_json(t) for t in inputs]}
         if request_id is not None:
             body["id"] = request_id
         out: dict[str, Any] = self._request(

@@ -215,6 +215,12 @@ def token_check(token: str) -> Callable[[Request], None]:
     def require(request: Request) -> None:
         got = request.headers.get("authorization", "").encode()
         if not secrets.compare_digest(got, expected):
+            if got:  # a token was given, and it is not this server's
+                raise HttpError(
+                    401,
+                    "the control API refused this token: it is not this server's (the token "
+                    "is in the server's state directory, file 'token')",
+                )
             raise HttpError(
                 401,
                 "the control API needs 'Authorization: Bearer <token>' (the token is in the "

@@ -40,6 +40,16 @@ def _tensor_configs(tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def instance_kind(spec_device: str, instances: list[dict[str, Any]] | None) -> str:
+    """Triton's instance kind: where the function's instances run (``cuda:N`` -> GPU, else
+    CPU); before any runs, the spec's device — ``auto`` is ``KIND_AUTO`` (a GPU if the node
+    has one), as Triton's own."""
+    devices = {str(i.get("device", "")) for i in instances or []}
+    if devices:
+        return "KIND_GPU" if any(d.startswith("cuda") for d in devices) else "KIND_CPU"
+    return {"cpu": "KIND_CPU", "cuda": "KIND_GPU"}.get(spec_device, "KIND_AUTO")
+
+
 def model_config(status: dict[str, Any]) -> dict[str, Any]:
     """Triton's ``ModelConfig`` of a function, from its spec and its handler's tensors
     (``status``: the control API's function status).
@@ -48,8 +58,9 @@ def model_config(status: dict[str, Any]) -> dict[str, Any]:
     dimension, -1, is the request's own batch), so ``max_batch_size`` is 0 — gshare batches
     whole requests, which ``dynamic_batching`` describes (``preferred_batch_size`` = the spec's
     ``max_batch``, ``max_queue_delay_microseconds`` = its ``max_wait_ms``); ``instance_group``
-    is up to ``max_instances`` instances of the spec's device kind; the share, SLO, scaling and
-    priority of the spec are ``parameters`` (string values, as Triton's are)."""
+    is up to ``max_instances`` instances of the kind they run on (``instance_kind``); the
+    share, SLO, scaling and priority of the spec are ``parameters`` (string values, as
+    Triton's are)."""
     spec = status["spec"]
     batching = spec.get("batching") or {}
     device = str(spec.get("device", "cpu"))
@@ -80,7 +91,7 @@ def model_config(status: dict[str, Any]) -> dict[str, Any]:
         "instance_group": [
             {
                 "name": status["name"],
-                "kind": "KIND_CPU" if device == "cpu" else "KIND_GPU",
+                "kind": instance_kind(device, status.get("instances")),
                 "count": int(spec.get("max_instances", 1)),
             }
         ],

@@ -85,9 +85,13 @@ def from_float_bytes(
     item = int(np.prod(item_shape)) * 4
     n = len(b)
     if n == 0 or n % item:
+        hint = ""
+        if bytes(b[:64]).lstrip()[:1] in (b"[", b"{", b'"'):
+            # it looks like JSON sent without its content type (curl -d sends a form type)
+            hint = "; a JSON body needs the header 'Content-Type: application/json'"
         raise InputError(
             f"raw payload of {n} bytes is not a whole number of float32 items of shape "
-            f"{fmt_shape(item_shape)} ({item} bytes each)"
+            f"{fmt_shape(item_shape)} ({item} bytes each){hint}"
         )
     t = torch.frombuffer(bytearray(b), dtype=torch.float32).reshape(n // item, *item_shape)
     return t, n // item > 1
