@@ -20,3 +20,11 @@ from gshare.cli.serving import _new_lines
 )
 def test_new_lines(before: list[str], now: list[str], new: list[str]) -> None:
     assert _new_lines(before, now) == new
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import gshare
+    from gshare.cli import main
+
+    main(["--version"])  # prints and returns (no command runs)
+    assert capsys.readouterr().out.strip() == f"gshare {gshare.__version__}"
