@@ -13,6 +13,7 @@ from gshare.policy.workflow.dispatch import (
     dispatch_with_recheck,
     esg_dispatch,
     home_invoker,
+    stage_request,
 )
 from gshare.policy.workflow.queues import AfwKey
 from gshare.workflows.config import MIN_CONFIG, FunctionConfig
@@ -114,3 +115,30 @@ def test_recheck_list_keeps_entry_order_and_clears_on_success() -> None:
     assert rl.keys() == (a, b) and rl.rounds(a) == 1 and rl.rounds(b) == 0
     d, rl = dispatch_with_recheck(b, DispatchRequest("f", (SMALL,)), [inv(0, 16, 7)], rl)
     assert isinstance(d, Dispatch) and rl.keys() == (a,)
+
+
+@pytest.mark.parametrize(
+    ("candidates", "preds", "queue", "preferred"),
+    [
+        # a first stage: its home invoker, whatever the queue holds
+        ((BIG,), (), [{"x": 5}], (home_invoker("app", "fn", 8),)),
+        # later stages: where the predecessors ran, for the first `horizon` queued requests
+        # (horizon = the largest candidate batch: 4), in queue order, without repeats
+        ((BIG, SMALL), ("a",), [{"a": 3}, {"a": 1}, {"a": 3}, {"a": 2}, {"a": 7}], (3, 1, 2)),
+        # batch 2 at most: only the first two requests count
+        ((SMALL,), ("a",), [{"a": 3}, {"a": 1}, {"a": 2}], (3, 1)),
+        # a join: both predecessors of each request; an unknown location is passed over
+        ((SMALL,), ("a", "b"), [{"a": 0, "b": 4}, {"b": 6}], (0, 4, 6)),
+        # no candidate (ESG_1Q found the group infeasible): one request's predecessors
+        ((), ("a",), [{"a": 2}, {"a": 5}], (2,)),
+    ],
+)
+def test_a_stage_prefers_where_its_inputs_are(
+    candidates: tuple[FunctionConfig, ...],
+    preds: tuple[str, ...],
+    queue: list[dict[str, int]],
+    preferred: tuple[int, ...],
+) -> None:
+    r = stage_request("app", "fn", candidates, preds, iter(queue), n_invokers=8)
+    assert r.preferred == preferred
+    assert r.first_stage is (not preds) and r.candidates == candidates and r.function == "fn"

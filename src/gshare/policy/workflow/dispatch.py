@@ -29,8 +29,9 @@ nowhere, so such a queue is retried and then dispatched with the minimum configu
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Final, Literal
 
 from gshare.policy.workflow.queues import AfwKey
@@ -115,6 +116,39 @@ def home_invoker(application: str, function: str, n_invokers: int) -> int:
     if n_invokers < 1:
         raise ValueError(f"n_invokers must be >= 1, got {n_invokers}")
     return zlib.crc32(f"{application}/{function}".encode()) % n_invokers
+
+
+def stage_request(
+    application: str,
+    function: str,
+    candidates: Sequence[FunctionConfig],
+    predecessors: Sequence[str],
+    queued_locations: Iterable[Mapping[str, int]],
+    n_invokers: int,
+) -> DispatchRequest:
+    """The ``DispatchRequest`` of a stage's next task (module NOTE, rule 1: the preferred
+    invokers). Who calls it: the simulator's and the live runtime's workflow controllers, so
+    that locality means the same in both worlds.
+
+    ``queued_locations``: for each request queued at the stage, in queue order, the invoker
+    that ran each of its finished stages (only the first ``horizon`` are read). A later stage
+    prefers the invokers that hold its predecessors' outputs for the requests the task may
+    batch — the first ``horizon`` of the queue, ``horizon`` the largest candidate batch — in
+    that order, without repeats (a predecessor with no known invoker is passed over); a first
+    stage prefers its home invoker."""
+    if predecessors:
+        horizon = max((c.batch for c in candidates), default=1)
+        preferred = tuple(
+            dict.fromkeys(
+                loc[p]
+                for loc in islice(queued_locations, horizon)
+                for p in predecessors
+                if p in loc
+            )
+        )
+    else:
+        preferred = (home_invoker(application, function, n_invokers),)
+    return DispatchRequest(function, tuple(candidates), preferred, first_stage=not predecessors)
 
 
 def esg_dispatch(

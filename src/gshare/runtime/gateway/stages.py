@@ -52,7 +52,7 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter, Histogram
 
-from gshare.policy.workflow.dispatch import Dispatch, DispatchRequest, InvokerState, home_invoker
+from gshare.policy.workflow.dispatch import Dispatch, InvokerState, stage_request
 from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, round_robin_pass
 from gshare.policy.workflow.schedulers import StageContext, WorkflowPolicy
 from gshare.profiles import ProfilePoint, ProfileTable
@@ -438,24 +438,12 @@ class StageScheduler:
         plan = policy.plan_stage(ctx)
         preds = next(s.after for s in wf.stages if s.name == key.stage)
         n_dev = max(1, self.host.device_count())
-        if preds:
-            horizon = max((c.batch for c in plan.candidates), default=1)
-            preferred = tuple(
-                dict.fromkeys(
-                    self._jobs[(key, j.request_id)].req.device_of[p]
-                    for j in jobs[:horizon]
-                    for p in preds
-                    if p in self._jobs[(key, j.request_id)].req.device_of
-                )
-            )
-        else:
-            preferred = (home_invoker(key.application, fn, n_dev),)
+        request = stage_request(
+            key.application, fn, plan.candidates, preds,
+            (self._jobs[(key, j.request_id)].req.device_of for j in jobs), n_dev,
+        )  # fmt: skip
         snapshot = self._snapshot(fn, idle, n_dev)
-        decision = policy.select_invoker(
-            DispatchRequest(fn, tuple(plan.candidates), preferred, first_stage=not preds),
-            snapshot,
-            ctx,
-        )
+        decision = policy.select_invoker(request, snapshot, ctx)
         self.metrics.decision.labels(key.application).observe(time.perf_counter() - t_decide)
         if not isinstance(decision, Dispatch):
             self.metrics.no_invoker.labels(key.application, key.stage).inc()

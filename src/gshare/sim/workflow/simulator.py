@@ -69,10 +69,9 @@ from gshare.policy.prewarm import (
 )
 from gshare.policy.workflow.dispatch import (
     Dispatch,
-    DispatchRequest,
     InvokerState,
     NoInvoker,
-    home_invoker,
+    stage_request,
 )
 from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, round_robin_pass
 from gshare.policy.workflow.schedulers import StageContext, WorkflowPolicy
@@ -422,16 +421,10 @@ class WorkflowSim:
         plan_ms = (time.perf_counter() - t0) * 1000.0
         self._plan_ms.append(plan_ms)
         preds = self._pred[app][stage]
-        if preds:
-            horizon = max((c.batch for c in plan.candidates), default=1)
-            preferred = tuple(
-                dict.fromkeys(
-                    self._requests[j.request_id].node_of[p] for j in jobs[:horizon] for p in preds
-                )
-            )
-        else:
-            preferred = (home_invoker(app, fn, len(self.nodes)),)
-        request = DispatchRequest(fn, tuple(plan.candidates), preferred, first_stage=not preds)
+        request = stage_request(
+            app, fn, plan.candidates, preds,
+            (self._requests[j.request_id].node_of for j in jobs), len(self.nodes),
+        )  # fmt: skip
         snapshot = [
             InvokerState(
                 n.invoker_id,
