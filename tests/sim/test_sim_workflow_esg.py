@@ -185,6 +185,17 @@ def test_registry_has_esg_its_variants_and_the_baselines() -> None:
         make_policy("nope")
 
 
+def test_the_live_schedulers_are_the_registrys_share_policies() -> None:
+    from gshare.policy.workflow.esg import SHARE_POLICY_NAMES, make_share_policy
+    from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES
+
+    assert WORKFLOW_POLICY_NAMES == SHARE_POLICY_NAMES  # one list, not two kept by hand
+    assert set(SHARE_POLICY_NAMES) == {"esg", *BASELINE_NAMES} <= set(WORKFLOW_POLICIES)
+    for name in SHARE_POLICY_NAMES:
+        if name != "aquatope":  # needs its offline optimiser (the server builds it)
+            assert make_share_policy(name, perf=PERF, seed=0).name == name
+
+
 # -- on a small cluster -------------------------------------------------------------------------
 
 

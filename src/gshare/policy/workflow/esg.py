@@ -251,6 +251,10 @@ ESG_POLICIES: Mapping[str, PolicyFactory] = {
 BASELINE_NAMES: tuple[str, ...] = ("infless", "fast-gshare", "orion", "aquatope")
 """The four schedulers ESG is compared with (§4.2), as ``baselines.BASELINES`` names them."""
 
+SHARE_POLICY_NAMES: tuple[str, ...] = ("esg", *BASELINE_NAMES)
+"""The schedulers of gshare's share space (``make_share_policy``): what the live runtime runs
+(``gshare serve --workflow-policy``); the ablation variants are the simulator's."""
+
 WORKFLOW_POLICIES: Mapping[str, PolicyFactory] = MappingProxyType(
     {**ESG_POLICIES, **{n: f for n, f in BASELINES.items() if n not in ESG_POLICIES}}
 )

@@ -53,6 +53,7 @@ from typing import Any, Protocol
 from prometheus_client import Counter, Histogram
 
 from gshare.policy.workflow.dispatch import Dispatch, InvokerState, stage_request
+from gshare.policy.workflow.esg import SHARE_POLICY_NAMES
 from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, round_robin_pass
 from gshare.policy.workflow.schedulers import StageContext, WorkflowPolicy
 from gshare.profiles import ProfilePoint, ProfileTable
@@ -71,9 +72,10 @@ PERF_REFRESH_S = 5.0
 """How often the options are rebuilt from new profiles or measurements."""
 PRUNE_S = 30.0
 """How often the remembered quotas of instances that are gone are dropped."""
-WORKFLOW_POLICY_NAMES: tuple[str, ...] = ("esg", "fast-gshare", "infless", "orion", "aquatope")
-"""``gshare serve --workflow-policy``: ESG and the baselines; ``direct`` (no scheduler: every
-stage goes through its function's own queue and batching) is accepted too."""
+WORKFLOW_POLICY_NAMES: tuple[str, ...] = SHARE_POLICY_NAMES
+"""``gshare serve --workflow-policy``: ESG and the baselines (``policy.workflow.esg``'s
+registry); ``direct`` (no scheduler: every stage goes through its function's own queue and
+batching) is accepted too."""
 
 
 @dataclass(frozen=True, slots=True)
