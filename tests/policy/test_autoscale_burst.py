@@ -25,7 +25,6 @@ from gshare.policy.autoscale import (
     burst_demand,
     get_autoscaler,
     heuristic_scale,
-    reads_load_signals,
 )
 from gshare.policy.control import ControlParams, FunctionObservation, control_step
 from gshare.policy.rate import RatePredictor
@@ -188,9 +187,16 @@ def test_registry_and_default() -> None:
     assert DEFAULT_AUTOSCALER == "gshare-burst"
     burst = get_autoscaler("gshare-burst")
     assert isinstance(burst, BurstAutoscaler) and "gshare-burst" in AUTOSCALERS
-    assert reads_load_signals(burst)
-    assert not reads_load_signals(heuristic_scale)
-    assert not reads_load_signals(get_autoscaler("target-util"))
+    # one call signature for all: every registered autoscaler takes signals= (the burst
+    # autoscaler reads them; Algorithm 1 and target-util size for the predicted rate alone)
+    sig = LoadSignals(period_s=1.0, last_rps=50.0, peak_rps=80.0, outstanding=3)
+    for name, scaler in AUTOSCALERS.items():
+        with_signals = scaler("f", 10.0, [], CONFIGS, min_instances=1, signals=sig)
+        without = scaler("f", 10.0, [], CONFIGS, min_instances=1)
+        if name == "gshare-burst":
+            assert sum(c.throughput_rps for c in with_signals.add) >= 80.0  # the peak, held
+        else:
+            assert with_signals == without, name
 
 
 @settings(max_examples=150, deadline=None)

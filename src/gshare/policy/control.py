@@ -41,7 +41,6 @@ from gshare.policy.autoscale import (
     LoadSignals,
     ScaleConfig,
     ScaleDecision,
-    reads_load_signals,
 )
 from gshare.policy.prewarm import keep_alive_deadline_ms
 from gshare.policy.rate import RatePredictor
@@ -219,31 +218,21 @@ def control_step(
     if obs.max_instances is not None:
         min_eff = min(min_eff, obs.max_instances)
 
-    if reads_load_signals(autoscaler):  # gshare-burst: the burst signals too
-        signals = LoadSignals(
-            period_s=obs.interval_s,
-            last_rps=predictor.last_rps(),
-            peak_rps=predictor.peak_rps(),
-            outstanding=obs.outstanding,
-        )
-        scale = autoscaler(
-            obs.function,
-            predicted,
-            obs.running,
-            obs.configs,
-            min_instances=min_eff,
-            max_instances=obs.max_instances,
-            signals=signals,  # type: ignore[call-arg]
-        )
-    else:
-        scale = autoscaler(
-            obs.function,
-            predicted,
-            obs.running,
-            obs.configs,
-            min_instances=min_eff,
-            max_instances=obs.max_instances,
-        )
+    signals = LoadSignals(
+        period_s=obs.interval_s,
+        last_rps=predictor.last_rps(),
+        peak_rps=predictor.peak_rps(),
+        outstanding=obs.outstanding,
+    )
+    scale = autoscaler(
+        obs.function,
+        predicted,
+        obs.running,
+        obs.configs,
+        min_instances=min_eff,
+        max_instances=obs.max_instances,
+        signals=signals,
+    )
     add = scale.add if now_s >= state.backoff_until_s else ()
     decision = ControlDecision(
         function=obs.function,

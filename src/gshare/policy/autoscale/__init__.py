@@ -47,9 +47,7 @@ from gshare.policy.autoscale.burst import (
     BurstAutoscaler,
     BurstDemand,
     DemandSource,
-    LoadSignals,
     burst_demand,
-    reads_load_signals,
 )
 from gshare.policy.autoscale.core import (
     DEFAULT_MAX_WAIT_MS,
@@ -58,6 +56,7 @@ from gshare.policy.autoscale.core import (
     AutoscaleError,
     Autoscaler,
     Instance,
+    LoadSignals,
     ScaleConfig,
     ScaleDecision,
     candidate_configs,
@@ -147,7 +146,6 @@ __all__ = [
     "DemandSource",
     "LoadSignals",
     "burst_demand",
-    "reads_load_signals",
     "DEFAULT_MAX_WAIT_MS",
     "FAST_QUOTA_POINTS_PCT",
     "FAST_SM_POINTS_PCT",

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from gshare.policy.autoscale.core import (
     AutoscaleError,
     Instance,
+    LoadSignals,
     ScaleConfig,
     ScaleDecision,
 )
@@ -91,6 +92,7 @@ def target_util_autoscaler(
     *,
     min_instances: int = 0,
     max_instances: int | None = None,
+    signals: LoadSignals | None = None,
 ) -> ScaleDecision:
     """``target_utilisation_scale`` at ``target_util=0.7`` on ``fixed_config(configs)``, with the
     common ``Autoscaler`` signature."""

@@ -14,6 +14,7 @@ from gshare.policy.autoscale.core import (
     _EPS_RPS,
     AutoscaleError,
     Instance,
+    LoadSignals,
     ScaleConfig,
     ScaleDecision,
 )
@@ -26,35 +27,6 @@ from gshare.policy.autoscale.heuristic import (
 )
 
 # -- gshare's default: burst-aware scaling on the peak-hold and backlog signals ------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LoadSignals:
-    """Burst signals of one function at a reconcile step, beyond the predicted rate.
-
-    Built by ``policy.control.control_step`` from the function's ``RatePredictor`` and the
-    controller's observation (both worlds fill it the same way) and handed to autoscalers that
-    read it (``reads_load_signals``). Invariants (checked): rates finite and ``>= 0``, counts
-    ``>= 0``, ``period_s > 0``.
-    """
-
-    period_s: float
-    """Reconcile period the rates were counted over (seconds)."""
-    last_rps: float
-    """Arrival rate of the newest period (requests/s)."""
-    peak_rps: float
-    """Largest per-period arrival rate over the hold window (``RatePredictor.hold``)."""
-    outstanding: int
-    """Requests queued or in flight anywhere (gateway and instances)."""
-
-    def __post_init__(self) -> None:
-        if not (self.period_s > 0.0 and math.isfinite(self.period_s)):
-            raise AutoscaleError(f"period_s must be finite and > 0, got {self.period_s}")
-        for name, v in (("last_rps", self.last_rps), ("peak_rps", self.peak_rps)):
-            if not (v >= 0.0 and math.isfinite(v)):
-                raise AutoscaleError(f"{name} must be finite and >= 0, got {v}")
-        if self.outstanding < 0:
-            raise AutoscaleError(f"outstanding must be >= 0, got {self.outstanding}")
 
 
 class DemandSource(enum.Enum):
@@ -126,14 +98,12 @@ def burst_demand(
 
 @dataclass(frozen=True, slots=True)
 class BurstAutoscaler:
-    """gshare-burst (see the NOTE above); the common ``Autoscaler`` signature plus
-    ``signals``. Pure: its knobs are fields, everything else arrives per call."""
+    """gshare-burst (see the NOTE above), with the common ``Autoscaler`` signature; it is the
+    autoscaler that reads ``signals``. Pure: its knobs are fields, everything else arrives per
+    call."""
 
     headroom: float = 2.0
     """h: multiplier on the peak and the last rate (the knob ``autoscale-traces`` sweeps)."""
-
-    reads_load_signals: bool = True
-    """``policy.control.control_step`` passes ``signals=`` to autoscalers with this set."""
 
     def __post_init__(self) -> None:
         if not (self.headroom >= 1.0 and math.isfinite(self.headroom)):
@@ -208,11 +178,6 @@ class BurstAutoscaler:
             delta_rps=delta_rps,
             reason="; ".join(notes),
         )
-
-
-def reads_load_signals(autoscaler: object) -> bool:
-    """True when ``autoscaler`` takes the ``signals=`` keyword (``BurstAutoscaler``)."""
-    return bool(getattr(autoscaler, "reads_load_signals", False))
 
 
 DEFAULT_AUTOSCALER: Final[str] = "gshare-burst"

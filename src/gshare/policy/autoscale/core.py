@@ -151,8 +151,39 @@ class ScaleDecision:
         return not self.add and not self.remove
 
 
+@dataclass(frozen=True, slots=True)
+class LoadSignals:
+    """Burst signals of one function at a reconcile step, beyond the predicted rate.
+
+    Built by ``policy.control.control_step`` from the function's ``RatePredictor`` and the
+    controller's observation (both worlds fill it the same way) and handed to every autoscaler
+    (``gshare-burst`` reads it; the others need only the predicted rate). Invariants
+    (checked): rates finite and ``>= 0``, counts ``>= 0``, ``period_s > 0``.
+    """
+
+    period_s: float
+    """Reconcile period the rates were counted over (seconds)."""
+    last_rps: float
+    """Arrival rate of the newest period (requests/s)."""
+    peak_rps: float
+    """Largest per-period arrival rate over the hold window (``RatePredictor.hold``)."""
+    outstanding: int
+    """Requests queued or in flight anywhere (gateway and instances)."""
+
+    def __post_init__(self) -> None:
+        if not (self.period_s > 0.0 and math.isfinite(self.period_s)):
+            raise AutoscaleError(f"period_s must be finite and > 0, got {self.period_s}")
+        for name, v in (("last_rps", self.last_rps), ("peak_rps", self.peak_rps)):
+            if not (v >= 0.0 and math.isfinite(v)):
+                raise AutoscaleError(f"{name} must be finite and >= 0, got {v}")
+        if self.outstanding < 0:
+            raise AutoscaleError(f"outstanding must be >= 0, got {self.outstanding}")
+
+
 class Autoscaler(Protocol):
-    """The common signature of every registered autoscaler (see ``AUTOSCALERS``)."""
+    """The common signature of every registered autoscaler (see ``AUTOSCALERS``): one call,
+    the same keywords for all; ``signals`` (None: a caller that has none) is read by those
+    that use it and ignored by the others."""
 
     def __call__(
         self,
@@ -163,6 +194,7 @@ class Autoscaler(Protocol):
         *,
         min_instances: int = 0,
         max_instances: int | None = None,
+        signals: LoadSignals | None = None,
     ) -> ScaleDecision: ...
 
 

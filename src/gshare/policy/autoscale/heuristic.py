@@ -11,6 +11,7 @@ from gshare.policy.autoscale.core import (
     _EPS_RPS,
     AutoscaleError,
     Instance,
+    LoadSignals,
     ScaleConfig,
     ScaleDecision,
 )
@@ -158,6 +159,7 @@ def heuristic_scale(
     *,
     min_instances: int = 0,
     max_instances: int | None = None,
+    signals: LoadSignals | None = None,
 ) -> ScaleDecision:
     """FaST-GShare Algorithm 1 for one function (see the NOTE above).
 
