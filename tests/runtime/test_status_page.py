@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +51,15 @@ def browser() -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+UI_FLOW = b"""
+name: ui-flow
+slo_ms: 500
+stages:
+  - {name: first, function: ui-small}
+  - {name: then, function: ui-large, after: [first]}
+"""
 
 
 def _deploy_two(served: ServeProcess) -> None:
@@ -110,6 +120,8 @@ def test_status_page_login_and_live_view(served: ServeProcess, browser: Any) -> 
     browser.find_element(By.CSS_SELECTOR, "#login button").click()
     wait.until(lambda d: "refused" in d.find_element(By.ID, "login-error").text)
     assert "Traceback" not in browser.page_source
+    time.sleep(2.5)  # the page polls every second: the refusal must stay to be read
+    assert "refused" in browser.find_element(By.ID, "login-error").text
     # the real token: the live view
     box = browser.find_element(By.ID, "token")
     box.clear()
@@ -153,6 +165,22 @@ def test_status_page_login_and_live_view(served: ServeProcess, browser: Any) -> 
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "div.function")) == 3)
     served.client().delete("ui-third")
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "div.function")) == 2)
+    # workflows are shown with their stages, SLO hits and latency
+    c = served.client()
+    c.deploy_workflow(UI_FLOW)
+    for _ in range(3):
+        c.invoke_workflow("ui-flow", {"spin_ms": 1})
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "div.workflow")) == 1)
+    wait.until(lambda d: "3 requests" in d.find_element(By.ID, "workflows").text)
+    text = browser.find_element(By.ID, "workflows").text
+    assert "ui-flow" in text and "SLO 500 ms" in text and "first → then (ui-large)" in text
+    c.delete_workflow("ui-flow")
+    # a token in the address signs in, and leaves the address
+    browser.execute_script("sessionStorage.clear()")
+    wait.until(lambda d: d.find_element(By.ID, "login").is_displayed())
+    browser.get(served.url + "/ui#token=" + served.token)
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "rect.share")) == 2)
+    assert "token" not in browser.current_url
     shot = os.environ.get("GSHARE_SCREENSHOT")
     if shot:  # the README's picture: both functions under load, achieved shares showing
         _load(served, seconds=6.0)

@@ -290,7 +290,7 @@ class ControlApi(ControlPlane):
         """The status page's document (``runtime.control.status``)."""
         from gshare.runtime.control.status import status_view
 
-        return status_view(self.c)
+        return status_view(self.c, self.workflows.status())
 
     def info(self) -> dict[str, Any]:
         from gshare import __version__

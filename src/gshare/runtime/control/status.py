@@ -11,7 +11,10 @@ Shape (every size in the units of its name)::
      "functions": [{"name", "slo_ms", "priority", "observed_rps", "predicted_rps", "p50_ms",
        "p99_ms", "latency_samples", "queued",
        "instances": [{"id", "state", "device", "sm_pct", "quota_request", "quota_limit",
-                      "achieved_share", "mem_limit_mb"}]}]}
+                      "achieved_share", "mem_limit_mb"}]}],
+     "workflows": [{"name", "version", "slo_ms", "stages": [{"name", "function", "after"}],
+       "missing_functions", "requests", "slo_hit_rate", "p50_ms", "p99_ms",
+       "latency_samples"}]}
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from typing import Any
 from gshare.runtime.control.loop import FENCE, Controller
 
 
-def status_view(c: Controller) -> dict[str, Any]:
-    """The document described in the module doc."""
+def status_view(c: Controller, workflows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The document described in the module doc (``workflows``: the workflow runner's
+    ``status()``, none when not given)."""
     bindings = c.placer.bindings()
     by_instance = {iid: inst for iid, inst in c.instances.items()}
     devices: list[dict[str, Any]] = []
@@ -93,7 +97,12 @@ def status_view(c: Controller) -> dict[str, Any]:
                 ],
             }
         )
-    return {"time_s": time.time(), "devices": devices, "functions": functions}
+    return {
+        "time_s": time.time(),
+        "devices": devices,
+        "functions": functions,
+        "workflows": workflows or [],
+    }
 
 
 __all__ = ["status_view"]

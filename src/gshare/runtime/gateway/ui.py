@@ -2,11 +2,13 @@
 ``GET /system/status`` (bearer token, like the rest of ``/system``).
 
 Who calls it: ``app.build_fastapi`` mounts both with ``mount_status_page``. The page asks for
-the token (kept in the browser tab's ``sessionStorage``) and shows a login prompt when there
-is none or the server refuses it; it then redraws every second: per device the placed shares as
-rectangles in the quota × SM square (FaST-GShare Fig. 6), per function its instances with the
-requested and achieved share, p50/p99 against the SLO and the request rate. The document is
-``runtime.control.status.status_view``'s.
+the token (kept in the browser tab's ``sessionStorage``; ``/ui#token=TOKEN`` gives it in the
+address, which the page then clears) and shows a login prompt when there is none or the server
+refuses it (the refusal stays on screen: the page does not poll without a token); it then
+redraws every second: per device the placed shares as rectangles in the quota × SM square
+(FaST-GShare Fig. 6), per function its instances with the requested and achieved share,
+p50/p99 against the SLO and the request rate, per workflow its stages, SLO hits and p50/p99.
+The document is ``runtime.control.status.status_view``'s.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,44 @@ class LiveWorkflow:
     sinks: tuple[str, ...]
     function_of: Mapping[str, str]
     after: Mapping[str, tuple[str, ...]]
+    stats: WorkflowStats = field(default_factory=lambda: WorkflowStats())
+    """What its requests did (the status page); mutable, unlike the rest."""
+
+
+RECENT = 1000
+"""Latencies kept per workflow for the status page's p50 / p99."""
+
+
+@dataclass
+class WorkflowStats:
+    """One workflow's successful requests: counts since it was deployed and the latencies of
+    the last ``RECENT`` (``WorkflowRunner.run`` adds, the status page reads)."""
+
+    recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    requests: int = 0
+    hits: int = 0
+    """Requests within the workflow's ``slo_ms``."""
+
+    def add(self, latency_ms: float, hit: bool) -> None:
+        self.recent_ms.append(latency_ms)
+        self.requests += 1
+        self.hits += int(hit)
+
+    def view(self) -> dict[str, Any]:
+        """Requests, SLO hit rate and the recent p50/p99 as the status page shows them."""
+        xs = sorted(self.recent_ms)
+
+        def q(f: float) -> float | None:
+            return round(xs[min(len(xs) - 1, int(f * len(xs)))], 2) if xs else None
+
+        rate = self.hits / self.requests if self.requests else None
+        return {
+            "requests": self.requests,
+            "slo_hit_rate": None if rate is None else round(rate, 4),
+            "p50_ms": q(0.5),
+            "p99_ms": q(0.99),
+            "latency_samples": len(xs),
+        }
 
 
 @dataclass
@@ -158,6 +197,7 @@ class WorkflowRunner:
         m.latency.labels(name).observe(latency_s)
         hit = latency_s * 1000.0 <= wf.spec.slo_ms
         m.slo.labels(name, "hit" if hit else "miss").inc()
+        wf.stats.add(latency_s * 1000.0, hit)
         return out
 
     async def _run(self, wf: LiveWorkflow, body: bytes, enc: int, call: Call) -> tuple[int, bytes]:
@@ -228,6 +268,11 @@ class WorkflowRunner:
             ) from None
         self.metrics.stage_latency.labels(wf.spec.name, s).observe(time.perf_counter() - t0)
         return renc, data
+
+    def status(self) -> list[dict[str, Any]]:
+        """The status page's workflows: ``view()`` plus each one's recent figures."""
+        recent = {n: wf.stats.view() for n, wf in self.workflows.items()}
+        return [{**v, **recent[v["name"]]} for v in self.view()]
 
     def view(self) -> list[dict[str, Any]]:
         """What ``GET /system/workflows`` and ``gshare list`` show."""
