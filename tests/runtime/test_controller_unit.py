@@ -298,3 +298,36 @@ def test_a_request_that_times_out_without_room_says_why(tmp_path: Path) -> None:
             assert gw.routes["g"].waiting_reason is None
 
     run(go())
+
+
+def test_a_start_that_cannot_be_placed_is_logged_once_and_says_why(tmp_path: Path) -> None:
+    """g (min_instances 1) cannot be placed beside f: the controller retries every period,
+    but its log says so once — the scaling line and the placer's reason — and repeats the
+    line only after REPEAT_SCALE_LOG_S, saying what it is still waiting for."""
+    from gshare.runtime.control.loop import REPEAT_SCALE_LOG_S
+
+    share = {"sm_pct": 60, "quota_request": 0.6, "quota_limit": 0.6}
+
+    async def go() -> None:
+        async with world(tmp_path, resources=share) as (ctl, gw, agent, clock):
+            submit(gw)
+            await ctl.cold_starts()
+            await ctl.observe()
+            g = {"name": "g", "handler": "gshare.runtime.demo_handlers:Echo", "device": "cpu"}
+            ctl.register(parse_function_spec({**g, "resources": share, "min_instances": 1}), 1, [])
+
+            def lines(word: str) -> list[str]:
+                return [e.message for e in ctl.state.events("g", 500) if word in e.message]
+
+            for _ in range(10):  # ten periods, ten failed placements
+                await ctl.reconcile()
+                clock.t += 1.0
+            assert agent.started == ["f-1"]
+            assert len(lines("scale:")) == 1, lines("scale:")
+            assert len(lines("no room for another instance")) == 1
+            clock.t += REPEAT_SCALE_LOG_S
+            await ctl.reconcile()
+            again = lines("scale:")
+            assert len(again) == 2 and "still waiting: no room for another instance" in again[1]
+
+    run(go())

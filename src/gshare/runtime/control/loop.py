@@ -73,6 +73,9 @@ MAX_DEVICES = 256
 """Upper bound of devices the placer tracks (devices of nodes that join later included)."""
 SHORTFALL_LOG_S = 30.0
 """At most one "no room" event per function per this long."""
+REPEAT_SCALE_LOG_S = 30.0
+"""The same scaling decision (reason and counts) is logged again only after this long: a start
+that cannot be placed is retried every period and would fill the log with one line."""
 
 
 class Controller:
@@ -346,11 +349,17 @@ class Controller:
         fs.predicted_rps = decision.predicted_rps
         if decision.changes:
             fs.last_reason = decision.scale.reason
-            self.event(
-                name,
-                f"scale: R={decision.predicted_rps:.2f} rps, {decision.scale.reason}; "
-                f"+{len(decision.add)} -{len(decision.remove)}",
-            )
+            key = (decision.scale.reason, len(decision.add), len(decision.remove))
+            now = self.clock()
+            if key != fs.last_scale_event or now - fs.last_scale_event_s >= REPEAT_SCALE_LOG_S:
+                fs.last_scale_event, fs.last_scale_event_s = key, now
+                waiting = self.gateway.waiting_reason(name)
+                self.event(
+                    name,
+                    f"scale: R={decision.predicted_rps:.2f} rps, {decision.scale.reason}; "
+                    f"+{len(decision.add)} -{len(decision.remove)}"
+                    + (f" (still waiting: {waiting})" if waiting and decision.add else ""),
+                )
         for iid in decision.remove:
             inst = self.instances.get(iid)
             if inst is not None:

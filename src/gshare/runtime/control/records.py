@@ -122,6 +122,9 @@ class FunctionState:
     table_loaded: bool = False
     last_reason: str = ""
     last_shortfall_s: float = -1e18
+    last_scale_event: tuple[str, int, int] | None = None
+    """The last "scale:" event logged (reason, +, -), to log a repeated one only now and then."""
+    last_scale_event_s: float = -1e18
     memory: FunctionMemory = field(default_factory=FunctionMemory)
     """Resource-centric memory sizing (``runtime.control.memory``)."""
     kernel_runs: int = 0

@@ -297,6 +297,11 @@ class Gateway:
         if r is not None:
             r.waiting_reason = message
 
+    def waiting_reason(self, function: str) -> str | None:
+        """Why instances of ``function`` cannot be placed now (``set_waiting_reason``)."""
+        r = self.routes.get(function)
+        return None if r is None else r.waiting_reason
+
     def set_start_error(self, function: str, message: str) -> None:
         """No instance of the function could start: fail what waits for one (503)."""
         r = self.routes.get(function)
