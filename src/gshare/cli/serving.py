@@ -400,14 +400,7 @@ def describe_cmd(
         ("queued", str(f["queued"])),
         ("configurations", f"{f['configs']} from {f['config_source']}"),
         ("last decision", f["last_decision"] or "-"),
-        (
-            "memory",
-            "no limit"
-            if not mem
-            else f"init {mem['init_mb']:.0f} MiB, step {mem['step_mb']:.0f} MiB, "
-            f"max {mem['max_mb'] or 'device'}"
-            + (f" (auto, from {mem['measured_batches']} batches)" if mem["auto"] else ""),
-        ),
+        ("memory", _memory_text(mem)),
         ("start error", f["start_error"] or "-"),
         ("waiting", f.get("waiting_reason") or "-"),
     ]
@@ -415,6 +408,12 @@ def describe_cmd(
     for k, v in rows:
         head.add_row(k, v)
     console.print(head)
+    if mem:
+        console.print(
+            "  (mem limit: the instance's own memory, what it allocated beyond the runtime; rss "
+            "also counts the shared weights and libraries, so it may be above the limit)",
+            highlight=False,
+        )
     table = Table(
         "instance",
         "state",
@@ -440,6 +439,24 @@ def describe_cmd(
             str(i["restarts"]) + (f" ({i['last_exit']})" if i.get("last_exit") else ""),
         )
     console.print(table)
+
+
+def _memory_text(mem: dict[str, Any] | None) -> str:
+    """``describe``'s memory line: the plan the function's next instances start with."""
+    if not mem:
+        return "no limit"
+    top = f"{mem['max_mb']:.0f} MiB" if mem["max_mb"] else "what the device has free"
+    text = (
+        f"starts at {mem['init_mb']:.0f} MiB, grows by {mem['step_mb']:.0f} MiB steps up to {top}"
+    )
+    if mem["auto"]:
+        n = mem["measured_batches"]
+        text += (
+            f" (auto: solved from {n} measured batches)"
+            if n
+            else " (auto: a first guess until batches are measured)"
+        )
+    return text
 
 
 FOLLOW_PERIOD_S = 1.0

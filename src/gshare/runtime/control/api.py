@@ -324,12 +324,12 @@ class ControlApi(ControlPlane):
 
 
 def _mem_text(mem: Any) -> str:
-    """``512 MiB``, ``auto`` or ``256+128k..2048 MiB`` (init, step, max)."""
+    """``512 MiB``, ``auto`` or ``256 MiB growing by 128 up to 2048 MiB`` (init, step, max)."""
     if isinstance(mem, str):
         return mem
     if isinstance(mem, int):
         return f"{mem} MiB"
-    return f"{mem.init}+{mem.step}k..{mem.max} MiB"
+    return f"{mem.init} MiB growing by {mem.step} up to {mem.max} MiB"
 
 
 def _spec_summary(spec: FunctionSpec) -> str:
