@@ -27,7 +27,7 @@ Summary: ``slo_hit_rate_live``, ``slo_hit_rate_sim``, ``abs_hit_rate_diff_pp``,
 ``p50_ratio_sim_over_live``, ``p99_ratio_sim_over_live``, ``esg_vs_fastgshare_hit_rate_live``
 (ESG's hit rate minus FaST-GShare's, pp), ``esg_vs_fastgshare_cost_live`` (ESG's cost per
 request over FaST-GShare's), the calibrated constants, the per-world figures behind them, and
-``done_when`` (issue 10: ``abs_hit_rate_diff_pp`` <= 10 and ``p50_ratio_sim_over_live`` in
+``done_when`` (docs/DESIGN.md §15: ``abs_hit_rate_diff_pp`` <= 10 and ``p50_ratio_sim_over_live`` in
 0.8-1.25).
 """
 

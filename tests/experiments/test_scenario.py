@@ -1,4 +1,4 @@
-"""Scenarios (issue 10, "one scenario, two worlds"): the file format and its errors
+"""Scenarios (docs/DESIGN.md §15, "one scenario, two worlds"): the file format and its errors
 (``gshare.scenario``), the arrival stream both worlds share (``experiments.scenario_arrivals``),
 ``gshare simulate`` end to end on the example, and the load generator's open loop
 (``experiments.scenario_load.drive``) against an in-process transport. The live run of

@@ -1,4 +1,4 @@
-"""The CUDA driver-API interposer (``libgshare_cuda.so``) against a stub driver (issue 13).
+"""The CUDA driver-API interposer (``libgshare_cuda.so``) against a stub driver (DESIGN §13).
 
 Real processes: ``cuda_app.c`` (a CUDA driver-API program) runs with the interposer -- preloaded
 (``LD_PRELOAD``), or as the ``libcuda.so.1`` shim built from the stub (``LD_LIBRARY_PATH``; the

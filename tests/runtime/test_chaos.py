@@ -1,4 +1,4 @@
-"""The fault-injection suite (issue 15): ``bench/chaos.py --quick`` — ``kill -9`` of an
+"""The fault-injection suite (docs/DESIGN.md §12.1): ``bench/chaos.py --quick`` — ``kill -9`` of an
 instance, the fork template, the node agent and ``gshare serve`` itself, each under steady
 load — and what users are promised: no request lost silently, service back within the stated
 bound of each kind, nothing left after a clean stop."""

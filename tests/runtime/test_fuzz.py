@@ -1,4 +1,4 @@
-"""The fuzz suite (issue 15): hostile input to every HTTP entry point of a real ``gshare serve``
+"""The fuzz suite (DESIGN §12.3): hostile input to every HTTP entry point of a real ``gshare serve``
 and to the CLI, drawn by hypothesis, plus the classics (deep nesting, alias bombs, invalid
 UTF-8, huge numbers).
 

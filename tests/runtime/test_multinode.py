@@ -9,7 +9,7 @@ showing the nodes; then, under steady load, the loss of the worker node (no requ
 silently, the controller's view and ``/metrics`` drop the node, the lost instances started
 elsewhere once capacity exists) and a node that joins (used by the next placements).
 
-Not here (issue 16, open): nodes in network namespaces of their own, ``bench/multinode.py``.
+Elsewhere: nodes in network namespaces of their own, and ``bench/multinode.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``runtime.node.files.ensure_private_dir`` (issue 15, item 13: the run directory was 0755 and
+"""``runtime.node.files.ensure_private_dir`` (docs/DESIGN.md §12.4: the run directory was 0755 and
 created without an ownership check)."""
 
 from __future__ import annotations

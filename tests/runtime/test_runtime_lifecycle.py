@@ -150,7 +150,7 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
 def test_cli_hostile_spec_files_are_one_line(
     tmp_path: Path, name: str, content: bytes, fragment: str
 ) -> None:
-    """Specs that used to print a traceback (issue 15, item 8): one line naming the problem."""
+    """Specs that used to print a traceback (docs/DESIGN.md §12.3): one line naming the problem."""
     f = tmp_path / name
     f.write_bytes(content)
     r = gshare("deploy", str(f), "--url", "http://127.0.0.1:9", "--token", "t")

@@ -806,7 +806,7 @@ def test_memory_auto_is_sized_from_measured_requests(served: ServeProcess) -> No
     c.delete("auto-mem")
 
 
-# -- hostile documents (issue 15, items 4 and 9) ---------------------------------------------------
+# -- hostile documents (docs/DESIGN.md §12.3) ------------------------------------------------------
 
 _BOMB = "\n".join(
     ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']

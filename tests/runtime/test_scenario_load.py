@@ -1,4 +1,4 @@
-"""``gshare load`` against a real ``gshare serve`` (issue 10, "one scenario, two worlds"): the
+"""``gshare load`` against a real ``gshare serve`` (DESIGN §15, "one scenario, two worlds"): the
 example scenario is deployed (three chained mlp stages and a plain mlp function), its arrivals
 for the seed — the very ones ``gshare simulate`` simulates — are sent open loop for 3 s, and
 every arrival is accounted for in results.json (answered, or reported with its status). Then

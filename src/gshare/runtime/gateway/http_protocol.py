@@ -5,7 +5,7 @@ Who uses it: ``server.run_server`` passes ``guarded_protocol(...)`` to ``uvicorn
 
 uvicorn closes a connection that stays idle ``timeout_keep_alive`` after a response, but
 nothing else: a connection that never sends a request, a request whose headers or body stop
-half-way (slowloris) and any number of connections stay open for ever (issue 15, item 11).
+half-way (slowloris) and any number of connections stay open for ever (docs/DESIGN.md §12.2).
 What holds here (docs/DESIGN.md §5):
 
 * a new connection must start a request within ``idle_timeout_s`` (uvicorn's keep-alive

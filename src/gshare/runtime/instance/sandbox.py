@@ -6,7 +6,7 @@ state directory: the control token, the state database, ``server.json``) before 
 so every process it starts inherits the list.
 
 Why: an instance runs as the server's user, so its handler could read the control token and
-then deploy, delete or reconfigure any tenant's function (issue 15, item 13). Landlock (Linux
+then deploy, delete or reconfigure any tenant's function (docs/DESIGN.md §12.4). Landlock (Linux
 ≥ 5.13, unprivileged) lets a process give up filesystem access for itself and its children,
 for good: after ``hide_paths`` the handler cannot open a file under a hidden directory, by any
 path.

@@ -1,7 +1,7 @@
 """Private directories of a node: the run directory (instance sockets, logs) and its parent.
 
-Who calls it: ``NodeAgent`` creates the run directory with ``ensure_private_dir`` (issue 15,
-item 13: it was created 0755 under a shared ``/tmp`` without checking who owned it, so another
+Who calls it: ``NodeAgent`` creates the run directory with ``ensure_private_dir`` (docs/DESIGN.md
+§12.4: it was created 0755 under a shared ``/tmp`` without checking who owned it, so another
 user could pre-create ``/tmp/gshare-UID`` and read or redirect the instances' sockets and logs).
 
 What holds: every directory created is 0700; one that exists already must be a real directory

@@ -197,7 +197,7 @@ class Sessions:
         old connection (which is closed, its token released as on a drop) when the id is
         registered with a secret — the newcomer proved it, so it is the instance's new
         incarnation and the old one is dead or dying, its close not read yet (the restart race
-        of issue 15, item 13) — or when the old connection's process is gone. Otherwise the
+        of docs/DESIGN.md §12.4) — or when the old connection's process is gone. Otherwise the
         newcomer is refused (without a secret the id alone proves nothing)."""
         old = self.by_client[client_id]
         if client_id not in self._secrets and peer_alive(old.sock):

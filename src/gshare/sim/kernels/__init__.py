@@ -1,4 +1,4 @@
-"""The kernel-level GPU model: tasks as launch streams on a time-sliced device (issue 9).
+"""The kernel-level GPU model: tasks as launch streams on a time-sliced device (docs/DESIGN.md §11).
 
 * ``catalogue`` — the shipped V100 kernel profiles, calibrated to the V100 table (``task_model``);
 * ``device`` — ``KernelDevice``: NVIDIA's default time-slicing between processes;
