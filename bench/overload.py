@@ -21,7 +21,8 @@ second), ``capacity_rps``, ``goodput_over_capacity``, ``p99_ms_admitted`` (reque
 shed), ``shed_pct`` (429 among all answers), ``rss_growth_mb`` (the server process's resident
 memory after the overload minus before it: the gateway's queues and connections), ``errors``
 (answers other than 200 / 429), and ``done_when`` (the overload targets, docs/DESIGN.md
-§12.2: ``p99_ms_admitted`` <= 10 x SLO, ``rss_growth_mb`` <= 50, ``goodput_rps`` >= 90 % of ``capacity_rps``).
+§12.2: ``p99_ms_admitted`` <= 10 x SLO, ``rss_growth_mb`` <= 50, ``goodput_rps`` >= 90 % of
+``capacity_rps``).
 
 The load generator is this process (asyncio, raw HTTP/1.1 keep-alive connections, one per
 client); it shares the machine's two cores with the server, which the capacity phase does too.
