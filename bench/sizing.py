@@ -1,6 +1,6 @@
 """BulkX sizing solvers at BulkX's scale: the exact specialised solver against the MILP (HiGHS).
 
-BulkX (paper 004, appendix) sizes 32 resource components from 10,000 candidate demands each and
+BulkX (appendix) sizes 32 resource components from 10,000 candidate demands each and
 reports 10-15 ms with OR-Tools. This bench builds 32 components from the real Azure Functions
 apps gshare ships (``sim.sizing.pick_apps``: per-app memory percentiles, demands drawn by
 inverse-CDF interpolation, the apps' durations as execution times), solves each with

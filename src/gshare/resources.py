@@ -1,6 +1,6 @@
 """The resource model: a spatio-temporal GPU share and its placement rectangle.
 
-FaST-GShare (paper 000, §3.3-3.4) gives an instance a share of a GPU in two dimensions:
+FaST-GShare (§3.3-3.4) gives an instance a share of a GPU in two dimensions:
 
 * spatial — ``sm_pct``, the percentage of the GPU's SMs it may use (MPS
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``);

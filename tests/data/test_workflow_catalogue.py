@@ -1,4 +1,4 @@
-"""ESG's function and application catalogue (paper 001, §4.1, Table 3)."""
+"""ESG's function and application catalogue (§4.1, Table 3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""policy.placement: FaST-GShare's Maximal Rectangles Algorithm (paper 000, §3.4.2) and the
+"""policy.placement: FaST-GShare's Maximal Rectangles Algorithm (§3.4.2) and the
 baseline placers. Table-driven cases carry their arithmetic in comments; hypothesis properties
 check the geometric invariants of every placer under random place/release sequences.
 

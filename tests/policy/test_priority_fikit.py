@@ -1,4 +1,4 @@
-"""policy.priority.fikit: BestPrioFit and the FIKIT procedure (paper 002 §3.2, Algorithms 1-2).
+"""policy.priority.fikit: BestPrioFit and the FIKIT procedure (§3.2, Algorithms 1-2).
 
 Table-driven: each case lists the waiting launches as (priority, SK ms) in launch order, the
 gap, and what must be chosen; the arithmetic is in the comments.

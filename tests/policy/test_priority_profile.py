@@ -1,6 +1,6 @@
 """policy.priority.kernel_id and .profile: kernel identity and FIKIT's SK / SG statistics.
 
-The statistics are checked against the paper's formulas (paper 002 §3.2) computed directly, and
+The statistics are checked against the paper's formulas (FIKIT §3.2) computed directly, and
 the worked example of the paper (a kernel ID j at positions 1 and 5 of two runs) by hand.
 """
 

@@ -1,4 +1,4 @@
-"""policy.priority.scheduler: FIKIT's state machine, table-driven (paper 002 §3.2).
+"""policy.priority.scheduler: FIKIT's state machine, table-driven (§3.2).
 
 Every test drives ``FikitScheduler`` directly with the time passed in. Profiles are built from
 synthetic runs so that each kernel has a chosen SK and SG (``prof``); the arithmetic of each

@@ -53,6 +53,7 @@ from gshare.policy.autoscale import (
     Autoscaler,
     BurstAutoscaler,
     Instance,
+    LoadSignals,
     ScaleConfig,
     ScaleDecision,
     candidate_configs,
@@ -123,6 +124,7 @@ def _target_util(target: float) -> Autoscaler:
         *,
         min_instances: int = 0,
         max_instances: int | None = None,
+        signals: LoadSignals | None = None,
     ) -> ScaleDecision:
         return target_utilisation_scale(
             function,

@@ -1,4 +1,4 @@
-"""``bulkx-sizing``: resource-centric sizing (BulkX, paper 004 appendix §2.3 and §3, Fig. 7) on
+"""``bulkx-sizing``: resource-centric sizing (BulkX appendix §2.3 and §3, Fig. 7) on
 the 990 real apps of the Azure Functions 2019 trace.
 
 Question: how much reserved memory does sizing each app's memory as ``(init, step)`` save over

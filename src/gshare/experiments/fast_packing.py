@@ -1,4 +1,4 @@
-"""``fast-packing`` — FaST-GShare Fig. 11 (paper 000, §5.4): MRA vs time-sharing placement.
+"""``fast-packing`` — FaST-GShare Fig. 11 (§5.4): MRA vs time-sharing placement.
 
 Eight pods — 4 "ResNet" (12 % SMs, 40 % quota), 2 "RNNT" (24 %, 40 %), 2 "BERT" (50 %, 60 %) —
 are placed on a cluster of 4 GPUs by

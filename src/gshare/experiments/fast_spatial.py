@@ -1,4 +1,4 @@
-"""``fast-spatial`` — FaST-GShare Fig. 10 (paper 000, §5.3): spatial vs time sharing of one GPU.
+"""``fast-spatial`` — FaST-GShare Fig. 10 (§5.3): spatial vs time sharing of one GPU.
 
 1-8 ResNet-50 pods share one simulated V100, each with the full time quota (request = limit =
 1.0), in three configurations:

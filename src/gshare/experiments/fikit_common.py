@@ -1,4 +1,4 @@
-"""Shared helpers of the ``fikit-*`` experiments (paper 002 §4): models, profiles, statistics.
+"""Shared helpers of the ``fikit-*`` experiments (FIKIT §4): models, profiles, statistics.
 
 Who calls it: ``experiments.fikit_pairs`` (``fikit-sharing``, ``fikit-preempt``),
 ``experiments.fikit_low`` (``fikit-exclusive``, ``fikit-stability``) and

@@ -1,11 +1,11 @@
 """``fikit-exclusive`` and ``fikit-stability``: the low-priority task's JCT under FIKIT.
 
-* ``fikit-exclusive`` — paper 002 §4.5.2, Fig. 18: A issues ``r`` tasks and B one task, all at
+* ``fikit-exclusive`` — FIKIT §4.5.2, Fig. 18: A issues ``r`` tasks and B one task, all at
   time 0 (A's first), for task ratios r = 1, 10, ..., 50. Exclusive mode runs one task at a
   time in arrival order, so B waits for all of A's; FIKIT runs B's kernels in A's gaps. Reported:
   B's JCT under exclusive mode ÷ under FIKIT, per pair and ratio (mean over ``rounds`` seeds).
   Paper: about 1 at 1:1, growing linearly with the ratio.
-* ``fikit-stability`` — paper 002 §4.5.4, Table 3: A runs tasks back to back, B issues a task
+* ``fikit-stability`` — FIKIT §4.5.4, Table 3: A runs tasks back to back, B issues a task
   every ``period_ms`` (``count`` tasks); FIKIT only. Reported: the coefficient of variation of
   B's JCT per pair (paper: 0.095-0.164 over 10 pairs).
 
@@ -74,7 +74,7 @@ def _non_decreasing(xs: list[float]) -> bool:
 @register(
     "fikit-exclusive",
     "FIKIT Fig. 18: low-priority JCT, exclusive mode / FIKIT, at A:B task ratios 1:1 to 50:1 "
-    "(paper 002 §4.5.2)",
+    "(FIKIT §4.5.2)",
     EXCLUSIVE_FULL,
     EXCLUSIVE_QUICK,
 )
@@ -175,7 +175,7 @@ def run_exclusive(params: Mapping[str, Any], seed: int) -> ExperimentResult:
 @register(
     "fikit-stability",
     "FIKIT Table 3: A runs continuously, B arrives every second; CV of B's JCT under FIKIT "
-    "(paper 002 §4.5.4)",
+    "(FIKIT §4.5.4)",
     STABILITY_FULL,
     STABILITY_QUICK,
 )

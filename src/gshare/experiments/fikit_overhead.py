@@ -37,7 +37,7 @@ QUICK: dict[str, Any] = {"models": ["mobilenetv2_4_fwd"], "tasks": 10, "measure_
 @register(
     "fikit-overhead",
     "FIKIT Fig. 14/15: one service alone, FIKIT sharing phase and measurement phase vs base "
-    "(paper 002 §4.3-4.4)",
+    "(FIKIT §4.3-4.4)",
     FULL,
     QUICK,
 )

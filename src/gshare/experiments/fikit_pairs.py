@@ -1,13 +1,13 @@
 """``fikit-sharing`` and ``fikit-preempt``: high-priority JCT under FIKIT vs default sharing.
 
-* ``fikit-sharing`` — paper 002 §4.5.1, Fig. 16/17: a high-priority service A and a
+* ``fikit-sharing`` — FIKIT §4.5.1, Fig. 16/17: a high-priority service A and a
   low-priority service B run tasks back to back (closed loops) on one device for
   ``horizon_ms``, once under NVIDIA's default sharing and once under FIKIT. Pairs come in two
   sets: ``best-effort`` (A an inference pass, B a training step: the latency-critical function
   beside a best-effort one, the case the issue is about) and ``services`` (A and B both
   inference passes, as in the paper's Table 1 pairs). Each pair also runs with a context switch
   of 0 µs, the setting most favourable to default sharing (``*_switch0`` keys).
-* ``fikit-preempt`` — paper 002 §4.5.3, Fig. 19/20: B runs continuously, A issues a task every
+* ``fikit-preempt`` — FIKIT §4.5.3, Fig. 19/20: B runs continuously, A issues a task every
   ``period_ms`` (``count`` tasks); A's JCT and B's JCT under both modes.
 
 Summary: ``high_jct_speedup_vs_sharing`` ({min, median, max} over every pair; per set in
@@ -227,7 +227,7 @@ COLUMNS = (
 @register(
     "fikit-sharing",
     "FIKIT Fig. 16/17: high- and low-priority JCT of service pairs, FIKIT vs default sharing "
-    "(paper 002 §4.5.1)",
+    "(FIKIT §4.5.1)",
     SHARING_FULL,
     SHARING_QUICK,
 )
@@ -270,7 +270,7 @@ def run_sharing(params: Mapping[str, Any], seed: int) -> ExperimentResult:
 @register(
     "fikit-preempt",
     "FIKIT Fig. 19/20: B runs continuously, A arrives every second; JCT under FIKIT vs default "
-    "sharing (paper 002 §4.5.3)",
+    "sharing (FIKIT §4.5.3)",
     PREEMPT_FULL,
     PREEMPT_QUICK,
 )

@@ -1,4 +1,4 @@
-"""``packing-scale``: FaST-GShare's placement (paper 000, §3.4.2) at cluster scale.
+"""``packing-scale``: FaST-GShare's placement (§3.4.2) at cluster scale.
 
 Question: on 1,000 GPUs under a churn of instance arrivals and departures, how many GPUs does
 each placer keep in use compared with the area lower bound, how long does one decision take,

@@ -1,4 +1,4 @@
-"""ESG's six DNN functions and four applications, as built-in data (paper 001, §4.1, Table 3).
+"""ESG's six DNN functions and four applications, as built-in data (§4.1, Table 3).
 
 Functions (Table 3; execution time measured in the minimum configuration: batch 1, 1 vCPU,
 1 vGPU of an A100):

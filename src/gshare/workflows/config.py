@@ -1,6 +1,6 @@
 """Function configurations ``(batch, vcpus, vgpus)``, the configuration grid and ESG's prices.
 
-ESG (paper 001, §3.2) gives each invocation of a serverless function a configuration of three
+ESG (§3.2) gives each invocation of a serverless function a configuration of three
 integers: the batch size (jobs processed by one task), the number of vCPUs and the number of
 vGPUs (MIG slices; an A100 is cut into 7). Prices follow §4.1: $0.034 per vCPU-hour and $0.67
 per vGPU-hour.

@@ -1,4 +1,4 @@
-"""ESG's six DNN functions (paper 001, §4.1, Table 3): the function table that both the workflow
+"""ESG's six DNN functions (§4.1, Table 3): the function table that both the workflow
 specs (``spec``: the default set of known functions, ESG's ``L``) and the application catalogue
 (``catalogue``) read. Kept apart so that ``spec`` does not import ``catalogue`` (which builds
 specs); the catalogue's docstring has the table in full.

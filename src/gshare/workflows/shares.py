@@ -1,6 +1,6 @@
 """gshare's configuration space of a workflow stage: (batch, GPU share), for ESG and its baselines.
 
-ESG (paper 001, §3.2) searches configurations ``(batch, vCPUs, vGPUs)`` of a serverless
+ESG (§3.2) searches configurations ``(batch, vCPUs, vGPUs)`` of a serverless
 function: a task holds its vCPUs and MIG slices while it runs. gshare shares a device in space
 (an SM partition, fixed for an instance's life: an MPS partition or a core set is set when the
 process starts) and in time (a quota of every token window, which the token server may change

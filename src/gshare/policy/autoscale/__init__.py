@@ -12,7 +12,7 @@ it needs is in its arguments.
 
 Policies (registry ``AUTOSCALERS``, shared by the CLI, the simulator and the runtime):
 
-* ``"fast-heuristic"`` — FaST-GShare's Heuristic Scaling Algorithm (paper 000, §3.4.1,
+* ``"fast-heuristic"`` — FaST-GShare's Heuristic Scaling Algorithm (§3.4.1,
   Algorithm 1): ``heuristic_scale``;
 * ``"target-util"`` — a Kubernetes-HPA-style baseline: one fixed config, as many replicas as
   keep each at ``target_util`` of its throughput: ``target_utilisation_scale``;

@@ -1,4 +1,4 @@
-"""FaST-GShare's Heuristic Scaling Algorithm (paper 000 §3.4.1, Algorithm 1) and the
+"""FaST-GShare's Heuristic Scaling Algorithm (§3.4.1, Algorithm 1) and the
 configuration orderings and operator bounds the other autoscalers share with it.
 """
 
@@ -96,7 +96,7 @@ def _check_inputs(
         ids.add(inst.instance_id)
 
 
-# NOTE — FaST-GShare's Heuristic Scaling Algorithm (paper 000, §3.4.1, Algorithm 1).
+# NOTE — FaST-GShare's Heuristic Scaling Algorithm (§3.4.1, Algorithm 1).
 # For a function F with predicted rate R and running instances J_i of throughput T_i, the gap is
 # ΔRPS = R − Σ T_i. Every config p has an efficiency RPR_p = T_p / (S_p · Q_p), requests/s per
 # unit of spatio-temporal GPU area.

@@ -3,7 +3,7 @@
 A GPU is a 100 x 100 square: x is time (% of every token window), y is SMs (%). An instance with
 quota ``w`` % and SM share ``h`` % gets a ``w`` x ``h`` rectangle (``Rect``: x = time offset,
 y = SM offset); the rectangles of one GPU never overlap, so together they are a feasible static
-schedule (paper 000, §3.4.2, Fig. 6).
+schedule (FaST-GShare §3.4.2, Fig. 6).
 
 Who calls it: the controller of each world — the simulator (``sim``) and the live runtime
 (``runtime``) — owns one ``Placer`` per cluster. It calls ``place`` for every instance the
@@ -16,7 +16,7 @@ decision as typed data (``Binding``, ``Move``); it does no I/O and reads no cloc
 
 Placers (registry ``PLACERS``, built by ``make_placer``):
 
-* ``"mra"`` — FaST-GShare's Maximal Rectangles Algorithm (paper 000, §3.4.2, Algorithm 2):
+* ``"mra"`` — FaST-GShare's Maximal Rectangles Algorithm (§3.4.2, Algorithm 2):
   global best-area fit over every GPU's free list, bottom-left placement keeping both maximal
   splits, intersection update with Subdivide, removal of contained rectangles,
   "keep-restructure" on release and a re-pack of a GPU whose free list grows past

@@ -2,7 +2,7 @@
 
 * ``"first-fit"`` — the lowest-index GPU whose maximal-rectangles free list fits, bottom-left;
 * ``"best-fit"`` — the GPU with the least free area after placement (that fits), bottom-left;
-* ``"time-share"`` — KubeShare-style time sharing (Yeh et al., 2020; the baseline of paper 000,
+* ``"time-share"`` — KubeShare-style time sharing (Yeh et al., 2020; the baseline of FaST-GShare
   Fig. 11): every instance takes 100 % of the SMs, GPUs are filled first-fit along the quota
   axis.
 """
@@ -171,7 +171,7 @@ class _LeftmostAtLeast:
 
 class TimeSharePlacer(Placer):
     """``"time-share"`` — KubeShare-style temporal sharing (Yeh et al., 2020; the baseline of
-    paper 000, Fig. 11). Every instance gets 100 % of the SMs (its height is forced to 100);
+    FaST-GShare Fig. 11). Every instance gets 100 % of the SMs (its height is forced to 100);
     a GPU fits an instance when its remaining quota (100 - sum of quotas) does — KubeShare's
     feasibility test — and the lowest-index such GPU is chosen (first fit on the quota axis).
     The instance takes the leftmost free time interval that is long enough; if the free quota

@@ -1,4 +1,4 @@
-"""``"mra-defrag"`` — ``"mra"`` plus gshare's cross-GPU defragmentation (not in paper 000).
+"""``"mra-defrag"`` — ``"mra"`` plus gshare's cross-GPU defragmentation (not in FaST-GShare).
 
 After a release, a sparse GPU (allocated area < ``sparse_pct``) whose instances all fit on the
 other GPUs in use is emptied into them by MRA's best-area fit (all-or-nothing, at most one GPU
@@ -42,7 +42,7 @@ migration cannot buy a GPU back, so none is made."""
 
 class DefragMaxRectsPlacer(MaxRectsPlacer):
     """``"mra-defrag"`` — ``"mra"`` plus cross-GPU defragmentation, gshare's extension (not in
-    paper 000; see the NOTE). Also built by ``make_placer("mra", ..., defrag=True)``.
+    FaST-GShare; see the NOTE). Also built by ``make_placer("mra", ..., defrag=True)``.
 
     It places exactly like ``"mra"`` (same index, steps, ties and re-packs). After every release
     it may drain one sparse GPU: all its instances move to other GPUs in use and it empties.
@@ -90,8 +90,8 @@ class DefragMaxRectsPlacer(MaxRectsPlacer):
             return 0
         return max(1, math.ceil(self._total_area / (GPU_WIDTH * GPU_HEIGHT) - 1e-6))
 
-    # NOTE — cross-GPU defragmentation: gshare's extension of MRA, NOT in paper 000 (FaST-GShare,
-    # §3.4.2, restructures and re-packs inside one GPU only). Moving a stateless serverless
+    # NOTE — cross-GPU defragmentation: gshare's extension of MRA, NOT in FaST-GShare (whose
+    # §3.4.2 restructures and re-packs inside one GPU only). Moving a stateless serverless
     # instance = starting a replacement on another GPU and draining the old one.
     # Rule, run after every release:
     #   1. only while gpus_used > area_bound x (1 + margin_pct / 100);

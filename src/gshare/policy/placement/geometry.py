@@ -1,5 +1,5 @@
 """Geometry of the placement plane: rectangles as boxes, and the free-rectangle maintenance of
-Maximal Rectangles (paper 000, §3.4.2, Algorithm 2; after Jylänki 2010).
+Maximal Rectangles (FaST-GShare §3.4.2, Algorithm 2; after Jylänki 2010).
 
 A GPU is a ``GPU_WIDTH`` x ``GPU_HEIGHT`` (100 x 100) square: x is time (% of every token
 window), y is SMs (%). The placers work on ``Box`` tuples ``(x1, y1, x2, y2)`` (plain tuples

@@ -1,4 +1,4 @@
-"""``"mra"`` — FaST-GShare's Maximal Rectangles Algorithm (paper 000, §3.4.2, Algorithm 2).
+"""``"mra"`` — FaST-GShare's Maximal Rectangles Algorithm (§3.4.2, Algorithm 2).
 
 Global best-area fit over every in-use GPU's free list, bottom-left placement keeping both
 maximal splits, intersection update with Subdivide, removal of contained rectangles,
@@ -43,7 +43,7 @@ def _area_key(gpu: int, r: Box) -> _AreaKey:
 
 
 class MaxRectsPlacer(_MaxRectsPlacer):
-    """``"mra"`` — FaST-GShare's Maximal Rectangles Algorithm (paper 000, §3.4.2).
+    """``"mra"`` — FaST-GShare's Maximal Rectangles Algorithm (§3.4.2).
 
     Parameters: ``max_gpus``; ``repack_threshold`` (default ``DEFAULT_REPACK_THRESHOLD``), the
     free-list length above which a GPU is re-packed; ``merge_on_release`` (default True): join
@@ -70,7 +70,7 @@ class MaxRectsPlacer(_MaxRectsPlacer):
         """Sorted area keys of every free rectangle of every in-use GPU (unused GPUs are not
         indexed: their full rectangle only matters when nothing in use fits)."""
 
-    # NOTE — Maximal Rectangles Algorithm (paper 000, §3.4.2, Algorithm 2; after Jylänki 2010).
+    # NOTE — Maximal Rectangles Algorithm (FaST-GShare §3.4.2, Algorithm 2; after Jylänki 2010).
     # Invariant: every GPU's free list covers exactly its free space; its rectangles may
     # overlap, none lies inside another, and they are kept in bottom-left order. In-use GPUs'
     # rectangles are in the global sorted index (area, gpu, y, x); unused GPUs (one full

@@ -1,4 +1,4 @@
-"""Priority-based sharing of one device: FIKIT (paper 002, §3.2) as pure policy.
+"""Priority-based sharing of one device: FIKIT (§3.2) as pure policy.
 
 * ``kernel_id`` — ``KernelId``: a GPU kernel (name + grid + block) or a CPU op (name + input
   shapes);

@@ -6,7 +6,7 @@ event that changes which clients are active — a token request, a release, a ta
 clients the ``TokenScheduler`` may serve now, which only run as FIKIT gap fills, and which token
 holders must give their token back at their next preemption point.
 
-NOTE — tokens × priorities (gshare's decision; paper 002 §3.1 (3): FIKIT "cannot be used together
+NOTE — tokens × priorities (gshare's decision; FIKIT §3.1 (3): FIKIT "cannot be used together
 with other schemes adopting time-division multiplexing", Gemini's among them). Both cannot own
 the device's time, so they split it by level: FIKIT orders the *classes* (priorities), tokens
 share the device *within* a class. The top class is the highest priority of the active clients;

@@ -20,7 +20,7 @@ from typing import Final
 from gshare.policy.priority.queues import PendingLaunch, PriorityQueues
 
 MIN_GAP_MS: Final[float] = 0.1
-"""Gaps shorter than this are not filled (paper 002 §3.2: a kernel launch costs 0.1-2 ms)."""
+"""Gaps shorter than this are not filled (FIKIT §3.2: a kernel launch costs 0.1-2 ms)."""
 FIT_EPS_MS: Final[float] = 1e-9
 
 DurationOf = Callable[[PendingLaunch], float | None]
@@ -35,7 +35,7 @@ class Fit:
     duration_ms: float
 
 
-# NOTE — BestPrioFit (paper 002 §3.2, Algorithm 2, Fig. 10). Scan the levels from the highest
+# NOTE — BestPrioFit (FIKIT §3.2, Algorithm 2, Fig. 10). Scan the levels from the highest
 # priority down; at the first level that holds a kernel whose SK (+ the per-fill overhead) fits
 # the remaining gap, take the longest such kernel (the one closest to the remaining gap; ties:
 # the earliest launch) and dequeue it. Kernels of unknown SK never fit. Invariant: a lower level
@@ -63,7 +63,7 @@ def best_prio_fit(
     return None
 
 
-# NOTE — the FIKIT procedure (paper 002 §3.2, Algorithm 1, Fig. 9). When a kernel of the task
+# NOTE — the FIKIT procedure (§3.2, Algorithm 1, Fig. 9). When a kernel of the task
 # holding the GPU runs, look up the idle time predicted after it (SG); skip gaps under
 # ``min_gap_ms`` (0.1 ms); otherwise call BestPrioFit repeatedly, shrinking the gap by every
 # chosen kernel's SK (+ overhead), until nothing fits. Invariant: the chosen kernels' SK (+
@@ -90,7 +90,7 @@ def fill_remaining(
     overhead_ms: float = 0.0,
 ) -> list[Fit]:
     """BestPrioFit until nothing fits ``remaining_ms`` (the rescan of an already open gap when a
-    new launch is queued: paper 002 §3.2, "when a kernel is added to any priority queue, the
+    new launch is queued: FIKIT §3.2, "when a kernel is added to any priority queue, the
     scheduler triggers a priority scan")."""
     fills: list[Fit] = []
     left = remaining_ms

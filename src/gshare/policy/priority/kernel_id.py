@@ -5,7 +5,7 @@ Who uses it: the FIKIT profile (``policy.priority.profile``) keys its per-kernel
 intercepted launch up by it; the mechanisms build one per launch — the simulator from the shipped
 V100 kernel profiles, the live runtime from what its preemption point sees.
 
-NOTE — kernel ID (paper 002 §3.2, "Identifying each kernel", Fig. 4): on a GPU a kernel is its
+NOTE — kernel ID (FIKIT §3.2, "Identifying each kernel", Fig. 4): on a GPU a kernel is its
 function name plus its launch configuration (grid and block dimensions); kernels with the same
 ID are the same computation at the same parallelism, so one measured mean duration (SK) and one
 mean idle gap after it (SG) serve every launch of that ID, in any run and at any position. The

@@ -49,7 +49,7 @@ def must_yield(top_priority: int | None, priority: int) -> bool:
 
 def phase_of(runs: int, measure_runs: int) -> TaskPhase:
     """FIKIT's phase of a function whose profile holds ``runs`` measured runs (T =
-    ``measure_runs``; paper 002 §2.2 Fig. 3, ``FikitConfig.measure_runs``)."""
+    ``measure_runs``; FIKIT §2.2 Fig. 3, ``FikitConfig.measure_runs``)."""
     return TaskPhase.SHARING if runs >= measure_runs else TaskPhase.MEASURING
 
 
@@ -61,7 +61,7 @@ def fillable_kernels(profile: KernelProfile, min_gap_ms: float = MIN_GAP_MS) -> 
     )
 
 
-# NOTE — the gap after a kernel (paper 002 §3.2, Algorithm 1 lines 3-8): the predicted idle time
+# NOTE — the gap after a kernel (FIKIT §3.2, Algorithm 1 lines 3-8): the predicted idle time
 # after a kernel of ID j is SG_j; gaps under 0.1 ms are skipped. Live, the gap starts when the
 # kernel's work is done: at once on a CPU (the op ran in the hook's thread), after the kernel's
 # remaining device time on a GPU (the op was only launched): ``kernel_left_ms``.
@@ -79,7 +79,7 @@ def gap_end_after(
     return now_ms + max(0.0, kernel_left_ms) + sg_ms
 
 
-# NOTE — the idle window of the top class (paper 002 §3.2 "Fill inter-kernel idling time"; the
+# NOTE — the idle window of the top class (FIKIT §3.2 "Fill inter-kernel idling time"; the
 # same rule as ``FikitScheduler._window_end``): the device is idle only while every running task
 # of the top class is in a gap; the window ends at the earliest of their predicted gap ends.
 def window_end_ms(top_gap_ends: Iterable[float | None]) -> float | None:
@@ -107,7 +107,7 @@ class FillCandidate:
     """When its launch began to wait (the FIFO order within a priority level)."""
 
 
-# NOTE — BestPrioFit over the board (paper 002 §3.2, Algorithm 2): the waiting launches of every
+# NOTE — BestPrioFit over the board (FIKIT §3.2, Algorithm 2): the waiting launches of every
 # instance below the top class form the priority queues (FIFO by waiting time within a level);
 # ``best_prio_fit`` picks the highest level that has a launch whose SK (+ overhead) fits the
 # rest of the window, and there the longest. Each waiting instance runs the same choice; only

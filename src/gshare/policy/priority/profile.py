@@ -6,7 +6,7 @@ measured run with the run's kernel spans in launch order; ``policy.priority.sche
 ``sk_ms`` / ``sg_ms`` in the sharing phase and ``runs`` to decide the phase. The live runtime
 keeps a profile with its function in the state database (``to_records`` / ``from_records``).
 
-NOTE — measurement statistics (paper 002 §3.2, "Data acquisition and statistical output during
+NOTE — measurement statistics (FIKIT §3.2, "Data acquisition and statistical output during
 the measurement phase"). Over T runs of a task, for every unique kernel ID j (the set S_UID):
 SK_j = the mean duration of the kernels with ID j, and SG_j = the mean idle time after them,
 from a kernel's end to the next kernel's start, counted only where a next kernel exists (a run

@@ -3,7 +3,7 @@
 Who calls it: ``policy.priority.scheduler`` (it pushes every launch it holds, and
 ``policy.priority.fikit`` dequeues the ones chosen to fill a gap).
 
-NOTE — priority order (paper 002 §3.2, Fig. 7: ten queues Q0..Q9, Q0 the highest, scanned from
+NOTE — priority order (FIKIT §3.2, Fig. 7: ten queues Q0..Q9, Q0 the highest, scanned from
 Q0 to Q9; within a queue launches keep their arrival order). gshare's function spec has
 ``priority`` 0..9 with 9 the highest (the token scheduler serves higher first, too), so level p
 is the paper's queue Q(9 - p): ``paper_queue(9) == 0``. Levels are scanned from 9 down to 0 and

@@ -17,7 +17,7 @@ per device and drives it with events, always passing the current time in ms:
 
 Each call returns the ``Dispatch`` decisions to carry out now, in order: the host of each
 dispatched launch may submit it. Dispatch order is execution order: the mechanism runs the
-dispatched kernels of the device first come, first served (paper 002 Fig. 7: "the GPU executes
+dispatched kernels of the device first come, first served (FIKIT Fig. 7: "the GPU executes
 the kernel in the same queue in FIFO order"). The scheduler never reads a clock and does no I/O;
 its state is plain data, ``snapshot()`` copies it out.
 
@@ -48,7 +48,7 @@ from gshare.policy.priority.kernel_id import KernelId
 from gshare.policy.priority.profile import KernelProfile
 from gshare.policy.priority.queues import PendingLaunch, PriorityQueues, check_priority
 
-# NOTE — FIKIT scheduling (paper 002 §3.2: priority queues, fill inter-kernel idle time, runtime
+# NOTE — FIKIT scheduling (§3.2: priority queues, fill inter-kernel idle time, runtime
 # feedback, task switching; §2.2 the two phases). The *top class* is the highest priority of the
 # tasks running now. Its launches are dispatched at once, first come first served among its
 # tasks ("equal priorities interleave in FIFO order", the paper's case C). A launch of a lower
@@ -75,7 +75,7 @@ from gshare.policy.priority.queues import PendingLaunch, PriorityQueues, check_p
 
 
 class TaskPhase(Enum):
-    """FIKIT's two phases of a service (paper 002 §2.2, Fig. 3)."""
+    """FIKIT's two phases of a service (§2.2, Fig. 3)."""
 
     MEASURING = "measuring"
     """Fewer than ``measure_runs`` runs profiled: no gap of it is filled, it fills none."""

@@ -1,4 +1,4 @@
-"""Resource-centric sizing (BulkX, paper 004 appendix §2.3): how much memory a component starts
+"""Resource-centric sizing (BulkX appendix §2.3): how much memory a component starts
 with (``init``) and by how much it grows (``step``), chosen from the history of its demands.
 
 Who calls it: the live controller re-solves a ``mem_mb: auto`` function from the peaks its

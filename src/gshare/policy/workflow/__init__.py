@@ -1,4 +1,4 @@
-"""ESG's workflow scheduling policies (paper 001, §3 and Appendix B).
+"""ESG's workflow scheduling policies (§3 and Appendix B).
 
 * ``astar`` — ESG_1Q: A* with dual-blade pruning over the configurations of a group of stages
   (``esg_1q``), and an exhaustive ``brute_force`` with the same objective;

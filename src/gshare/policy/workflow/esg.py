@@ -1,4 +1,4 @@
-"""ESG as a ``WorkflowPolicy`` (paper 001, §3): re-plan before every stage, dispatch with locality.
+"""ESG as a ``WorkflowPolicy`` (§3): re-plan before every stage, dispatch with locality.
 
 Who calls it: the workflow simulator (``gshare.sim.workflow``) — and later the live runtime —
 through the ``WorkflowPolicy`` protocol (``schedulers``): ``prepare`` once, then for every task

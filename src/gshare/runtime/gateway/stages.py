@@ -1,4 +1,4 @@
-"""ESG live: the stage scheduler of deployed workflows (paper 001 §3; docs/DESIGN.md §15).
+"""ESG live: the stage scheduler of deployed workflows (§3; docs/DESIGN.md §15).
 
 Who calls it: ``WorkflowRunner`` (``gateway.workflows``) hands every stage of every workflow
 request to ``StageScheduler.run_stage`` when the stage's inputs are ready, and awaits its

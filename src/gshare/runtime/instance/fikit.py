@@ -15,7 +15,7 @@ measures, reads and writes the board, and waits.
   Their id is ``KernelId.cpu(type name, input tensor shapes)`` — also on CUDA, where the module
   hook sees no launch configuration (an op there may be several CUDA kernels; its span is from
   its first kernel's start to its last one's end, measured with CUDA events).
-* **Measurement phase** (paper 002 §2.2, §3.2): the first ``measure_runs`` (T) batches of a
+* **Measurement phase** (FIKIT §2.2, §3.2): the first ``measure_runs`` (T) batches of a
   function without a stored profile are measured — each leaf op's start and end — and added to
   its ``KernelProfile`` one run at a time; time the batch spent held (waiting for a higher class
   or a token) is taken out of the run's clock, so a wait is never measured as a gap (on CUDA,

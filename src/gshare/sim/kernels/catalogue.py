@@ -29,7 +29,7 @@ kernels add up to D = 6.5 / 11.6 / 2.3 ms: the rest is host time. Assumptions, s
 * **host mode** — ``HostMode.SYNC`` (inference, the default): each launch waits for the previous
   kernel to complete, so the gap after kernel i is host segment i + 1 and
   ``L = sum(host) + D``: the scale is ``(L - D) / sum(w)``. This is FIKIT's own task model
-  (paper 002 §3.2: the gap is the time from a kernel's end to the next kernel's start, measured
+  (FIKIT §3.2: the gap is the time from a kernel's end to the next kernel's start, measured
   alone and reused under sharing, which holds when the host's next launch follows the kernel's
   completion). ``HostMode.ASYNC``: launches run ahead of the device (the host waits only at the
   end of the pass and when ``queue_depth`` kernels are outstanding); the scale is found by

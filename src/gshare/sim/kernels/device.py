@@ -5,7 +5,7 @@ Who calls it: ``sim.kernels.stream.HostStream`` submits each dispatched kernel w
 kernel-level model (exclusive, default sharing, FIKIT) runs on this same device, so they differ
 only in *when* kernels are handed to it.
 
-NOTE — default time-slicing (NVIDIA's documented behaviour; paper 002 §2.1 "time slicing").
+NOTE — default time-slicing (NVIDIA's documented behaviour; FIKIT §2.1 "time slicing").
 Without MPS, kernels of different processes (CUDA contexts) never run at the same time. Each
 context has a FIFO of submitted kernels; the GPU's scheduler runs one context at a time and
 round-robins over the contexts that have work: the running context keeps the GPU while it has

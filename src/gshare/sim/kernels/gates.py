@@ -6,7 +6,7 @@ Who calls it: ``sim.kernels.stream.HostStream`` reports its tasks' events to its
 
 * ``SharingGate`` — NVIDIA's default sharing: every launch goes to the device at once; the
   device's time-slicing (``sim.kernels.device``) interleaves the processes. No priorities.
-* ``ExclusiveGate`` — exclusive mode run by an external program (paper 002 §2.2): one task at a
+* ``ExclusiveGate`` — exclusive mode run by an external program (FIKIT §2.2): one task at a
   time, in arrival order; a task's launches wait until every task that arrived before it ended.
 * ``FikitGate`` — ``policy.priority.FikitScheduler`` decides (the same policy a live priority
   server would run). Costs of the interception are the stream's (``HookCosts``); a launch the

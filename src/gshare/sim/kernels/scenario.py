@@ -199,7 +199,7 @@ def measure_profile(
     jitter: Jitter | None = None,
 ) -> tuple[KernelProfile, ScenarioResult]:
     """FIKIT's measurement phase of one service alone: ``runs`` instrumented back-to-back runs
-    (paper 002 §3.2: "the task exclusively uses the GPU"); returns the profile and the run."""
+    (FIKIT §3.2: "the task exclusively uses the GPU"); returns the profile and the run."""
     sched = FikitScheduler(FikitConfig(measure_runs=runs))
     sched.add_service(name, 0)
     loop = EventLoop()

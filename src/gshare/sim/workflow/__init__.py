@@ -1,4 +1,4 @@
-"""The workflow cluster simulator: ESG's evaluation platform (paper 001, §4) in virtual time.
+"""The workflow cluster simulator: ESG's evaluation platform (§4) in virtual time.
 
 * ``cluster`` — invokers (16 vCPUs, one GPU of 7 vGPU slices), function containers (cold start,
   warm pool, pre-warming, keep-alive) and the local/remote data-transfer model;

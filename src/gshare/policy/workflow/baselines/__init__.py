@@ -1,4 +1,4 @@
-"""ESG's four comparison schedulers (paper 001, §4.2), each a ``WorkflowPolicy``.
+"""ESG's four comparison schedulers (§4.2), each a ``WorkflowPolicy``.
 
 =================  =========================================  ==================================
 name               configuration                              invoker

@@ -1,4 +1,4 @@
-"""FaST-GShare as an ESG workflow baseline (ESG §4.2; Gu et al., ICPP 2023 = paper 000).
+"""FaST-GShare as an ESG workflow baseline (§4.2; Gu et al., ICPP 2023 = FaST-GShare).
 
 Who calls it: the workflow simulator (later the runtime) through the ``WorkflowPolicy``
 protocol — ``prepare`` once, then ``plan_stage`` and ``select_invoker`` before every stage
@@ -25,7 +25,7 @@ from gshare.policy.workflow.replan import WorkflowLike
 from gshare.policy.workflow.schedulers import StageContext, StagePlan
 from gshare.workflows.config import NODE_VCPUS, NODE_VGPUS, ConfigOption, FunctionConfig
 
-# NOTE (ESG §4.2 "FaST-Gshare"; paper 000 §3.4.1 Algorithm 1 and §3.4.2 Algorithm 2). ESG: "an
+# NOTE (ESG §4.2 "FaST-Gshare"; FaST-GShare §3.4.1 Algorithm 1 and §3.4.2 Algorithm 2). ESG: "an
 # enumeration-based scheduling algorithm which enumerates the configurations based on
 # throughput performance metrics. Its node selection tries to minimize GPU resource
 # fragmentation. It offers no method for distributing an application's SLO either. We apply
