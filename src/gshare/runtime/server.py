@@ -650,13 +650,13 @@ def cluster_backend(opts: ServeOptions) -> str:
         raise ServeError(f"{wants_ray[0]} needs Ray; it cannot be used with --cluster local")
     if not wants_ray:
         return "local"
-    import importlib.util
-
-    if importlib.util.find_spec("ray") is None:
+    try:
+        import ray  # noqa: F401 - the Ray backend needs it anyway
+    except ImportError:
         raise ServeError(
             f"{wants_ray[0]} needs Ray, which is not installed: "
             "pip install 'gshare[cluster]' (or serve on one machine without it)"
-        )
+        ) from None
     return "ray"
 
 
