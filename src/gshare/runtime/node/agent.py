@@ -451,6 +451,8 @@ class NodeAgent:
     def _start(self, m: _Managed, first: bool) -> None:
         launch = m.launch
         try:
+            if self._launcher is not None:  # a built-in model's classes, shared by its instances
+                self._launcher_started().preload(str(launch.spec.get("model") or ""))
             if first:
                 lock = self._key_locks.setdefault(launch.function, threading.Lock())
                 with lock:
