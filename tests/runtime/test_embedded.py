@@ -4,8 +4,9 @@ process of the server (``node.agent_process``) behind a ``ProcessAgentHandle``.
 Checked here, with real processes: the handle's calls run concurrently (a ``describe`` that
 hangs in the user's import does not hold up ``status``), an agent's death reaches the handle at
 once (every waiting and later call raises ``AgentGone``) and takes its template with it; the
-agent dies with its parent (its death signal); ``gshare serve`` serves with ``ray`` made
-unimportable in its whole process tree, and ``--address`` without Ray is one line naming the
+agent dies with its parent (its death signal); ``gshare serve`` serves, and the front ends
+(``import gshare``, ``gshare simulate``, ``gshare experiment``) run, with ``ray`` made
+unimportable in the whole process tree, and ``--address`` without Ray is one line naming the
 extra to install; the embedded server's process tree listens on no port but the gateway's.
 """
 
@@ -69,6 +70,25 @@ def test_the_blocker_blocks_ray(tmp_path: Path) -> None:
         [sys.executable, "-c", "import ray"], env=env, capture_output=True, text=True, timeout=60
     )
     assert r.returncode != 0 and "No module named 'ray'" in r.stderr
+
+
+def test_the_front_ends_work_without_ray(tmp_path: Path) -> None:
+    """``import gshare`` (and its client), ``gshare simulate`` and ``gshare experiment`` with
+    ``ray`` unimportable."""
+    env = {**os.environ, "PYTHONPATH": str(_no_ray_dir(tmp_path))}
+    for args in (
+        ["-c", "import gshare, gshare.cli, gshare.runtime.server; print(gshare.Client)"],
+        ["-m", "gshare.cli", "simulate", str(REPO / "examples/scenarios/mlp-chain.yaml")]
+        + ["--quick", "--out", str(tmp_path / "sim")],
+        ["-m", "gshare.cli", "experiment", "run", "fast-spatial", "--quick"]
+        + ["--out", str(tmp_path / "exp")],
+    ):
+        r = subprocess.run(
+            [sys.executable, *args], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, (args, r.stderr[-2000:])
+    assert (tmp_path / "sim" / "mlp-chain-simulate" / "results.json").is_file()
+    assert (tmp_path / "exp" / "fast-spatial" / "results.json").is_file()
 
 
 def test_serve_without_ray_installed(tmp_path: Path) -> None:
