@@ -24,8 +24,8 @@
 Readiness is checked one way everywhere (tests, benches, ``make demo``): the process is alive,
 ``server.json`` in its state directory names *this* process's pid (a file left by an earlier
 server on the same directory does not count), ``GET /v2/health/ready`` on that URL answers 200
-(the node agents — and Ray with ``--cluster ray`` —, the controller and the gateway are up) and the control-API token is
-readable from the state directory. Only then does ``start()`` return.
+(the node agents — and Ray with ``--cluster ray`` —, the controller and the gateway are up)
+and the control-API token is readable from the state directory. Only then does ``start()`` return.
 
 ``stop()`` sends SIGTERM (or the signal given), waits for the exit, SIGKILLs the process group
 and the rest of the server's process tree if it hangs, then reports (``Stopped``) its exit code
@@ -214,9 +214,9 @@ class ServeProcess:
     temporary directory, removed by a clean ``stop``). ``log_path``: where its stdout and stderr
     go (default: beside the state directory). ``env``: variables set (a value of None unsets
     one) over this process's environment, from which ``RAY_ADDRESS`` is removed (a server with
-    ``--cluster ray`` starts its own local Ray unless ``--address`` is given). ``pythonpath``: directories put in
-    front of ``PYTHONPATH`` (handler modules of yours). ``tiny_models``: the built-in models at
-    test size. ``cwd``: its working directory (the controller also lets instances import
+    ``--cluster ray`` starts its own local Ray unless ``--address`` is given). ``pythonpath``:
+    directories put in front of ``PYTHONPATH`` (handler modules of yours). ``tiny_models``: the
+    built-in models at test size. ``cwd``: its working directory (the controller also lets instances import
     handler modules from there). ``port``: 0 = any free port.
     """
 
