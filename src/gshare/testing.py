@@ -216,8 +216,8 @@ class ServeProcess:
     one) over this process's environment, from which ``RAY_ADDRESS`` is removed (a server with
     ``--cluster ray`` starts its own local Ray unless ``--address`` is given). ``pythonpath``:
     directories put in front of ``PYTHONPATH`` (handler modules of yours). ``tiny_models``: the
-    built-in models at test size. ``cwd``: its working directory (the controller also lets instances import
-    handler modules from there). ``port``: 0 = any free port.
+    built-in models at test size. ``cwd``: its working directory (the controller also lets
+    instances import handler modules from there). ``port``: 0 = any free port.
     """
 
     def __init__(
