@@ -24,8 +24,9 @@ What must hold:
   the agent's end: it is passed to the agent alone and not inherited further);
 * when the socket closes (the server stopped it, or died) the agent shuts its node down
   (``NodeAgent.shutdown``: instances, token servers, model store, run directory) and exits;
-* Ctrl-C reaches the whole foreground process group: the agent ignores SIGINT, the server
-  stops it in order.
+* Ctrl-C reaches the whole foreground process group, and a service manager's stop may signal
+  the whole group: the agent ignores SIGINT and SIGTERM, and the server stops it in order (were
+  the server to die instead, the death signal ends the agent).
 """
 
 from __future__ import annotations
@@ -198,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     opts = dict(zip(args[::2], args[1::2], strict=False))
     _die_with_parent(int(opts["--parent-pid"]))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops us in order
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C or a stop of the whole group: the
+        signal.signal(sig, signal.SIG_IGN)  # server stops us in order (or its death kills us)
     fd = int(opts["--fd"])
     os.set_inheritable(fd, False)  # the template and instances must not hold it
     sock = socket.socket(fileno=fd)
