@@ -189,10 +189,10 @@ def test_agent_calls_run_concurrently_and_a_death_is_seen_at_once(short_tmp: Pat
 
     async def scenario() -> None:
         gone: list[ProcessAgentHandle] = []
-        proc, sock = spawn_agent()
+        proc, sock = spawn_agent(_agent_init(short_tmp / "run"))
         h = ProcessAgentHandle("local-test-node", proc, sock, on_gone=gone.append)
         try:
-            info = await h.open(_agent_init(short_tmp / "run"))
+            info = await h.open()
             assert info.devices == ("cpu",) and info.extra["pid"] == proc.pid
             describe = asyncio.create_task(h.describe(spec, [str(short_tmp)]))
             status = await h.status()  # answered while describe waits in the import
@@ -218,27 +218,32 @@ def test_agent_calls_run_concurrently_and_a_death_is_seen_at_once(short_tmp: Pat
     asyncio.run(scenario())
 
 
-def test_an_agent_dies_with_its_parent(tmp_path: Path) -> None:
-    """The death signal: ``kill -9`` of the process that spawned the agent kills the agent."""
+def test_an_agent_dies_with_its_parent(short_tmp: Path) -> None:
+    """The death signal: ``kill -9`` of the process that spawned the agent (once the agent has
+    built its node) kills the agent, and its template with it."""
     code = (
-        "from gshare.runtime.node.agent_process import spawn_agent\n"
-        "import time\n"
-        "proc, sock = spawn_agent()\n"
-        "print(proc.pid, flush=True)\n"
+        "import sys, time\n"
+        "from gshare.runtime.node.agent_process import recv, spawn_agent\n"
+        "init = {'node_id': 'local-x', 'run_dir': sys.argv[1], 'node_ip': '127.0.0.1'}\n"
+        "proc, sock = spawn_agent(init)\n"
+        "rid, ok, info = recv(sock)\n"
+        "print(proc.pid, ok, flush=True)\n"
         "time.sleep(600)\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code, str(short_tmp / "run")], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert parent.stdout is not None
-        agent = psutil.Process(int(parent.stdout.readline()))
+        pid, ok = parent.stdout.readline().split()
+        assert ok == "True"
+        agent = psutil.Process(int(pid))
         assert agent.ppid() == parent.pid
+        family = [agent, *agent.children(recursive=True)]  # the agent and its template
         parent.kill()
         parent.wait()
-        wait_until(
-            lambda: not agent.is_running() or agent.status() == psutil.STATUS_ZOMBIE,
-            30,
-            "the agent to die with its parent",
-        )
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert not alive, alive
     finally:
         parent.kill()
         parent.wait()

@@ -418,7 +418,7 @@ class LocalBackend:
     def start(self) -> None:
         from gshare.runtime.node.agent_process import spawn_agent
 
-        self._spawned = spawn_agent()
+        self._spawned = spawn_agent(self._init_args())
 
     def gateway_node_id(self) -> str:
         return self.node_id
@@ -427,13 +427,13 @@ class LocalBackend:
         from gshare.runtime.control.agents import ProcessAgentHandle
         from gshare.runtime.node.agent_process import spawn_agent
 
-        proc, sock = self._spawned or spawn_agent()  # on the loop: the main thread
+        proc, sock = self._spawned or spawn_agent(self._init_args())  # the main thread
         self._spawned = None
         assert self._gone is not None
         handle = ProcessAgentHandle(self.node_id, proc, sock, on_gone=self._gone.put_nowait)
         self.handle = handle
         try:
-            info = await handle.open(self._init_args(), timeout_s=timeout_s)
+            info = await handle.open(timeout_s=timeout_s)
         except BaseException:
             await handle.shutdown(timeout_s=1.0)
             raise

@@ -36,11 +36,12 @@ class ProcessAgentHandle:
     """``AgentHandle`` over a ``NodeAgent`` in a child process of the server
     (``node.agent_process``: its wire, and what must hold).
 
-    Lifecycle, all on the server's event loop: ``open(kwargs)`` sends ``init`` and returns the
-    agent's ``NodeInfo``; calls may then run concurrently (answers are matched by id); the
-    first EOF on the socket (the agent exited or was killed) fails every waiting call with
-    ``AgentGone``, and so does every later call, and ``on_gone(self)`` runs once — the backend
-    replaces the agent at once, without waiting for a status poll. ``shutdown()`` stops the
+    Lifecycle, all on the server's event loop: ``open()`` waits for the answer to the ``init``
+    that ``spawn_agent`` sent and returns the agent's ``NodeInfo``; calls may then run
+    concurrently (answers are matched by id); the first EOF on the socket (the agent exited or
+    was killed) fails every waiting call with ``AgentGone``, and so does every later call, and
+    ``on_gone(self)`` runs once — the backend replaces the agent at once, without waiting for a
+    status poll. ``shutdown()`` stops the
     node in order and reaps the process."""
 
     def __init__(
@@ -69,12 +70,18 @@ class ProcessAgentHandle:
     def pid(self) -> int:
         return self.proc.pid
 
-    async def open(self, init: dict[str, Any], timeout_s: float = 120.0) -> NodeInfo:
-        """Connect to the agent, build its ``NodeAgent(**init)``, return its ``NodeInfo``.
-        Raises ``AgentGone`` if it exits first, ``TimeoutError`` after ``timeout_s``."""
+    async def open(self, timeout_s: float = 120.0) -> NodeInfo:
+        """Connect to the agent and return its ``NodeInfo`` once its node is built (the answer
+        to ``spawn_agent``'s ``init``; the agent's error if it could not build it). Raises
+        ``AgentGone`` if it exits first, ``TimeoutError`` after ``timeout_s``."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[0] = fut  # before the reader starts: the answer may be waiting already
         self._reader, self._writer = await asyncio.open_unix_connection(sock=self._sock)
         self._task = asyncio.create_task(self._read(), name=f"gshare-agent-{self.node_id[:8]}")
-        info: NodeInfo = await self._request(0, "init", (init,), timeout_s)
+        try:
+            info: NodeInfo = await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._pending.pop(0, None)
         return info
 
     async def _read(self) -> None:

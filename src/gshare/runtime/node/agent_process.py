@@ -10,7 +10,9 @@ The wire: one ``AF_UNIX`` socket pair, private to the two processes (no port, no
 ways, frames of a 4-byte big-endian length and a pickle (the two ends are the same program;
 nobody else holds the socket). The server sends ``(id, method, args)``; the agent answers
 ``(id, True, result)`` or ``(id, False, exception)``. The first request is ``(0, "init",
-kwargs)``: the agent builds its ``NodeAgent(**kwargs)`` and answers with its ``NodeInfo``.
+(kwargs,))``, sent by ``spawn_agent`` itself: the agent builds its ``NodeAgent(**kwargs)``
+(token servers, template) while the server imports and wires the rest, and answers with its
+``NodeInfo``.
 Requests run on a thread pool (``WORKERS``), so a long one (``describe`` imports the user's
 module) never holds up ``status``; answers are matched to requests by id.
 
@@ -69,10 +71,14 @@ def answer_error(e: BaseException) -> BaseException:
         return RuntimeError(f"{type(e).__name__}: {e}")
 
 
-def spawn_agent(env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """Start an agent child and return it with the server's end of its socket pair. Call it
-    from the server's main thread (the module doc: the death signal follows the forking
-    thread); then send ``(0, "init", kwargs)`` (``ProcessAgentHandle.open``)."""
+def spawn_agent(
+    init: dict[str, Any], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """Start an agent child, send it ``(0, "init", (init,))`` (the ``NodeAgent``'s keyword
+    arguments: it builds its node at once, while the caller goes on), and return it with the
+    server's end of its socket pair; ``ProcessAgentHandle.open`` then waits for the answer.
+    Call it from the server's main thread (the module doc: the death signal follows the
+    forking thread)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         proc = subprocess.Popen(
@@ -94,6 +100,9 @@ def spawn_agent(env: dict[str, str] | None = None) -> tuple[subprocess.Popen[byt
         raise
     finally:
         theirs.close()
+    # a few hundred bytes: the buffer holds them; if it died at once, ``open`` reads the EOF
+    with contextlib.suppress(OSError):
+        ours.sendall(encode((0, "init", (init,))))
     return proc, ours
 
 
@@ -110,8 +119,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _recv(sock: socket.socket) -> Any:
-    """The next frame's message; None at EOF (the server closed its end, or died)."""
+def recv(sock: socket.socket) -> Any:
+    """The next frame's message, blocking; None at EOF (the other end closed, or died)."""
     head = _recv_exact(sock, FRAME.size)
     if head is None:
         return None
@@ -160,7 +169,7 @@ class _Served:
                 self.agent.shutdown()
 
     def serve(self) -> int:
-        first = _recv(self.sock)
+        first = recv(self.sock)
         if first is None:
             return 0
         rid, method, args = first
@@ -178,7 +187,7 @@ class _Served:
         self.send((rid, True, info))
         pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="gshare-agent")
         while True:
-            msg = _recv(self.sock)
+            msg = recv(self.sock)
             if msg is None:
                 break
             pool.submit(self.run_one, *msg)
@@ -214,4 +223,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["FRAME", "WORKERS", "answer_error", "encode", "main", "spawn_agent"]
+__all__ = ["FRAME", "WORKERS", "answer_error", "encode", "main", "recv", "spawn_agent"]
