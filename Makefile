@@ -1,5 +1,6 @@
 # gshare — two commands: `make demo` and `make test`.
-# Both create .venv on a fresh clone (pinned deps, torch==2.13.0 CPU build) and then run.
+# Both create .venv on a fresh clone (pinned deps, torch==2.13.0 CPU build, every extra: Ray
+# too, for the multi-node tests) and then run.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -17,7 +18,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(FIND_LINKS) "torch==2.13.0"
-	$(BIN)/python -m pip install -q $(FIND_LINKS) -e ".[torch,dev]"
+	$(BIN)/python -m pip install -q $(FIND_LINKS) -e ".[torch,dev,cluster]"
 	@touch $(STAMP)
 
 lint: $(STAMP)

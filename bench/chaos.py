@@ -1,6 +1,7 @@
 """Fault injection: ``kill -9`` of each process kind of a live server under steady load.
 
-Usage: ``python bench/chaos.py [--quick] [--json PATH] [--kinds instance,template,agent,server]``
+Usage: ``python bench/chaos.py [--quick] [--json PATH] [--kinds instance,template,agent,server]
+[--cluster local|ray]`` (``local``: the embedded default)
 
 One ``gshare serve`` (``gshare.testing.ServeProcess``, ``--request-timeout-s 30``) and one
 function (the demo handler ``Sleep``, 20 ms a request, ``min_instances`` 1, at most 2). For each
@@ -8,7 +9,8 @@ process kind, in this order, while ``--clients`` threads (4) send requests back 
 
 * ``instance`` -- the function's instance (a process forked from the node's template);
 * ``template`` -- the node's fork template (the instances' parent);
-* ``agent`` -- the node agent (a Ray actor: it holds the token servers and the template);
+* ``agent`` -- the node agent (a child process of the server in the embedded default, a Ray
+  actor with ``--cluster ray``: it holds the token servers and the template);
 * ``server`` -- ``gshare serve`` itself; a supervisor's restart is played by starting it again
   on the same state directory one second later (what ``systemd``'s ``Restart=`` would do).
 
@@ -182,9 +184,11 @@ def _leaks(sessions: set[str], run_dirs: set[str], stores: set[str], state: Path
     return out
 
 
-def run(kinds: list[str], clients: int, steady_s: float) -> dict[str, Any]:
+def run(kinds: list[str], clients: int, steady_s: float, cluster: str = "local") -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gshare-chaos-"))
     srv = ServeProcess(
+        "--cluster",
+        cluster,
         "--request-timeout-s",
         str(REQUEST_TIMEOUT_S),
         state_dir=tmp / "state",
@@ -220,6 +224,8 @@ def run(kinds: list[str], clients: int, steady_s: float) -> dict[str, Any]:
             if kind == "server":
                 time.sleep(1.0)
                 srv = ServeProcess(
+                    "--cluster",
+                    cluster,
                     "--request-timeout-s",
                     str(REQUEST_TIMEOUT_S),
                     state_dir=srv.state_dir,
@@ -295,6 +301,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser(__doc__)
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--cluster", choices=("local", "ray"), default="local")
     parser.add_argument("--steady-s", type=float, default=None, help="load before/after (5)")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -302,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if bad:
         parser.error(f"unknown kinds {bad} (known: {', '.join(KINDS)})")
     steady_s = args.steady_s or (2.0 if args.quick else 5.0)
-    summary = run(kinds, args.clients, steady_s)
+    summary = run(kinds, args.clients, steady_s, args.cluster)
     rows = summary.pop("rows")
     summary.update(machine_load())
     print_table(

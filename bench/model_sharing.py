@@ -132,6 +132,7 @@ def run_fork_group(shared: bool, model: str, root: str, n: int, work: str) -> di
     lau = Launcher(env)
     lau.start()
     try:
+        lau.preload(model)  # the model's classes in the template, as the agent does
         key = lau.call("gshare.runtime.node.tasks:put_weights", [root, spec]) if shared else None
         launches = []
         for k in range(n):

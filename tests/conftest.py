@@ -2,8 +2,8 @@
 sub-folder). The helpers behind them are public, in ``gshare.testing``; tests import
 ``wait_until`` and the rest from there.
 
-* ``served`` — one real ``gshare serve`` per test module (module scope: Ray starts once
-  per module; modules never share a server), with the test defaults below plus
+* ``served`` — one real ``gshare serve`` per test module (module scope: the server starts
+  once per module; modules never share a server), with the test defaults below plus
   ``--max-body-mb 1 --request-timeout-s 90``. Its teardown checks the shutdown: exit code 0
   and no process of its tree left behind.
 * ``start_gshare`` — a factory for tests that need servers of their own (a restart on the

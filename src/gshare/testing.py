@@ -24,8 +24,8 @@
 Readiness is checked one way everywhere (tests, benches, ``make demo``): the process is alive,
 ``server.json`` in its state directory names *this* process's pid (a file left by an earlier
 server on the same directory does not count), ``GET /v2/health/ready`` on that URL answers 200
-(Ray, the node agents, the controller and the gateway are up) and the control-API token is
-readable from the state directory. Only then does ``start()`` return.
+(the node agents — and Ray with ``--cluster ray`` —, the controller and the gateway are up)
+and the control-API token is readable from the state directory. Only then does ``start()`` return.
 
 ``stop()`` sends SIGTERM (or the signal given), waits for the exit, SIGKILLs the process group
 and the rest of the server's process tree if it hangs, then reports (``Stopped``) its exit code
@@ -66,7 +66,8 @@ TINY_MODELS_ENV: Mapping[str, str] = {"GSHARE_TINY_MODELS": "1"}
 for a ``Launcher`` or an instance started outside ``ServeProcess(tiny_models=True)``."""
 
 START_TIMEOUT_S = 180.0
-"""How long ``ServeProcess.start`` waits for readiness by default (Ray's start dominates)."""
+"""How long ``ServeProcess.start`` waits for readiness by default (the embedded default is ready
+in about a second; Ray's start, with ``--cluster ray``, takes several)."""
 
 LOG_TAIL_CHARS = 6000
 
@@ -197,8 +198,8 @@ class Stopped:
     killed: bool
     """It did not exit within the stop timeout and was SIGKILLed with its process group."""
     left: list[psutil.Process] = field(default_factory=list)
-    """Processes of its tree (Ray's GCS, raylet, workers, agents, instances) still running
-    ``gone_timeout_s`` after it exited; reported, then killed."""
+    """Processes of its tree (agents, templates, instances; with Ray its GCS, raylet, workers)
+    still running ``gone_timeout_s`` after it exited; reported, then killed."""
 
     @property
     def clean(self) -> bool:
@@ -212,11 +213,11 @@ class ServeProcess:
     ``args``: extra ``gshare serve`` options. ``state_dir``: its state directory (default: a new
     temporary directory, removed by a clean ``stop``). ``log_path``: where its stdout and stderr
     go (default: beside the state directory). ``env``: variables set (a value of None unsets
-    one) over this process's environment, from which ``RAY_ADDRESS`` is removed (the server
-    starts its own local Ray unless ``--address`` is given). ``pythonpath``: directories put in
-    front of ``PYTHONPATH`` (handler modules of yours). ``tiny_models``: the built-in models at
-    test size. ``cwd``: its working directory (the controller also lets instances import
-    handler modules from there). ``port``: 0 = any free port.
+    one) over this process's environment, from which ``RAY_ADDRESS`` is removed (a server with
+    ``--cluster ray`` starts its own local Ray unless ``--address`` is given). ``pythonpath``:
+    directories put in front of ``PYTHONPATH`` (handler modules of yours). ``tiny_models``: the
+    built-in models at test size. ``cwd``: its working directory (the controller also lets
+    instances import handler modules from there). ``port``: 0 = any free port.
     """
 
     def __init__(
@@ -397,7 +398,8 @@ class ServeProcess:
             return ""
 
     def tree(self) -> list[psutil.Process]:
-        """The server process and every descendant (Ray's GCS, raylet, agents, instances)."""
+        """The server process and every descendant (the agent, its template, instances; with
+        Ray its GCS, raylet and workers)."""
         return process_tree(self.proc.pid) if self.proc is not None else []
 
     # -- stop --------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from gshare.runtime.control.state import StateStore
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.instance.launch import InstanceLaunch
 from gshare.runtime.messages import (
     AgentGone,
     InstanceState,
@@ -61,13 +62,13 @@ class FakeAgent:
             raise AgentGone("the agent died")
         return NodeStatus(self.node_id, "127.0.0.1", 0.0, tuple(self.instances.values()))
 
-    async def start_instance(self, launch: dict[str, Any]) -> None:
-        iid = launch["instance_id"]
+    async def start_instance(self, launch: InstanceLaunch) -> None:
+        iid = launch.instance_id
         self.started.append(iid)
         if self.fail_starts > 0:
             self.fail_starts -= 1
             self.instances[iid] = InstanceStatus(
-                iid, launch["function"], InstanceState.FAILED, 0, error="ImportError: no module x"
+                iid, launch.function, InstanceState.FAILED, 0, error="ImportError: no module x"
             )
             return
         path = str(self.run_dir / f"{iid}.sock")
@@ -77,7 +78,7 @@ class FakeAgent:
 
         self._servers[iid] = await asyncio.start_unix_server(on_connect, path)
         self.instances[iid] = InstanceStatus(
-            iid, launch["function"], InstanceState.READY, 0, uds_path=path
+            iid, launch.function, InstanceState.READY, 0, uds_path=path
         )
 
     async def stop_instance(self, instance_id: str) -> None:

@@ -346,11 +346,29 @@ def _ray_join(address: str, env: dict[str, str]) -> subprocess.CompletedProcess[
     )
 
 
-def test_ray_refuses_whoever_lacks_the_session_token(srv: ServeProcess) -> None:
-    """Item 13: in the local default, Ray listens on every interface (Ray cannot bind its gRPC
-    servers to loopback), and anyone who reached a port could run code in the cluster. gshare
-    starts it with Ray's token authentication and a per-session token: a process without the
-    token cannot join, one with it can (so the refusal is the token's doing)."""
+@pytest.fixture(scope="module")
+def ray_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    s = ServeProcess(
+        "--cluster",
+        "ray",
+        state_dir=tmp_path_factory.mktemp("hardening-ray") / "state",
+        tiny_models=True,
+        cwd=REPO,
+    ).start()
+    try:
+        yield s
+    finally:
+        stopped = s.stop()
+        assert stopped.code == 0 and not stopped.killed, f"{stopped}\n{s.log()}"
+
+
+def test_ray_refuses_whoever_lacks_the_session_token(ray_srv: ServeProcess) -> None:
+    """With ``--cluster ray`` (a local Ray on purpose), Ray listens on every interface (Ray
+    cannot bind its gRPC servers to loopback), and anyone who reached a port could run code in
+    the cluster. gshare starts it with Ray's token authentication and a per-session token: a
+    process without the token cannot join, one with it can (so the refusal is the token's
+    doing). The embedded default opens no such port (``test_embedded``)."""
+    srv = ray_srv
     gcs_proc = next(p for p in srv.tree() if p.name() == "gcs_server")
     gcs = next(c.laddr.port for c in gcs_proc.net_connections(kind="inet") if c.status == "LISTEN")
     server_env = gcs_proc.environ()  # what the server set before Ray started

@@ -32,7 +32,17 @@ from gshare.workflows.dag import render_stages
 @app.command("serve")
 def serve_cmd(
     address: str | None = typer.Option(
-        None, "--address", help="Join this Ray cluster (default: start a local Ray instance)."
+        None,
+        "--address",
+        help="Join this Ray cluster (needs gshare[cluster]; default: one machine, no Ray).",
+    ),
+    cluster: str | None = typer.Option(
+        None,
+        "--cluster",
+        help=(
+            "local (the default: one machine, the node agent a child process, no Ray) or ray "
+            "(start a local Ray cluster on purpose; needs gshare[cluster])."
+        ),
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     port: int = typer.Option(
@@ -122,13 +132,15 @@ def serve_cmd(
         ),
     ),
 ) -> None:
-    """Run the gateway, the controller and one node agent per Ray node until Ctrl-C / SIGTERM."""
+    """Run the gateway, the controller and the node agents until Ctrl-C / SIGTERM: one agent on
+    this machine (no Ray) by default, one per Ray node with --cluster ray or --address."""
     from gshare.runtime.server import ServeError, ServeOptions, run_server
 
     try:
         run_server(
             ServeOptions(
                 address=address,
+                cluster=cluster,
                 host=host,
                 port=port,
                 state=str(state) if state is not None else None,

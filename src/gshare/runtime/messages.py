@@ -3,9 +3,10 @@ controller asks of it.
 
 Who uses it: the node agent (``runtime.node.agent``) builds a ``NodeStatus`` in ``status()``;
 the controller (``runtime.control.loop``) consumes it through an ``AgentHandle``
-(``runtime.control.agents``: the Ray actor in production, a small fake in the controller's unit
-tests). Values cross Ray by pickling, so every field is plain data; enums are ``str`` enums, so
-that the JSON views of the control API show their value.
+(``runtime.control.agents``: the agent child process of the embedded default, a Ray actor on a
+Ray cluster, a small fake in the controller's unit tests). Values cross process boundaries by
+pickling (the agent's socket pair, or Ray), so every field is plain data; enums are ``str``
+enums, so that the JSON views of the control API show their value.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from gshare.runtime.instance.launch import InstanceLaunch
 
 
 class InstanceState(enum.StrEnum):
@@ -184,7 +187,7 @@ class AgentHandle(Protocol):
 
     async def status(self) -> NodeStatus: ...
 
-    async def start_instance(self, launch: dict[str, Any]) -> None: ...
+    async def start_instance(self, launch: InstanceLaunch) -> None: ...
 
     async def stop_instance(self, instance_id: str) -> None: ...
 

@@ -1,26 +1,32 @@
-"""``gshare serve``: one process that runs the gateway and the controller, on Ray.
+"""``gshare serve``: one process that runs the gateway and the controller, and its node agents
+— embedded (one machine, no Ray: the default) or on Ray (``--cluster ray``, ``--address``).
 
 Processes (docs/DESIGN.md §5)::
 
-    gshare serve (this process: Ray driver)
+    gshare serve (this process)
       ├─ uvicorn + FastAPI gateway ─┐ one asyncio loop
       ├─ grpc.aio, with --grpc-port ┤ (the gateway's gRPC API, same OipService)
       ├─ controller ────────────────┘ (policy.control + placement every second; SQLite state)
-      └─ Ray: a local instance (default) or a cluster (--address)
-           └─ node agent per node (actor, pinned with NodeAffinitySchedulingStrategy):
-                token server per device (UDS), model store, instance lifecycle, MPS
+      └─ ClusterBackend: how node agents start, are found, watched and stopped
+           local (default): one node agent, a child process (socket pair, death signal)
+           ray: a local Ray instance (--cluster ray) or a cluster (--address); one agent
+                actor per Ray node, pinned with NodeAffinitySchedulingStrategy
+           └─ node agent: token server per device (UDS), model store, instance lifecycle, MPS
                 └─ instance template (--launcher fork, the default) forks the instances on
                    the node the placer chose (--launcher ray: one Ray actor each):
                      batching + token client + model; a UDS/TCP server for the gateway
 
-``run_server`` binds the HTTP socket first (a busy port — HTTP's or ``--grpc-port``'s — fails
-in a second, before Ray starts), starts Ray, one agent per alive node, then serves until
-SIGINT or SIGTERM. Shutdown, in order: stop accepting (gRPC calls in flight get the same grace
-as HTTP requests), answer everything queued or in flight with 503, stop the controller
-and every instance, shut the agents down (token servers, model store, run directory), and
-``ray.shutdown()`` — which, for the local instance this process started, stops every Ray
-process (GCS, raylet, workers), so nothing is left behind. ``state_dir/server.json`` tells
-clients where the server listens while it runs (``url``; ``grpc``: host:port with gRPC).
+``runtime.wiring`` builds the server's objects (gateway, controller, stage scheduler, control
+API, OIP service) the same way for both backends. ``run_server`` binds the HTTP socket first (a
+busy port — HTTP's or ``--grpc-port``'s — fails at once), starts the backend (Ray, or the
+agent's process), builds the objects, and in the app's startup waits for the agents, restores
+the deployed functions and serves until SIGINT or SIGTERM. Shutdown, in order: stop accepting
+(gRPC calls in flight get the same grace as HTTP requests), answer everything queued or in
+flight with 503, stop the controller and every instance, shut the agents down (token
+servers, model store, run directory), and close the backend — ``ray.shutdown()`` stops every
+Ray process of a local instance; the embedded agent has exited by then. Nothing is left
+behind. ``state_dir/server.json`` tells clients where the server listens while it runs
+(``url``; ``grpc``: host:port with gRPC; ``cluster``: local or ray).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import uuid
 from collections.abc import AsyncIterator, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gshare.runtime.instance.oscap import SESSION_ENV
 from gshare.runtime.instance.sandbox import HIDE_ENV
@@ -56,6 +62,8 @@ DEFAULT_PORT = 8080
 SERVER_FILE = "server.json"
 NODE_SCAN_S = 5.0
 """How often the server looks for Ray nodes without an agent (nodes that joined)."""
+CLUSTERS = ("local", "ray")
+"""``gshare serve --cluster``: the embedded default (one machine, no Ray), or Ray."""
 
 
 class ServeError(Exception):
@@ -65,6 +73,11 @@ class ServeError(Exception):
 @dataclass
 class ServeOptions:
     address: str | None = None
+    """Join this Ray cluster (``RayBackend``); None: one machine."""
+    cluster: str | None = None
+    """``local`` (embedded, no Ray), ``ray`` (a local Ray instance, on purpose), or None:
+    ``ray`` when ``address`` or ``launcher="ray"`` asks for it, else ``local``
+    (``cluster_backend``)."""
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     state: str | None = None
@@ -208,6 +221,7 @@ def run_server(opts: ServeOptions) -> None:
         raise ServeError(
             f"unknown priority sharing {opts.priority_sharing!r} (known: fikit, tokens)"
         )
+    cluster_backend(opts)  # an unknown --cluster, or Ray asked for but not installed
     logging.basicConfig(
         level=getattr(logging, opts.log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -226,7 +240,7 @@ def run_server(opts: ServeOptions) -> None:
         ) from None
     reclaim_stale_server(state_dir)
     sock = _bind(opts.host, opts.port)
-    if opts.grpc_port:  # fail in a second, before Ray starts (the gRPC server binds it later)
+    if opts.grpc_port:  # fail at once, before the agents start (the gRPC server binds it later)
         try:
             _bind(opts.host, opts.grpc_port).close()
         except ServeError as e:
@@ -238,7 +252,7 @@ def run_server(opts: ServeOptions) -> None:
     stop = threading.Event()
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
-    def early(sig: int, _frame: Any) -> None:  # a signal while Ray starts: stop after it
+    def early(sig: int, _frame: Any) -> None:  # a signal while the backend starts: stop after
         stop.set()
 
     for s in previous:
@@ -246,15 +260,12 @@ def run_server(opts: ServeOptions) -> None:
     runtime: _Runtime | None = None
     try:
         runtime = _Runtime(opts, store, token, state_dir)
-        runtime.start_ray()
+        runtime.backend.start()  # Ray's start, or the agent's spawn (this, the main, thread)
         for s in previous:  # ray.init installs its own SIGTERM handler
             signal.signal(s, early)
         if stop.is_set():
             return
-        runtime.start_agents()
-        if stop.is_set():
-            return
-        app = runtime.build()
+        app = runtime.build(url)
         config = uvicorn.Config(
             app,
             log_level="warning",
@@ -274,13 +285,9 @@ def run_server(opts: ServeOptions) -> None:
                     "session": runtime.session,
                     "run_dir": runtime.run_dir,
                     "store_root": runtime.store_root,
+                    "cluster": runtime.backend.name,
                 }
             )
-        )
-        print(
-            f"gshare: serving on {url} (state {state_dir}, {len(runtime.agents)} node(s))",
-            file=sys.stderr,
-            flush=True,
         )
         asyncio.run(server.serve(sockets=[sock]))
         if runtime.startup_error:
@@ -351,8 +358,310 @@ def _enable_ray_token_auth(token: str) -> None:
         log.warning("Ray token authentication is not available (%s): Ray's ports are open", e)
 
 
+class ClusterBackend(Protocol):
+    """How a server's node agents are started, found, watched and stopped: ``LocalBackend``
+    (the embedded default: one agent, a child process) or ``RayBackend`` (one Ray actor per Ray
+    node). ``_Runtime`` calls, in order: ``start`` (before the event loop, in the main thread),
+    ``gateway_node_id``, then on the loop ``start_agents`` (agents added to the controller),
+    ``watch`` (a task until shutdown: replaces dead agents, adds nodes that join),
+    ``stop_agents``; and ``close`` after the loop, always (also after a failed start)."""
+
+    name: str
+
+    def start(self) -> None: ...
+
+    def gateway_node_id(self) -> str: ...
+
+    async def start_agents(self, controller: Any) -> int: ...
+
+    async def watch(self, controller: Any) -> None: ...
+
+    async def stop_agents(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """The embedded default: one node, this machine; its agent is a child process of the
+    server (``node.agent_process``), reached through a ``ProcessAgentHandle`` over a private
+    socket pair. No Ray, no port besides the gateway's own.
+
+    ``start`` spawns the agent at once (it builds its token servers and starts its template
+    while the server imports and wires the rest); ``start_agents`` waits for its ``NodeInfo``.
+    The agent dies with the server (its death signal); when it dies first, its socket's EOF
+    reaches ``watch`` at once, which tells the controller (``Controller.agent_gone``) and starts
+    a new agent on the same node id (retried every ``RESPAWN_RETRY_S`` while that fails)."""
+
+    name = "local"
+    RESPAWN_RETRY_S = 1.0
+
+    def __init__(self, rt: _Runtime) -> None:
+        self.rt = rt
+        self.node_id = f"local-{rt.session}-{uuid.uuid4().hex[:8]}"
+        self.handle: Any = None
+        self._spawned: Any = None
+        self._gone: asyncio.Queue[Any] | None = None
+        self._stopping = False
+
+    def _init_args(self) -> dict[str, Any]:
+        o = self.rt.opts
+        return {
+            "node_id": self.node_id,
+            "run_dir": self.rt.run_dir,
+            "store_root": self.rt.store_root,
+            "launcher": o.launcher,
+            "device_mem_mb": o.device_mem_mb,
+            "priority_sharing": o.priority_sharing,
+            "node_ip": "127.0.0.1",
+        }
+
+    def start(self) -> None:
+        from gshare.runtime.node.agent_process import spawn_agent
+
+        self._spawned = spawn_agent(self._init_args())
+
+    def gateway_node_id(self) -> str:
+        return self.node_id
+
+    async def _open(self, timeout_s: float) -> Any:
+        from gshare.runtime.control.agents import ProcessAgentHandle
+        from gshare.runtime.node.agent_process import spawn_agent
+
+        proc, sock = self._spawned or spawn_agent(self._init_args())  # the main thread
+        self._spawned = None
+        assert self._gone is not None
+        handle = ProcessAgentHandle(self.node_id, proc, sock, on_gone=self._gone.put_nowait)
+        self.handle = handle
+        try:
+            info = await handle.open(timeout_s=timeout_s)
+        except BaseException:
+            await handle.shutdown(timeout_s=1.0)
+            raise
+        return handle, info
+
+    async def start_agents(self, controller: Any) -> int:
+        self._gone = asyncio.Queue()
+        handle, info = await self._open(timeout_s=120)
+        controller.add_agent(handle, info)
+        return 1
+
+    async def watch(self, controller: Any) -> None:
+        from gshare.runtime.messages import AgentGone
+
+        assert self._gone is not None
+        while True:
+            dead = await self._gone.get()
+            if self._stopping or dead is not self.handle:
+                continue
+            log.warning("the node agent (pid %d) died: %s; starting a new one", dead.pid, dead.gone)
+            await controller.agent_gone(self.node_id, AgentGone(str(dead.gone)))
+            await dead.shutdown(timeout_s=1.0)  # reap it
+            while not self._stopping:
+                try:
+                    handle, info = await self._open(timeout_s=120)
+                except Exception as e:
+                    log.warning("the new node agent did not start (%s); retrying", e)
+                    await asyncio.sleep(self.RESPAWN_RETRY_S)
+                    continue
+                controller.add_agent(handle, info)
+                controller.nudge()
+                break
+
+    async def stop_agents(self) -> None:
+        self._stopping = True
+        if self.handle is not None:
+            await self.handle.shutdown()
+
+    def close(self) -> None:
+        spawned, self._spawned = self._spawned, None
+        procs = [spawned[0]] if spawned else []
+        if spawned:
+            spawned[1].close()
+        if self.handle is not None:
+            procs.append(self.handle.proc)
+        for proc in procs:  # an agent the loop never stopped (a failed start)
+            if proc.poll() is None:
+                proc.kill()
+            with contextlib.suppress(Exception):
+                proc.wait(10)
+
+
+class RayBackend:
+    """Ray: a local Ray instance this server starts (``--cluster ray``, ``--launcher ray``) or
+    a cluster it joins (``--address``); one ``NodeAgent`` actor per alive Ray node, pinned there
+    (``NodeAffinitySchedulingStrategy``). ``watch`` looks for nodes without an agent every
+    ``NODE_SCAN_S`` (a node that joined, or one whose agent died: Ray reports the death to the
+    next call, ``AgentGone``). ``close`` is ``ray.shutdown()``, which stops every Ray process of
+    a local instance."""
+
+    name = "ray"
+
+    def __init__(self, rt: _Runtime) -> None:
+        self.rt = rt
+        self.agents: dict[str, Any] = {}
+        self.started = False
+
+    def start(self) -> None:
+        import ray
+
+        opts = self.rt.opts
+        kwargs: dict[str, Any] = {
+            "include_dashboard": False,
+            "logging_level": logging.WARNING,
+            "log_to_driver": True,
+            "namespace": "gshare",
+        }
+        if opts.address:
+            kwargs["address"] = opts.address
+        else:
+            kwargs["address"] = "local"
+            # one machine: Ray's servers listen on loopback only; a cluster's head is started
+            # with `ray start`, which chooses its own address
+            kwargs["_node_ip_address"] = "127.0.0.1"
+            # Ray's gRPC servers still listen on every interface (Ray cannot bind them to
+            # loopback): its token authentication makes them refuse who lacks this session's
+            # token (only this server's processes inherit it)
+            if "RAY_AUTH_MODE" not in os.environ:
+                _enable_ray_token_auth(secrets.token_hex(32))
+            kwargs["num_cpus"] = opts.num_cpus or os.cpu_count() or 1
+            kwargs["object_store_memory"] = max(80, opts.object_store_mb) << 20
+        try:
+            ray.init(**kwargs)
+        except Exception as e:
+            raise ServeError(
+                f"cannot start Ray ({'join ' + opts.address if opts.address else 'local'}): {e}"
+            ) from None
+        self.started = True
+
+    def gateway_node_id(self) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    def new_agents(self, timeout_s: float = 60) -> dict[str, NodeInfo]:
+        """Start an agent on every alive Ray node that has none; return their infos (blocking:
+        called in a worker thread)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from gshare.runtime.node.agent import NodeAgent
+
+        o = self.rt.opts
+        cls = ray.remote(NodeAgent)
+        started: dict[str, Any] = {}
+        for n in ray.nodes():  # type: ignore[no-untyped-call]
+            nid = n["NodeID"]
+            if not n.get("Alive") or nid in self.agents:
+                continue
+            started[nid] = cls.options(
+                num_cpus=0,
+                max_concurrency=32,
+                max_restarts=0,
+                name=f"gshare-agent-{self.rt.session}-{nid[:12]}",
+                scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
+            ).remote(
+                nid,
+                self.rt.run_dir,
+                None,
+                self.rt.store_root,
+                o.launcher,
+                o.device_mem_mb,
+                o.priority_sharing,
+            )
+        if not started:
+            return {}
+        infos = ray.get([a.info.remote() for a in started.values()], timeout=timeout_s)
+        self.agents.update(started)
+        return dict(zip(started, infos, strict=True))
+
+    async def start_agents(self, controller: Any) -> int:
+        from gshare.runtime.control.agents import RayAgentHandle
+
+        infos = await asyncio.to_thread(self.new_agents, 120)
+        for nid, info in infos.items():
+            controller.add_agent(RayAgentHandle(nid, self.agents[nid]), info)
+        return len(infos)
+
+    async def watch(self, controller: Any) -> None:
+        import ray
+
+        from gshare.runtime.control.agents import RayAgentHandle
+
+        while True:
+            await asyncio.sleep(NODE_SCAN_S)
+            try:
+                for nid in controller.dead_agents():  # replace a dead agent
+                    old = self.agents.pop(nid, None)
+                    if old is not None:
+                        log.warning("the agent of node %s died; starting a new one", nid[:8])
+                        with contextlib.suppress(Exception):
+                            ray.kill(old, no_restart=True)
+                for nid, info in (await asyncio.to_thread(self.new_agents)).items():
+                    controller.add_agent(RayAgentHandle(nid, self.agents[nid]), info)
+                    log.info("node %s joined: agent started (%s)", nid[:8], ", ".join(info.devices))
+            except Exception as e:  # a node that fails to start an agent is retried later
+                log.warning("node scan: %s", e)
+
+    async def stop_agents(self) -> None:
+        await asyncio.to_thread(self._stop_agents)
+
+    def _stop_agents(self) -> None:
+        import ray
+
+        refs = []
+        for a in self.agents.values():
+            with contextlib.suppress(Exception):
+                refs.append(a.shutdown.remote())
+        with contextlib.suppress(Exception):
+            ray.get(refs, timeout=30)
+        for a in self.agents.values():
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        self.agents.clear()
+
+    def close(self) -> None:
+        if not self.started:
+            return
+        import ray
+
+        if self.agents:  # the loop never stopped them (a failed start)
+            self._stop_agents()
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        self.started = False
+
+
+def cluster_backend(opts: ServeOptions) -> str:
+    """Which backend ``opts`` asks for: ``ray`` with ``--address``, ``--cluster ray`` or
+    ``--launcher ray`` (each instance a Ray actor), else ``local``. A contradiction, an unknown
+    name, or Ray asked for but not installed is a ``ServeError`` with one line."""
+    if opts.cluster not in (None, *CLUSTERS):
+        raise ServeError(f"unknown cluster {opts.cluster!r} (known: {', '.join(CLUSTERS)})")
+    wants_ray = [
+        why
+        for why, on in (
+            ("--address", bool(opts.address)),
+            ("--launcher ray", opts.launcher == "ray"),
+            ("--cluster ray", opts.cluster == "ray"),
+        )
+        if on
+    ]
+    if opts.cluster == "local" and wants_ray:
+        raise ServeError(f"{wants_ray[0]} needs Ray; it cannot be used with --cluster local")
+    if not wants_ray:
+        return "local"
+    try:
+        import ray  # noqa: F401 - the Ray backend needs it anyway
+    except ImportError:
+        raise ServeError(
+            f"{wants_ray[0]} needs Ray, which is not installed: "
+            "pip install 'gshare[cluster]' (or serve on one machine without it)"
+        ) from None
+    return "ray"
+
+
 class _Runtime:
-    """Ray, agents, gateway and controller of one server."""
+    """The agents (through a ``ClusterBackend``), gateway and controller of one server."""
 
     def __init__(self, opts: ServeOptions, store: Any, token: str, state_dir: Path) -> None:
         self.opts = opts
@@ -370,167 +679,60 @@ class _Runtime:
         self.store_root = (
             f"/dev/shm/gshare-{uid}-{self.session}" if os.path.isdir("/dev/shm") else None
         )
-        self.agents: dict[str, Any] = {}
-        self.ray_started = False
-        self.controller: Any = None
-        self.gateway: Any = None
+        self.backend: ClusterBackend = (
+            RayBackend(self) if cluster_backend(opts) == "ray" else LocalBackend(self)
+        )
+        self.objects: Any = None
         self.startup_error: str | None = None
         """Why the app's startup failed (uvicorn then exits quietly; ``run_server`` raises)."""
 
-    def start_ray(self) -> None:
-        import ray
+    def build(self, url: str) -> Any:
+        """The server's objects (``runtime.wiring``) and its ASGI app, whose lifespan starts
+        the agents, the controller and the backend's watch, and stops them in order."""
+        from gshare.runtime.wiring import build_server_objects, http_app
 
-        kwargs: dict[str, Any] = {
-            "include_dashboard": False,
-            "logging_level": logging.WARNING,
-            "log_to_driver": True,
-            "namespace": "gshare",
-        }
-        if self.opts.address:
-            kwargs["address"] = self.opts.address
-        else:
-            kwargs["address"] = "local"
-            # one machine: Ray's servers listen on loopback only (issue 15, item 13); a
-            # cluster's head is started with `ray start`, which chooses its own address
-            kwargs["_node_ip_address"] = "127.0.0.1"
-            # Ray's gRPC servers still listen on every interface (Ray cannot bind them to
-            # loopback): its token authentication makes them refuse who lacks this session's
-            # token (only this server's processes inherit it)
-            if "RAY_AUTH_MODE" not in os.environ:
-                _enable_ray_token_auth(secrets.token_hex(32))
-            kwargs["num_cpus"] = self.opts.num_cpus or os.cpu_count() or 1
-            kwargs["object_store_memory"] = max(80, self.opts.object_store_mb) << 20
-        try:
-            ray.init(**kwargs)
-        except Exception as e:
-            raise ServeError(
-                f"cannot start Ray "
-                f"({'join ' + self.opts.address if self.opts.address else 'local'}): {e}"
-            ) from None
-        self.ray_started = True
-
-    def start_agents(self) -> None:
-        self.infos: dict[str, NodeInfo] = {}
-        try:
-            self.infos = self.new_agents(timeout_s=120)
-        except Exception as e:
-            raise ServeError(f"node agents did not start: {e}") from None
-
-    def new_agents(self, timeout_s: float = 60) -> dict[str, NodeInfo]:
-        """Start an agent on every alive Ray node that has none; return their infos. Called at
-        start and every ``NODE_SCAN_S`` (nodes that join the cluster later get one too)."""
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from gshare.runtime.node.agent import NodeAgent
-
-        cls = ray.remote(NodeAgent)
-        started: dict[str, Any] = {}
-        for n in ray.nodes():  # type: ignore[no-untyped-call]
-            nid = n["NodeID"]
-            if not n.get("Alive") or nid in self.agents:
-                continue
-            started[nid] = cls.options(
-                num_cpus=0,
-                max_concurrency=32,
-                max_restarts=0,
-                name=f"gshare-agent-{self.session}-{nid[:12]}",
-                scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
-            ).remote(
-                nid,
-                self.run_dir,
-                None,
-                self.store_root,
-                self.opts.launcher,
-                self.opts.device_mem_mb,
-                self.opts.priority_sharing,
-            )
-        if not started:
-            return {}
-        infos = ray.get([a.info.remote() for a in started.values()], timeout=timeout_s)
-        self.agents.update(started)
-        return dict(zip(started, infos, strict=True))
-
-    def build(self) -> Any:
-        import ray
-
-        from gshare.runtime.control.agents import RayAgentHandle
-        from gshare.runtime.control.api import ControlApi
-        from gshare.runtime.control.loop import Controller
-        from gshare.runtime.control.profiler import LiveProfiler
-        from gshare.runtime.control.records import ControllerConfig
-        from gshare.runtime.gateway.app import build_app
-        from gshare.runtime.gateway.oip_service import OipService
-        from gshare.runtime.gateway.router import Gateway
-
-        node_id = ray.get_runtime_context().get_node_id()
-        self.gateway = Gateway(
-            max_body_bytes=int(self.opts.max_body_mb * (1 << 20)),
-            max_latency_slo_factor=self.opts.max_wait_slo_factor,
-            request_timeout_s=self.opts.request_timeout_s,
-            node_id=node_id,
-        )
-        self.controller = Controller(
+        objs = build_server_objects(
+            self.opts,
             self.store,
-            self.gateway,
-            ControllerConfig(
-                period_s=self.opts.period_s,
-                autoscaler=self.opts.autoscaler,
-                placer=self.opts.placer,
-                drain_timeout_s=self.opts.request_timeout_s,  # never cut an accepted request short
-                workflow_policy=self.opts.workflow_policy,
-                workflow_policy_factory=self.opts.workflow_policy_factory,
-            ),
-            gateway_node_id=node_id,
+            gateway_node_id=self.backend.gateway_node_id(),
             extra_sys_path=(os.getcwd(),),
         )
-        for nid, actor in self.agents.items():
-            self.controller.add_agent(RayAgentHandle(nid, actor), self.infos[nid])
-        LiveProfiler(self.controller)
-        controller, gateway = self.controller, self.gateway
-
-        async def scan_nodes() -> None:
-            while True:
-                await asyncio.sleep(NODE_SCAN_S)
-                try:
-                    for nid in controller.dead_agents():  # replace a dead agent (issue 15, 1)
-                        old = self.agents.pop(nid, None)
-                        if old is not None:
-                            log.warning("the agent of node %s died; starting a new one", nid[:8])
-                            with contextlib.suppress(Exception):
-                                ray.kill(old, no_restart=True)
-                    for nid, info in (await asyncio.to_thread(self.new_agents)).items():
-                        controller.add_agent(RayAgentHandle(nid, self.agents[nid]), info)
-                        log.info(
-                            "node %s joined: agent started (%s)", nid[:8], ", ".join(info.devices)
-                        )
-                except Exception as e:  # a node that fails to start an agent is retried later
-                    log.warning("node scan: %s", e)
-
-        control_api = ControlApi(controller)
-        oip = OipService(gateway, control_api)
+        self.objects = objs
+        controller, gateway, backend = objs.controller, objs.gateway, self.backend
 
         @contextlib.asynccontextmanager
         async def lifespan(_app: Any) -> AsyncIterator[None]:
+            try:
+                nodes = await backend.start_agents(controller)
+            except Exception as e:
+                self.startup_error = f"node agents did not start: {e}"
+                raise
             await controller.start()
-            scanner = asyncio.create_task(scan_nodes())
+            watcher = asyncio.create_task(backend.watch(controller), name="gshare-agents")
             grpc_server = None
             try:
                 if self.opts.grpc_port is not None:
-                    grpc_server = await self.start_grpc(oip)
+                    grpc_server = await self.start_grpc(objs.oip)
+                print(
+                    f"gshare: serving on {url} (state {self.state_dir}, {nodes} node(s), "
+                    f"{'Ray' if backend.name == 'ray' else 'embedded, no Ray'})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 yield
             finally:
-                scanner.cancel()
+                watcher.cancel()
                 if grpc_server is not None:  # RPCs in flight get the grace HTTP gets
                     await grpc_server.stop(5.0)
                 log.info("stopping the controller and every instance")
                 gateway.fail_all(503, "the server is shutting down")
-                if controller.profiler is not None:
-                    for name in list(controller.profiler.jobs):
-                        controller.profiler.cancel(name)
+                for name in list(objs.profiler.jobs):
+                    objs.profiler.cancel(name)
                 await controller.stop()
+                log.info("shutting down the node agents")
+                await backend.stop_agents()
 
-        return build_app(gateway, control_api, self.token, lifespan=lifespan, oip=oip)
+        return http_app(objs, self.token, lifespan)
 
     async def start_grpc(self, oip: Any) -> Any:
         """The gRPC server on ``--grpc-port`` (the gateway's loop); its address goes to
@@ -543,7 +745,7 @@ class _Runtime:
                 oip,
                 self.opts.host,
                 self.opts.grpc_port,
-                max_message_bytes=self.gateway.max_body_bytes,
+                max_message_bytes=self.objects.gateway.max_body_bytes,
             )
         except OSError as e:
             self.startup_error = str(e)
@@ -559,30 +761,13 @@ class _Runtime:
         return srv
 
     def shutdown(self) -> None:
-        if not self.ray_started:
-            return
+        """After the loop (or a failed start): stop what is left of the backend (Ray), then
+        remove the run directory and the model stores (a dead agent's too)."""
         import time
 
-        import ray
-
         t0 = time.monotonic()
-        log.info("shutting down %d agent(s)", len(self.agents))
-        refs = []
-        for a in self.agents.values():
-            with contextlib.suppress(Exception):
-                refs.append(a.shutdown.remote())
-        with contextlib.suppress(Exception):
-            ray.get(refs, timeout=30)
-        for a in self.agents.values():
-            with contextlib.suppress(Exception):
-                ray.kill(a, no_restart=True)
-        log.info("agents stopped (%.1f s); stopping Ray", time.monotonic() - t0)
-        with contextlib.suppress(Exception):
-            ray.shutdown()
-        log.info("Ray stopped (%.1f s)", time.monotonic() - t0)
-        self.ray_started = False
-        import shutil
-
+        self.backend.close()
+        log.info("backend %s closed (%.1f s)", self.backend.name, time.monotonic() - t0)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         if self.store_root:  # the agents remove theirs; what a dead agent left goes too
             for d in [self.store_root, *glob.glob(glob.escape(self.store_root) + "-*")]:
@@ -590,10 +775,15 @@ class _Runtime:
 
 
 __all__ = [
+    "CLUSTERS",
+    "ClusterBackend",
     "DEFAULT_HOST",
+    "LocalBackend",
+    "RayBackend",
     "DEFAULT_PORT",
     "SERVER_FILE",
     "ServeError",
     "ServeOptions",
+    "cluster_backend",
     "run_server",
 ]

@@ -12,50 +12,31 @@ import asyncio
 from typing import Any
 
 from gshare.documents import DocumentError, load_json, load_yaml
-from gshare.policy.workflow.esg import make_share_policy
-from gshare.policy.workflow.schedulers import WorkflowPolicy
 from gshare.runtime.control.loop import Controller
 from gshare.runtime.control.records import FunctionState, LiveInstance
-from gshare.runtime.control.stage_host import ControllerStageHost
 from gshare.runtime.gateway.app import ControlPlane
 from gshare.runtime.gateway.errors import HttpError
-from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES, StageScheduler
+from gshare.runtime.gateway.stages import StageScheduler
 from gshare.runtime.gateway.workflows import Call as WorkflowCall
 from gshare.runtime.gateway.workflows import WorkflowRunner
 from gshare.runtime.messages import LiveState
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
-from gshare.workflows.shares import SharePerf
 from gshare.workflows.spec import WorkflowSpecError, parse_workflow
 
 DELETE_DRAIN_S = 10.0
 """How long a delete waits for the requests its instances are running (then they get 410)."""
 
 
-def _stage_scheduler(c: Controller) -> StageScheduler | None:
-    """The live workflow scheduler the server was started with (None: ``direct``)."""
-    name = c.config.workflow_policy
-    if name == "direct":
-        return None
-    if name not in WORKFLOW_POLICY_NAMES:
-        raise ValueError(
-            f"unknown workflow policy {name!r} (known: {', '.join(WORKFLOW_POLICY_NAMES)}, direct)"
-        )
-    factory = c.config.workflow_policy_factory
-    if factory is None:
-
-        def factory(perf: SharePerf) -> WorkflowPolicy:
-            return make_share_policy(name, perf=perf, seed=0)
-
-    return StageScheduler(c.gateway, ControllerStageHost(c), name, factory)
-
-
 class ControlApi(ControlPlane):
     """The control API of one server (module doc)."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, stage_scheduler: StageScheduler | None) -> None:
+        """``stage_scheduler``: the live workflow scheduler the server was started with
+        (``runtime.wiring`` builds it; None: ``direct``, each stage through its function's own
+        queue)."""
         self.c = controller
         self._locks: dict[str, asyncio.Lock] = {}
-        self.workflows = WorkflowRunner(controller.gateway, scheduler=_stage_scheduler(controller))
+        self.workflows = WorkflowRunner(controller.gateway, scheduler=stage_scheduler)
         for name, spec, version in controller.state.list_workflows():
             try:  # restored as stored; a stage whose function is gone fails at invoke time
                 functions = [s.get("function", "") for s in spec.get("stages", [])]

@@ -58,7 +58,7 @@ from gshare.runtime.control.records import (
 )
 from gshare.runtime.control.state import StateStore, kernel_code_key
 from gshare.runtime.gateway.router import Gateway
-from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
+from gshare.runtime.instance.launch import InstanceLaunch
 from gshare.runtime.messages import AgentHandle, LiveState, NodeInfo
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
 
@@ -157,6 +157,14 @@ class Controller:
             fid = self._fences.pop(d.index, None) if d.node_id == node_id else None
             if fid is not None:
                 self.placer.release(fid)
+
+    async def agent_gone(self, node_id: str, err: BaseException) -> None:
+        """The server saw ``node_id``'s agent die (its process exited: the embedded backend
+        reads EOF at once) — act as a status poll's ``AgentGone`` would, without waiting for
+        one: its instances are lost and its devices fenced until ``add_agent`` replaces it."""
+        ref = self.agents.get(node_id)
+        if ref is not None and ref.alive:
+            await self._observer.agent_lost(ref, err)
 
     def dead_agents(self) -> list[str]:
         """Nodes whose agent died (``AgentGone``): the server starts a new one on each."""
@@ -447,7 +455,7 @@ class Controller:
         self.instances[iid] = inst
         agent = self.agents[device.node_id]
         try:
-            await agent.handle.start_instance(launch_to_dict(launch))
+            await agent.handle.start_instance(launch)
         except Exception as e:
             del self.instances[iid]
             if not profiling:

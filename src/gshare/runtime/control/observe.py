@@ -51,7 +51,8 @@ class StatusObserver:
         results = await asyncio.gather(*(a.handle.status() for a in refs), return_exceptions=True)
         for agent, res in zip(refs, results, strict=True):
             if isinstance(res, AgentGone):
-                await self.agent_lost(agent, res)
+                if agent.alive and self.c.agents.get(agent.node_id) is agent:  # not replaced
+                    await self.agent_lost(agent, res)
             elif isinstance(res, BaseException):
                 log.warning("agent on node %s did not answer: %s", agent.node_id[:8], res)
             else:

@@ -1,8 +1,11 @@
-"""The node agent: one Ray actor per node, owning the node's devices and instances.
+"""The node agent: one per node, owning the node's devices and instances.
 
-Who creates it: the server (``server.start_agents``), one per alive Ray node, pinned there with
-``NodeAffinitySchedulingStrategy``; the controller then calls it (Ray calls, a few per second
-at most, never per request):
+Who creates it: the server's cluster backend (``runtime.server``). On one machine (the
+embedded default) it is a child process of the server, spoken to over a private socket pair
+(``node.agent_process``); on a Ray cluster (``--cluster ray``, ``--address``) it is a Ray actor
+per alive node, pinned there with ``NodeAffinitySchedulingStrategy``. This module imports Ray
+only when it runs under Ray (``launcher="ray"`` or a Ray node). The controller then calls it
+(control calls, a few per second at most, never per request):
 
 * ``start_instance(launch)`` — put the function's weights in the node's ``ModelStore`` once
   (``node.tasks.put_weights`` in a throw-away process on this node, so the agent's process
@@ -66,13 +69,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
 from gshare.policy.tokens import ClientSpec
 from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
 from gshare.runtime.instance.memory import SAMPLE
-from gshare.runtime.instance.server import InstanceActor
 from gshare.runtime.messages import (
     FikitUsage,
     InstanceState,
@@ -140,8 +139,25 @@ class _Managed:
     mem_total: int = 0
 
 
+def _ray() -> Any:
+    """Ray, imported on first use: only an agent that runs under Ray (a Ray node, or
+    ``launcher="ray"``) gets here; the embedded default never imports it."""
+    import ray
+
+    return ray
+
+
+def _pinned(node_id: str) -> Any:
+    """A Ray scheduling strategy that keeps a task or actor on ``node_id``."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+
 class NodeAgent:
-    """The node agent (see the module doc). Wrapped with ``ray.remote`` by the server."""
+    """The node agent (see the module doc): a Ray actor (``ray.remote(NodeAgent)``) or the
+    object a ``node.agent_process`` child serves. ``node_ip`` is the node's address (None: ask
+    Ray, for an agent on a Ray node); ``launcher="ray"`` needs Ray."""
 
     def __init__(
         self,
@@ -153,6 +169,7 @@ class NodeAgent:
         device_mem_mb: float | None = None,
         priority_sharing: str = "fikit",
         cuda_deployment: str | None = None,
+        node_ip: str | None = None,
     ) -> None:
         logging.basicConfig(level=logging.INFO)
         if priority_sharing not in PRIORITY_SHARING:
@@ -164,7 +181,7 @@ class NodeAgent:
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         self.node_id = node_id
-        self.node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        self.node_ip: str = node_ip or _ray().util.get_node_ip_address()
         # per node, so that several Ray nodes on one host (Ray's cluster utilities, the
         # multi-node tests) do not share token sockets or model stores
         tag = node_id[:12]
@@ -219,7 +236,11 @@ class NodeAgent:
         self._key_locks: dict[str, threading.Lock] = {}
         self._stop = threading.Event()
         self.launcher_kind = launcher
-        self._actor_cls: Any = ray.remote(InstanceActor)
+        self._actor_cls: Any = None
+        if launcher == "ray":
+            from gshare.runtime.instance.server import InstanceActor
+
+            self._actor_cls = _ray().remote(InstanceActor)
         self._launcher: Launcher | None = None
         self._launcher_lock = threading.Lock()
         if launcher == "fork":  # import the runtime now, not at the first deployment
@@ -313,9 +334,9 @@ class NodeAgent:
             return self._launcher_started().call(
                 f"gshare.runtime.node.tasks:{name}", args, timeout_s
             )
+        ray = _ray()
         task = ray.remote(getattr(node_tasks, name)).options(
-            num_cpus=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
+            num_cpus=0, scheduling_strategy=_pinned(self.node_id)
         )
         return ray.get(task.remote(*args), timeout=timeout_s)
 
@@ -383,11 +404,10 @@ class NodeAgent:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def start_instance(self, launch: dict[str, Any]) -> None:
+    def start_instance(self, launch: InstanceLaunch) -> None:
         """Start an instance (returns at once; ``status`` reports it starting, then ready or
-        failed). ``launch`` is an ``InstanceLaunch`` as a dict; the agent fills in the socket
-        paths and the model key."""
-        base = InstanceLaunch(**launch)
+        failed). The agent fills in the socket paths, the token credential and the model key."""
+        base = launch
         idx = min(base.device_index, len(self.token_servers) - 1)
         sock = str(self.run_dir / f"i-{base.instance_id}.sock")
         env = dict(base.env)
@@ -444,6 +464,8 @@ class NodeAgent:
     def _start(self, m: _Managed, first: bool) -> None:
         launch = m.launch
         try:
+            if self._launcher is not None:  # a built-in model's classes, shared by its instances
+                self._launcher_started().preload(str(launch.spec.get("model") or ""))
             if first:
                 lock = self._key_locks.setdefault(launch.function, threading.Lock())
                 with lock:
@@ -475,14 +497,14 @@ class NodeAgent:
                 "num_cpus": 0,
                 "max_restarts": 0,
                 "max_concurrency": 2,
-                "scheduling_strategy": NodeAffinitySchedulingStrategy(self.node_id, soft=False),
+                "scheduling_strategy": _pinned(self.node_id),
             }
             if launch.env:  # set before the process starts (MPS %, OpenMP waits)
                 opts["runtime_env"] = {"env_vars": dict(launch.env)}
             actor = self._actor_cls.options(**opts).remote(launch_to_dict(launch))
             with self._lock:
                 if m.state is InstanceState.STOPPED:
-                    ray.kill(actor, no_restart=True)
+                    _ray().kill(actor, no_restart=True)
                     return
                 m.launch = launch
                 m.actor = actor
@@ -513,7 +535,7 @@ class NodeAgent:
         process the template reported dead is not signalled (its pid may be reused)."""
         if m.actor is not None:
             with contextlib.suppress(Exception):
-                ray.kill(m.actor, no_restart=True)
+                _ray().kill(m.actor, no_restart=True)
         elif m.pid is not None and (
             self._launcher is None or self._launcher.exit_code(m.pid) is None
         ):
@@ -609,6 +631,7 @@ class NodeAgent:
             elif time.monotonic() - m.started_s > START_TIMEOUT_S:
                 self._on_death(m, f"not ready after {START_TIMEOUT_S:.0f} s", start_failure=True)
         elif m.state is InstanceState.STARTING and m.ready_ref is not None:
+            ray = _ray()
             done, _ = ray.wait([m.ready_ref], timeout=0)
             if done:
                 try:

@@ -20,8 +20,9 @@ Who uses what:
   ``launch(launch_dict, log_path)`` → the instance's pid, and ``call("module:function", args)``
   → the JSON result of the function run in a forked child (building a model's weights into the
   store; describing a handler) so that no Ray worker of the node keeps torch imported.
-* The template (``main``): imports ``gshare.runtime.instance.server``, the model zoo (torch,
-  transformers, the built-in model classes) and freezes the garbage collector's view of them
+* The template (``main``): imports ``gshare.runtime.instance.server`` and torch
+  (``PRELOAD_MODULES``), the ``transformers`` classes of a built-in model when the agent first
+  starts one (``preload``, ``MODEL_MODULES``), and freezes the garbage collector's view of them
   (``gc.freeze``: the collector then never writes to those pages, which stay shared). It
   never runs a tensor operation and never starts a thread: a fork copies only the calling
   thread, and libgomp's pool does not survive a fork, so the template must have neither. It
@@ -83,12 +84,19 @@ PRELOAD_MODULES = (
     "gshare.runtime.gateway.oip",
     "gshare.runtime.node.partition",
     "gshare.spec",
-    "transformers.models.bert.modeling_bert",
-    "transformers.models.vit.modeling_vit",
-    "transformers.models.resnet.modeling_resnet",
 )
-"""What the template imports before it forks: the instance runtime and the built-in models'
-modules (a handler's own imports happen in the child, after the fork)."""
+"""What the template imports before it reports ready: the instance runtime (a handler's own
+imports happen in the child, after the fork)."""
+MODEL_MODULES = {
+    "resnet50": ("transformers.models.resnet.modeling_resnet",),
+    "bert-base": ("transformers.models.bert.modeling_bert",),
+    "bert-large": ("transformers.models.bert.modeling_bert",),
+    "vit-base": ("transformers.models.vit.modeling_vit",),
+}
+"""What the template imports the first time an instance of a built-in model starts
+(``Launcher.preload``): its ``transformers`` classes — over a second of imports and ~100 MB
+that a node without such a model (the ``mlp``, handlers of the user's) never pays. Imported
+in the template, they are shared by every instance forked after."""
 
 TEMPLATE_ENV = {
     "OMP_WAIT_POLICY": "PASSIVE",
@@ -133,6 +141,8 @@ class Launcher:
         self._pending: dict[int, Future[Any]] = {}
         self._exits: dict[int, int] = {}
         self._reader: threading.Thread | None = None
+        self._preloaded: set[str] = set()
+        """Models whose modules this template imported (``preload``)."""
 
     @property
     def pid(self) -> int | None:
@@ -177,6 +187,7 @@ class Launcher:
             )
         with self._lock:
             self._proc = proc
+            self._preloaded = set()
             self._reader = threading.Thread(
                 target=self._read, args=(proc,), name="gshare-launcher", daemon=True
             )
@@ -236,6 +247,17 @@ class Launcher:
             timeout_s
         )
         return pid
+
+    def preload(self, model: str, timeout_s: float = 120.0) -> None:
+        """Import the modules of built-in ``model`` in the template (``MODEL_MODULES``; nothing
+        for another name), once: instances forked after share them."""
+        mods = MODEL_MODULES.get(model, ())
+        with self._lock:
+            if not mods or model in self._preloaded:
+                return
+        self._request({"op": "preload", "modules": list(mods)}).result(timeout_s)
+        with self._lock:
+            self._preloaded.add(model)
 
     def call(self, target: str, args: list[Any], timeout_s: float = 600.0) -> Any:
         """Run ``target`` (``"module:function"``) with ``args`` in a forked child of the template
@@ -384,6 +406,12 @@ class _Template:
                     os._exit(1)
             self.run_dir_of[pid] = os.path.dirname(str(msg["launch"].get("uds_path", "")))
             self.send({"id": rid, "result": pid})
+        elif op == "preload":
+            for name in msg.get("modules", []):
+                _preload(str(name))
+            gc.collect()
+            gc.freeze()
+            self.send({"id": rid, "result": _thread_count()})
         elif op == "call":
             r, w = os.pipe()
             pid = self.fork(None, keep_fd=w)
@@ -489,14 +517,18 @@ class _Template:
             self.reap()
 
 
+def _preload(name: str) -> None:
+    try:
+        importlib.import_module(name)
+    except ImportError as e:  # an optional model family missing: its children import it
+        print(f"gshare launcher: cannot preload {name}: {e}", file=sys.stderr)
+
+
 def main() -> None:
     """The template process (``python -m gshare.runtime.node.launcher``)."""
     out = sys.stdout
     for name in PRELOAD_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:  # an optional model family missing: its children import it
-            print(f"gshare launcher: cannot preload {name}: {e}", file=sys.stderr)
+        _preload(name)
     gc.collect()
     gc.freeze()
     torch = sys.modules.get("torch")
