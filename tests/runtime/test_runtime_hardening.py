@@ -29,8 +29,8 @@ from gshare.testing import ServeProcess, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 READ_TIMEOUT_S = 1.0
-MAX_CONNECTIONS = 40
-PER_CLIENT = 20
+MAX_CONNECTIONS = 60
+PER_CLIENT = 30  # above the 24 clients of the shedding test, below the greedy one's 40
 WRITE_TIMEOUT_S = 1.0
 
 
@@ -137,7 +137,7 @@ def test_slow_or_silent_connections_are_closed(srv: ServeProcess, sent: bytes) -
 
 
 def test_connections_over_the_cap_are_closed_and_service_goes_on(srv: ServeProcess) -> None:
-    # 60 connections from 4 client addresses, 15 each: under the per-client cap, over the
+    # 80 connections from 4 client addresses, 20 each: under the per-client cap, over the
     # global one by 20
     socks = [_connect(srv, f"127.0.0.{2 + i % 4}") for i in range(MAX_CONNECTIONS + 20)]
     try:
@@ -218,8 +218,8 @@ def test_abandoned_requests_are_not_run(srv: ServeProcess) -> None:
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
     socks = []
-    for _ in range(40):  # 40 x 100 ms of work if they all ran
-        s = _connect(srv)
+    for i in range(40):  # 40 x 100 ms of work if they all ran; 4 client addresses (the cap)
+        s = _connect(srv, f"127.0.0.{10 + i % 4}")
         s.sendall(request)
         socks.append(s)
     time.sleep(0.3)

@@ -69,6 +69,18 @@ def serve_cmd(
     max_connections: int = typer.Option(
         4096, "--max-connections", min=1, help="Most HTTP connections open at once."
     ),
+    max_connections_per_client: int | None = typer.Option(
+        None,
+        "--max-connections-per-client",
+        min=1,
+        help="Most connections from one client address (default: a quarter of --max-connections).",
+    ),
+    write_timeout_s: float = typer.Option(
+        30.0,
+        "--write-timeout-s",
+        min=0.1,
+        help="Longest a response may wait for its client to read it (the connection is cut).",
+    ),
     max_wait_slo: float = typer.Option(
         0.75,
         "--max-wait-slo",
@@ -148,6 +160,8 @@ def serve_cmd(
                 request_timeout_s=request_timeout_s,
                 read_timeout_s=read_timeout_s,
                 max_connections=max_connections,
+                max_connections_per_client=max_connections_per_client,
+                write_timeout_s=write_timeout_s,
                 max_wait_slo_factor=max_wait_slo,
                 placer=placer,
                 autoscaler=autoscaler,

@@ -101,6 +101,10 @@ class ServeOptions:
     """Longest a request's headers and body may take to arrive (``gateway.http_protocol``)."""
     max_connections: int = 4096
     """Most HTTP connections open at once; more are closed at once (``gateway.http_protocol``)."""
+    max_connections_per_client: int | None = None
+    """Most of them from one client address (None: a quarter of ``max_connections``)."""
+    write_timeout_s: float = 30.0
+    """Longest a response may wait for its client to read it (then the connection is cut)."""
     max_wait_slo_factor: float = 0.75
     """A request of a function with an SLO is shed with 429 when its predicted latency exceeds
     this many SLOs (``policy.admission``; 0: never shed before the queue cap)."""
@@ -273,7 +277,12 @@ def run_server(opts: ServeOptions) -> None:
             lifespan="on",
             timeout_graceful_shutdown=5,
             loop="uvloop",
-            http=guarded_protocol(opts.read_timeout_s, opts.max_connections),
+            http=guarded_protocol(
+                opts.read_timeout_s,
+                opts.max_connections,
+                max_connections_per_client=opts.max_connections_per_client,
+                write_timeout_s=opts.write_timeout_s,
+            ),
         )
         server = _UvicornServer(config)
         server.should_exit = stop.is_set()
