@@ -18,7 +18,7 @@ Same machine, same run, same client, same function:
     data (``Inference-Header-Content-Length``, binary in and out), and a gRPC
     ``ModelInferRequest`` with raw contents. On both systems the tensor is decoded, handed to
     the function as a torch tensor and encoded back by the same code
-    (``gshare.runtime.gateway.oip_codec``, ``oip_grpc``): the Ray Serve replica calls it in its
+    (``gshare.runtime.oip.codec``, ``oip.grpc_messages``): the Ray Serve replica calls it in its
     ``__call__`` / ``ModelInfer`` (Ray Serve's gRPC proxy serving ``tritonclient``'s
     ``GRPCInferenceService``), so the figures compare the serving paths, not the codecs.
     Every answer is compared with the first, which is checked against the tensor sent;
@@ -108,8 +108,9 @@ RAY_SERVE_APP = textwrap.dedent(
             if not request.url.path.endswith("/infer"):
                 return Response(body, media_type="application/json")
             # the Open Inference Protocol over HTTP: the codec gshare's instances run
-            from gshare.runtime.gateway.oip import TRANSPORT_HTTP, wrap
-            from gshare.runtime.gateway.oip_codec import decode_request, http_parts
+            from gshare.runtime.oip.header import TRANSPORT_HTTP, wrap
+            from gshare.runtime.oip.codec import http_parts
+            from gshare.runtime.oip.payload import decode_request
 
             n = request.headers.get("inference-header-content-length")
             payload = wrap(TRANSPORT_HTTP, int(n) if n else -1, 1, [body])
@@ -124,8 +125,8 @@ RAY_SERVE_APP = textwrap.dedent(
             )
 
         async def ModelInfer(self, request):
-            from gshare.runtime.gateway.oip_codec import to_handler_input
-            from gshare.runtime.gateway.oip_grpc import decode_message, encode_message
+            from gshare.runtime.oip.codec import to_handler_input
+            from gshare.runtime.oip.grpc_messages import decode_message, encode_message
 
             header, arrays = decode_message(request)
             x = to_handler_input(header, arrays)

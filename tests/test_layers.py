@@ -337,3 +337,58 @@ def test_the_facade_may_not_import_up_at_run_time() -> None:
         "gshare", "from gshare.runtime.client import Client\n", is_pkg=True, known=KNOWN
     )
     assert bad and "layer 0 (data) imports up into layer 2" in bad[0]
+
+
+def import_cycles(prefix: str) -> list[list[str]]:
+    """The import cycles among the modules under ``prefix`` (strongly connected components of
+    more than one module), counting every import that runs — at module level or in a function
+    — and not the type-only ones under ``if TYPE_CHECKING:``."""
+    modules = source_modules()
+    known = frozenset(modules)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if not name.startswith(prefix):
+            continue
+        is_pkg = path.name == "__init__.py"
+        graph[name] = {
+            i.target
+            for i in imports_of(name, path.read_text(), is_pkg=is_pkg, known=known)
+            if not i.type_only and i.target.startswith(prefix) and i.target != name
+        }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_the_runtime_has_no_import_cycle() -> None:
+    """A module that needs another's names at run time must not be needed by it: a cycle makes
+    the import order matter and the two impossible to read apart (type-only imports are fine)."""
+    assert import_cycles("gshare.runtime") == []

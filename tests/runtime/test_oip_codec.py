@@ -26,15 +26,6 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.http import InferInput, InferRequestedOutput, InferResult
 from tritonclient.http._utils import _get_inference_request
 
-from gshare.runtime.gateway.oip import (
-    TRANSPORT_GRPC,
-    TRANSPORT_HTTP,
-    OipError,
-    check_inputs,
-    parse_header,
-    wrap,
-)
-from gshare.runtime.gateway.oip_codec import decode_request, encode_response, handler_outputs
 from gshare.runtime.gateway.triton_ext import (
     InferenceStats,
     model_config,
@@ -42,6 +33,16 @@ from gshare.runtime.gateway.triton_ext import (
     repository_index,
 )
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.oip.codec import handler_outputs
+from gshare.runtime.oip.header import (
+    TRANSPORT_GRPC,
+    TRANSPORT_HTTP,
+    OipError,
+    check_inputs,
+    parse_header,
+    wrap,
+)
+from gshare.runtime.oip.payload import decode_request, encode_response
 
 NUMERIC = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
@@ -414,7 +415,7 @@ def test_model_config_maps_the_spec() -> None:
     auto["instances"] = [{"device": "cuda:0"}, {"device": "cpu"}]
     assert model_config(auto)["instance_group"][0]["kind"] == "KIND_GPU"
     # the document is a valid Triton ModelConfig (what the gRPC ModelConfig RPC sends)
-    from gshare.runtime.gateway.oip_grpc import from_dict
+    from gshare.runtime.oip.grpc_messages import from_dict
 
     msg = from_dict({"config": c}, pb.ModelConfigResponse())
     assert msg.config.input[0].dims == [-1, 64] and msg.config.max_batch_size == 0

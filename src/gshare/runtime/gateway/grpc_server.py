@@ -9,7 +9,7 @@ ServerMetadata, ModelMetadata, ModelInfer, ModelStreamInfer (each request of the
 answered as it completes), ModelConfig, ModelStatistics, RepositoryIndex; the others of
 Triton's service (shared memory, trace, logging, repository load/unload) answer
 UNIMPLEMENTED. ModelInfer's request is not deserialized into Python objects beyond its model
-name and version: its bytes go to the instance as they came (``oip_grpc``), and the
+name and version: its bytes go to the instance as they came (``oip.grpc_messages``), and the
 instance's serialized response comes back as it is. Errors carry the HTTP API's messages with
 the matching status code (404 → NOT_FOUND, 400 → INVALID_ARGUMENT, 503 → UNAVAILABLE, ...).
 """
@@ -25,10 +25,10 @@ from typing import Any, Final
 import grpc
 
 from gshare.runtime.gateway.errors import HttpError
-from gshare.runtime.gateway.oip import TRANSPORT_GRPC, wrap
-from gshare.runtime.gateway.oip_grpc import SERVICE, from_dict, pb
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.oip.grpc_messages import SERVICE, from_dict, pb
+from gshare.runtime.oip.header import TRANSPORT_GRPC, wrap
 
 log = logging.getLogger("gshare.grpc")
 

@@ -9,7 +9,7 @@ model configuration, statistics and repository-index extensions): a front end of
 * ``serve_infer`` answers ``POST /v2/models/{name}[/versions/{v}]/infer`` in raw ASGI
   (``app.InvokeFastPath`` routes it here: ``infer_target``). It checks only the framing — the
   model and version, the body size, ``Inference-Header-Content-Length`` inside the body — and
-  forwards the body untouched to an instance (``oip.wrap``), which decodes and validates the
+  forwards the body untouched to an instance (``oip.header.wrap``), which decodes and validates the
   tensors; the event loop does no per-element work. The answer is JSON, or, when outputs are
   asked for as binary data, the JSON header then the binary data with
   ``Inference-Header-Content-Length`` (``application/octet-stream``).
@@ -32,9 +32,9 @@ from gshare.runtime.gateway.asgi import (
     timing_headers,
 )
 from gshare.runtime.gateway.errors import HttpError
-from gshare.runtime.gateway.oip import HEADER_LENGTH, TRANSPORT_HTTP, wrap
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.oip.header import HEADER_LENGTH, TRANSPORT_HTTP, wrap
 
 PREFIX = "/v2/models/"
 _HEADER_LENGTH = HEADER_LENGTH.encode()

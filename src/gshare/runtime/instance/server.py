@@ -110,7 +110,7 @@ class InstanceServer:
 
     def info(self) -> dict[str, Any]:
         """What the agent reports once the instance is ready."""
-        from gshare.runtime.gateway.oip import input_spec_dicts
+        from gshare.runtime.oip.header import input_spec_dicts
 
         return {
             "pid": os.getpid(),
@@ -227,7 +227,7 @@ class InstanceServer:
         if item.enc == P.ENC_JSON:
             return json.loads(item.payload)
         if item.enc == P.ENC_OIP:
-            from gshare.runtime.gateway.oip_codec import decode_request
+            from gshare.runtime.oip.payload import decode_request
 
             item.ctx, payload = decode_request(item.payload, self.input_spec, self.output_spec)
             return payload
@@ -235,7 +235,7 @@ class InstanceServer:
 
     def _encode(self, item: Item, output: Any) -> tuple[int, bytes]:
         if item.enc == P.ENC_OIP:
-            from gshare.runtime.gateway.oip_codec import encode_response
+            from gshare.runtime.oip.payload import encode_response
 
             return encode_response(item.ctx, self.launch.function, output)
         if isinstance(output, bytes | bytearray | memoryview):

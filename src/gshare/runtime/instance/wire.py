@@ -55,7 +55,7 @@ class Item:
     writer: Conn
     arrived: float
     ctx: Any = None
-    """An OIP request's context (``gateway.oip_codec.OipCall``), from ``_decode`` to ``_encode``."""
+    """An OIP request's context (``oip.payload.OipCall``), from ``_decode`` to ``_encode``."""
 
 
 class Conn(asyncio.Protocol):

@@ -54,7 +54,6 @@ import ctypes
 import json
 import math
 import os
-import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,12 +61,13 @@ from pathlib import Path
 from typing import Literal
 
 from gshare.policy.priority.profile import KernelProfile
-
-LIBRARY_NAME = "libgshare_cuda.so"
-ENV_LIBRARY = "GSHARE_CUDA_INTERPOSER"
-"""Path of a prebuilt interposer (else ``native/build/`` of the source tree)."""
-NATIVE_DIR = Path(__file__).resolve().parents[4] / "native"
-"""The C sources and their Makefile (present in a source checkout)."""
+from gshare.runtime.native.toolchain import (  # re-exported: part of this module's API
+    ENV_LIBRARY,
+    LIBRARY_NAME,
+    NATIVE_DIR,
+    build_skip_reason,
+    cuda_include_dir,
+)
 
 
 @dataclass(frozen=True)
@@ -76,24 +76,6 @@ class BuildResult:
     message: str
     """The build's one line (``native: built ...`` or ``native: skipped: <reason>``)."""
     path: Path | None
-
-
-def cuda_include_dir() -> Path | None:
-    """The toolkit's include folder holding ``cuda.h`` (``CUDA_HOME`` or /usr/local/cuda)."""
-    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
-    inc = home / "include"
-    return inc if (inc / "cuda.h").is_file() else None
-
-
-def build_skip_reason() -> str | None:
-    """Why the interposer cannot be built here (None: it can)."""
-    if shutil.which(os.environ.get("CC", "gcc")) is None:
-        return f"no C compiler ({os.environ.get('CC', 'gcc')})"
-    if cuda_include_dir() is None:
-        return "no cuda.h (set CUDA_HOME to the CUDA toolkit)"
-    if not (NATIVE_DIR / "Makefile").is_file():
-        return f"no native sources at {NATIVE_DIR}"
-    return None
 
 
 def build() -> BuildResult:

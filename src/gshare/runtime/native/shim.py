@@ -209,7 +209,7 @@ def shim_skip_reason() -> str | None:
             f"the libcuda.so.1 shim's forwarders are x86-64 assembly; this machine is {machine}: "
             "use the preload deployment"
         )
-    from gshare.runtime.native import build_skip_reason
+    from gshare.runtime.native.toolchain import build_skip_reason
 
     return build_skip_reason()
 
@@ -263,7 +263,7 @@ def build_shim(real_libcuda: Path, out_dir: Path) -> Path:
     absolute path to the real driver). Returns ``out_dir``. Raises ``ShimError`` (one line)
     when it cannot: not x86-64, no gcc or ``cuda.h``, the real library missing, not an x86-64
     ELF shared library, or itself a gshare library."""
-    from gshare.runtime.native import NATIVE_DIR, cuda_include_dir
+    from gshare.runtime.native.toolchain import NATIVE_DIR, cuda_include_dir
 
     reason = shim_skip_reason()
     if reason is not None:
@@ -331,7 +331,7 @@ def shim_env(
     ``shim_dir`` first (its other entries kept, after it) and ``GSHARE_REAL_LIBCUDA``. The
     interposer is not preloaded as well: ``LD_PRELOAD`` (when ``base``, default ``os.environ``,
     has one) is returned without ``libgshare_cuda.so``."""
-    from gshare.runtime.native import LIBRARY_NAME
+    from gshare.runtime.native.toolchain import LIBRARY_NAME
 
     env = os.environ if base is None else base
     d = str(Path(shim_dir).resolve())

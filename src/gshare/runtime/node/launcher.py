@@ -81,7 +81,7 @@ PRELOAD_MODULES = (
     "gshare.runtime.instance.loading",
     "gshare.runtime.node.model_store",
     "gshare.runtime.tokens",
-    "gshare.runtime.gateway.oip",
+    "gshare.runtime.oip.header",
     "gshare.runtime.node.partition",
     "gshare.spec",
 )

@@ -44,8 +44,8 @@ def describe_handler(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[st
         if p not in sys.path:
             sys.path.insert(0, p)
     try:
-        from gshare.runtime.gateway.oip import spec_dicts
         from gshare.runtime.instance.loading import make_handler
+        from gshare.runtime.oip.header import spec_dicts
         from gshare.spec import load_function_spec
 
         fs = load_function_spec(spec)

@@ -2,9 +2,9 @@
 numpy arrays → what the handler's ``predict`` gets, and the handler's output → the response,
 in JSON or with the binary tensor data extension.
 
-Who calls it: the instance's batching thread (``instance.server``), through its two entry
-points ``decode_request`` and ``encode_response``, for ``ENC_OIP`` frames (``oip.wrap``'s
-envelope; gRPC bodies go through ``oip_grpc``). It imports torch only to build the handler's
+Who calls it: the instance's batching thread through ``oip.payload`` (``decode_request`` and
+``encode_response``, for ``ENC_OIP`` frames behind ``oip.header.wrap``'s envelope; gRPC bodies
+go through ``oip.grpc_messages``), and benches. It imports torch only to build the handler's
 tensors (``to_handler_input``), so the gateway can import the protocol without it.
 
 Decoding builds one numpy array per input without a Python loop per element: the binary part
@@ -21,25 +21,20 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 import orjson
 
-from gshare.runtime.gateway.oip import (
+from gshare.runtime.oip.header import (
     BINARY_DATA,
     BINARY_DATA_SIZE,
     NP_DTYPES,
-    TRANSPORT_GRPC,
     InferHeader,
     InputTensor,
     OipError,
-    check_inputs,
-    check_outputs,
     fmt_shape,
     parse_header,
-    unwrap,
 )
 
 _TORCH_DTYPES: Final[dict[str, str]] = {
@@ -417,60 +412,14 @@ def encode_http(
     return b"".join([js, *blobs]), len(js)
 
 
-# -- the instance's entry points ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class OipCall:
-    """A decoded ``ENC_OIP`` request's context, from ``decode_request`` to
-    ``encode_response``."""
-
-    transport: int
-    version: int
-    header: InferHeader
-
-
-def decode_request(payload: bytes, input_spec: Any, output_spec: Any) -> tuple[OipCall, Any]:
-    """An ``ENC_OIP`` payload → its context and what the handler's ``predict`` gets
-    (``to_handler_input``), after checking it against the handler's specs. ``OipError``."""
-    transport, header_len, version, body = unwrap(payload)
-    if transport == TRANSPORT_GRPC:
-        from gshare.runtime.gateway.oip_grpc import decode_grpc
-
-        header, arrays = decode_grpc(body)
-    else:
-        header, arrays = decode_http(body, header_len)
-    check_inputs(arrays, header, input_spec)
-    check_outputs(header, output_spec)
-    return OipCall(transport, version, header), to_handler_input(header, arrays)
-
-
-def encode_response(call: OipCall, model_name: str, output: Any) -> tuple[int, bytes]:
-    """The handler's output for one request as ``(response encoding, payload)``
-    (``instance.protocol``: ``ENC_JSON``, ``ENC_OIP_BINARY`` or ``ENC_PROTOBUF``)."""
-    from gshare.runtime.instance import protocol as P
-
-    if call.transport == TRANSPORT_GRPC:
-        from gshare.runtime.gateway.oip_grpc import encode_grpc
-
-        return P.ENC_PROTOBUF, encode_grpc(call.header, model_name, call.version, output)
-    js, blobs = http_parts(call.header, model_name, call.version, output)
-    if not blobs:
-        return P.ENC_JSON, js
-    return P.ENC_OIP_BINARY, b"".join([struct.pack("<I", len(js)), js, *blobs])
-
-
 __all__ = [
-    "OipCall",
     "binary_of",
     "datatype_of",
     "decode_binary",
     "decode_http",
     "decode_json_data",
-    "decode_request",
     "decode_tensors",
     "encode_http",
-    "encode_response",
     "handler_outputs",
     "http_parts",
     "load_json",

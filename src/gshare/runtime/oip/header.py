@@ -2,7 +2,7 @@
 instances — datatypes, the envelope an infer request travels in from the gateway to an
 instance, the validation of a request's header (``parse_header``) and of its tensors against a
 handler's declared ones (``check_inputs``, ``check_outputs``). The tensor codec (JSON and the
-binary tensor data extension, numpy) is ``oip_codec``; gRPC's messages are ``oip_grpc``.
+binary tensor data extension, numpy) is ``oip.codec``; gRPC's messages are ``oip.grpc_messages``.
 
 Who calls what (docs/DESIGN.md §5, "OIP"):
 
@@ -10,10 +10,10 @@ Who calls what (docs/DESIGN.md §5, "OIP"):
   infer request — route, version, body size, ``Inference-Header-Content-Length`` inside the
   body — and forwards the body untouched in an envelope (``wrap``): transport, the JSON
   header's length and the model version, then the body;
-* the instance (its batching thread) decodes it with ``oip_codec.decode_request``: the JSON
+* the instance (its batching thread) decodes it with ``oip.payload.decode_request``: the JSON
   header parsed with ``orjson`` and validated here, one numpy array per input built without a
   Python loop per element, checked against the handler's ``input_spec``; the answer is
-  ``oip_codec.encode_response``'s.
+  ``oip.payload.encode_response``'s.
 
 Errors are ``OipError`` naming the tensor and the problem; the instance answers them as a bad
 request (400 / ``INVALID_ARGUMENT``). Datatypes: the protocol's, without BF16.
@@ -61,7 +61,7 @@ ENVELOPE: Final = struct.Struct("<BiI")
 """transport (u8), JSON header length (i32; -1: the body is JSON alone), model version (u32)."""
 TRANSPORT_HTTP: Final[int] = 0
 TRANSPORT_GRPC: Final[int] = 1
-"""The body is a serialized ``inference.ModelInferRequest`` (``oip_grpc``)."""
+"""The body is a serialized ``inference.ModelInferRequest`` (``oip.grpc_messages``)."""
 
 
 def wrap(transport: int, header_len: int, version: int, body: Sequence[bytes]) -> bytes:

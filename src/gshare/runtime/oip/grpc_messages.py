@@ -10,9 +10,9 @@ only where gRPC is used: by the gateway when ``--grpc-port`` is given, by an ins
 first gRPC request.
 
 ModelInfer on the data path: the gateway forwards the serialized request untouched
-(``oip.wrap`` with ``TRANSPORT_GRPC``); the instance decodes it (``decode_grpc``: raw input
+(``oip.header.wrap`` with ``TRANSPORT_GRPC``); the instance decodes it (``decode_grpc``: raw input
 contents with ``np.frombuffer``, typed ``contents`` with ``np.asarray``, both validated by
-``oip.parse_header`` and built by ``oip_codec``) and answers a serialized
+``oip.header.parse_header`` and built by ``oip.codec``) and answers a serialized
 ``ModelInferResponse`` whose outputs all travel as ``raw_output_contents`` (``encode_grpc``),
 which the gateway returns as is.
 """
@@ -25,14 +25,14 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from gshare.runtime.gateway.oip import BINARY_DATA_SIZE, InferHeader, OipError, parse_header
-from gshare.runtime.gateway.oip_codec import (
+from gshare.runtime.oip.codec import (
     binary_of,
     datatype_of,
     decode_tensors,
     handler_outputs,
     select_outputs,
 )
+from gshare.runtime.oip.header import BINARY_DATA_SIZE, InferHeader, OipError, parse_header
 
 SERVICE: Final = "inference.GRPCInferenceService"
 
