@@ -19,6 +19,7 @@ YAML form (``load_function_spec``)::
     max_instances: 4
     priority: 0                     # 0..9, higher is more important
     keep_alive_s: 300
+    predict_timeout_s: 60           # a batch's predict past this: failed (504), instance restarted
 
 ``quota_limit`` defaults to ``quota_request`` and ``mem_mb`` to 0 (no limit) when omitted.
 ``mem_mb`` is a fixed limit (an integer), or resource-centric sizing (BulkX,
@@ -97,6 +98,7 @@ MAX_SLO_MS: Final[float] = 3_600_000.0
 MAX_INSTANCES: Final[int] = 1024
 """Largest accepted ``max_instances`` (a guard against typos, not a platform limit)."""
 MAX_KEEP_ALIVE_S: Final[float] = 86_400.0
+MAX_PREDICT_TIMEOUT_S: Final[float] = 86_400.0
 """Largest accepted keep-alive: one day."""
 MAX_MEM_MB: Final[int] = 1 << 20
 """Largest accepted memory size (1 TiB): a guard against typos."""
@@ -133,6 +135,7 @@ FIELD_RULES: Final[Mapping[str, str]] = {
     "max_instances": f"an integer in [1, {MAX_INSTANCES}]",
     "priority": "an integer in [0, 9]",
     "keep_alive_s": f"a number in [0, {MAX_KEEP_ALIVE_S:.0f}]",
+    "predict_timeout_s": f"a number in (0, {MAX_PREDICT_TIMEOUT_S:.0f}] or null",
 }
 
 
@@ -286,6 +289,11 @@ class FunctionSpec(BaseModel):
     """How long the function stays warm once idle — no request queued or running, counted from
     the later of its last arrival and its last answer — before its instances above
     ``min_instances`` are reclaimed."""
+    predict_timeout_s: Num | None = Field(default=None, gt=0, le=MAX_PREDICT_TIMEOUT_S)
+    """Longest one ``predict`` call may run: past it, the batch's requests (and those queued
+    behind it) fail with 504 naming the limit, and the instance is restarted — a handler that
+    hangs cannot hold its instance, or a device token, for ever. None: the server's
+    ``--request-timeout-s`` (no request would wait longer for its answer anyway)."""
 
     @field_validator("name")
     @classmethod

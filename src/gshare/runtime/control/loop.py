@@ -438,6 +438,7 @@ class Controller:
             mem_mb=share.mem_mb,
             mem_step_mb=mem.step_mb,
             mem_max_mb=mem.max_mb,
+            predict_timeout_s=float(spec.predict_timeout_s or self.gateway.request_timeout_s),
             priority=spec.priority,
             max_batch=cfg.batch,
             max_wait_ms=spec.batching.max_wait_ms,

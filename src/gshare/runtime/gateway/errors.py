@@ -36,6 +36,7 @@ def status_of(status: int) -> int:
         P.ST_BAD_INPUT: 400,
         P.ST_FUNCTION_ERROR: 500,
         P.ST_MEMORY_LIMIT: 503,
+        P.ST_TIMEOUT: 504,
         P.ST_INTERNAL: 500,
     }.get(status, 502)
 

@@ -56,6 +56,10 @@ class InstanceLaunch:
     store_root: str | None = None
     incarnation: int = 0
     """0 for the first start, +1 for every restart by the agent."""
+    predict_timeout_s: float = 0.0
+    """Longest one ``predict`` may run before the instance fails its requests and exits (the
+    agent restarts it); 0: no limit. The spec's ``predict_timeout_s``, else the server's
+    request time-out (the controller fills it in)."""
     mem_step_mb: float = 0.0
     """Resource-centric sizing (``instance.memory``): grow the limit by this much when a
     request needs more (0: the limit is fixed)."""

@@ -87,6 +87,8 @@ ST_MEMORY_LIMIT: Final[int] = 3
 ST_DRAINING: Final[int] = 4
 ST_INTERNAL: Final[int] = 5
 ST_CANCELLED: Final[int] = 6
+ST_TIMEOUT: Final[int] = 7
+"""The instance's ``predict`` ran past the function's ``predict_timeout_s`` (504)."""
 
 STATUS_NAMES: Final[dict[int, str]] = {
     ST_OK: "ok",

@@ -79,6 +79,8 @@ class InstanceServer:
         self._running: list[Item] = []
         self._stop = threading.Event()
         self._dead = False
+        self._predict_since: float | None = None
+        """When the running ``predict`` started (None: none runs); the predict watchdog's."""
         self.stats = {"requests": 0, "batches": 0, "busy_ms": 0.0, "token_wait_ms": 0.0}
         # 1.-2. spatial partition, memory cap, sandbox and model (instance.startup).
         cs = cold_start(launch)
@@ -98,6 +100,10 @@ class InstanceServer:
         self._wire.start()
         self._worker = threading.Thread(target=self._batch_loop, name="gshare-batch", daemon=True)
         self._worker.start()
+        if launch.predict_timeout_s > 0:
+            threading.Thread(
+                target=self._watch_predict, name="gshare-predict-watchdog", daemon=True
+            ).start()
         if cs.governed:
             self.gate.start_memory(self.baseline_mb, die=self._die_over_limit, idle=self._is_idle)
 
@@ -244,11 +250,32 @@ class InstanceServer:
 
     def _predict(self, inputs: list[Any], items: list[Item]) -> Any:
         """``handler.predict``, with each request's OIP ``parameters`` (``{}`` for other
-        encodings) when the handler takes a ``parameters`` argument (``models.Handler``)."""
-        if not self._takes_parameters:
-            return self.handler.predict(inputs)
-        params = [dict(it.ctx.header.parameters) if it.ctx is not None else {} for it in items]
-        return self.handler.predict(inputs, parameters=params)
+        encodings) when the handler takes a ``parameters`` argument (``models.Handler``); the
+        predict watchdog times it (``_watch_predict``)."""
+        self._predict_since = time.monotonic()
+        try:
+            if not self._takes_parameters:
+                return self.handler.predict(inputs)
+            params = [dict(it.ctx.header.parameters) if it.ctx is not None else {} for it in items]
+            return self.handler.predict(inputs, parameters=params)
+        finally:
+            self._predict_since = None
+
+    def _watch_predict(self) -> None:
+        """The predict watchdog (its own thread, when ``predict_timeout_s`` > 0): a ``predict``
+        that runs past the limit cannot be interrupted from Python, so the instance fails its
+        requests with ``ST_TIMEOUT`` and exits for the agent to restart it."""
+        limit = self.launch.predict_timeout_s
+        period = min(1.0, max(0.05, limit / 10.0))
+        while not self._stop.wait(period):
+            since = self._predict_since
+            if since is not None and time.monotonic() - since > limit:
+                self._die(
+                    P.ST_TIMEOUT,
+                    f"predict of function {self.launch.function!r} ran past its "
+                    f"predict_timeout_s of {limit:g} s: the request fails and instance "
+                    f"{self.launch.instance_id} is restarted",
+                )
 
     def _batch_loop(self) -> None:
         self.gate.bind_worker()
@@ -357,11 +384,16 @@ class InstanceServer:
     # -- memory limit (instance.memory) ---------------------------------------------------------
 
     def _die_over_limit(self, used_mb: float, limit_mb: float) -> None:
-        reason = (
+        self._die(
+            P.ST_MEMORY_LIMIT,
             f"instance {self.launch.instance_id} exceeded its memory limit (model memory "
             f"{used_mb:.0f} MiB above the runtime's {self.baseline_mb:.0f} MiB > mem_mb "
-            f"{limit_mb:.0f} MiB) and is being restarted"
+            f"{limit_mb:.0f} MiB) and is being restarted",
         )
+
+    def _die(self, status: int, reason: str) -> None:
+        """Fail every running and queued request with ``status`` and ``reason``, record the
+        reason for the agent (``<socket>.exit``) and exit: the agent restarts the instance."""
         self.draining = True
         with self._cond:
             victims = list(self._running) + list(self._queue)
@@ -371,7 +403,7 @@ class InstanceServer:
 
         def fail_all() -> None:
             for it in victims:
-                it.writer.write(P.encode_response(it.req_id, P.ST_MEMORY_LIMIT, P.ENC_RAW, msg))
+                it.writer.write(P.encode_response(it.req_id, status, P.ENC_RAW, msg))
             done.set()
 
         with contextlib.suppress(Exception), open(self.launch.uds_path + ".exit", "w") as f:
