@@ -411,3 +411,29 @@ def test_handlers_cannot_read_the_control_token(srv: ServeProcess) -> None:
     allowed = c.invoke("probe", {"path": str(REPO / "pyproject.toml")})
     assert isinstance(allowed["read"], int) and allowed["read"] > 0, allowed
     c.delete("probe")
+
+
+def test_an_instance_socket_answers_only_who_proves_its_secret(srv: ServeProcess) -> None:
+    """Another tenant's handler runs as the same user and can reach every instance's Unix
+    socket: without the instance's channel secret it can neither drain nor invoke it (the
+    connection is closed unanswered), and the victim keeps serving."""
+    import glob
+    import tempfile
+
+    from gshare.runtime.instance import protocol as P
+
+    c = srv.client()
+    c.deploy({"name": "victim-uds", "handler": "gshare.runtime.demo_handlers:Echo",
+              "device": "cpu", "min_instances": 1})  # fmt: skip
+    wait_until(lambda: c.get("victim-uds")["availableReplicas"] >= 1, 120, "victim-uds ready")
+    pattern = f"{tempfile.gettempdir()}/gshare-{os.getuid()}/*/node-*/i-victim-uds-*.sock"
+    socks = glob.glob(pattern)
+    assert socks, f"no instance socket matches {pattern}"
+    for op, payload in ((P.OP_CONTROL, b'{"cmd": "drain"}'), (P.OP_INVOKE, b'"hi"')):
+        with pytest.raises(P.ProtocolError):
+            P.call_once(socks[0], op, P.ENC_JSON, payload, timeout_s=10)
+        with pytest.raises(P.ProtocolError):  # a wrong secret is no better
+            P.call_once(socks[0], op, P.ENC_JSON, payload, timeout_s=10, secret="guess")
+    for _ in range(3):  # not drained: it answers, through the gateway
+        assert c.invoke("victim-uds", "hello") is not None
+    c.delete("victim-uds")

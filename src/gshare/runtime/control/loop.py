@@ -447,7 +447,7 @@ class Controller:
             sm_offset_pct=min(100.0, max(0.0, sm_offset)),
             listen_tcp=device.node_id != self.gateway_node_id,
             tcp_host=self._node_ip(device.node_id),
-            channel_secret=secrets.token_hex(16) if device.node_id != self.gateway_node_id else "",
+            channel_secret=secrets.token_hex(16),  # every connection proves it, UDS or TCP
             extra_sys_path=self.extra_sys_path,
             kernel_profile=kernel_profile,
         )

@@ -187,8 +187,9 @@ class Gateway:
         max_batch: int,
         secret: str = "",
     ) -> None:
-        """Connect to a ready instance (Unix socket when given, else TCP: the first frame is
-        ``OP_AUTH`` with the instance's channel ``secret``) and start sending."""
+        """Connect to a ready instance (Unix socket when given, else TCP; the first frame is
+        ``OP_AUTH`` with the instance's channel ``secret`` when it has one) and start
+        sending."""
         r = self.routes.get(function)
         if r is None:
             return
@@ -203,10 +204,11 @@ class Gateway:
                 await loop.create_unix_connection(lambda: ch, uds_path)
             elif tcp:
                 await loop.create_connection(lambda: ch, tcp[0], tcp[1])
-                assert ch.transport is not None
-                ch.transport.write(P.encode_request(0, P.OP_AUTH, P.ENC_RAW, secret.encode()))
             else:
                 raise OSError("no address")
+            if secret:
+                assert ch.transport is not None
+                ch.transport.write(P.encode_request(0, P.OP_AUTH, P.ENC_RAW, secret.encode()))
         except OSError as e:
             log.warning("cannot connect to instance %s: %s", instance_id, e)
             return

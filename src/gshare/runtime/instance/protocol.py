@@ -65,10 +65,11 @@ OP_INVOKE: Final[int] = 1
 OP_CONTROL: Final[int] = 2
 OP_EXAMPLE: Final[int] = 3
 OP_AUTH: Final[int] = 5
-"""The first frame on a TCP connection to an instance: its payload is the instance's channel
-secret (``InstanceLaunch.channel_secret``). Anything else first, or a wrong secret, and the
-instance closes the connection; Unix-socket connections need none (the 0700 run directory
-guards them)."""
+"""The first frame on every connection to an instance launched with a channel secret
+(``InstanceLaunch.channel_secret``; the controller gives every instance one), over its Unix
+socket as over TCP: its payload is the secret. Anything else first, or a wrong secret, and the
+instance closes the connection — another tenant's handler, running as the same user, cannot
+invoke, drain or reconfigure an instance by its socket."""
 OP_CANCEL: Final[int] = 4
 """Drop request ``request_id`` (the frame's id) if it has not started: its caller went away.
 The instance answers the dropped request with ``ST_CANCELLED``; one already in a batch runs to
@@ -167,16 +168,24 @@ class FrameReader:
 
 
 def call_once(
-    uds_path: str, op: int, encoding: int, payload: bytes, timeout_s: float = 60.0
+    uds_path: str,
+    op: int,
+    encoding: int,
+    payload: bytes,
+    timeout_s: float = 60.0,
+    secret: str = "",
 ) -> tuple[int, bytes]:
-    """One blocking request on a fresh connection to an instance's Unix socket; returns
-    ``(status, payload)``. For tools, benches and tests (the gateway multiplexes instead).
-    Raises ``ProtocolError`` when the instance closes the connection without an answer."""
+    """One blocking request on a fresh connection to an instance's Unix socket (``secret``: its
+    channel secret, sent first when given); returns ``(status, payload)``. For tools, benches
+    and tests (the gateway multiplexes instead). Raises ``ProtocolError`` when the instance
+    closes the connection without an answer."""
     import socket
 
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(timeout_s)
         s.connect(uds_path)
+        if secret:
+            s.sendall(encode_request(0, OP_AUTH, ENC_RAW, secret.encode()))
         s.sendall(encode_request(1, op, encoding, payload))
         reader = FrameReader(RESP_FIXED)
         while True:

@@ -9,9 +9,9 @@ responses back with ``DataPath.send`` (one loop wake-up per batch); ``json_defau
 handler's output is JSON-encoded.
 
 What must hold: a ``Conn``'s transport is touched only on the IO thread (other threads go through
-``send`` or ``loop.call_soon_threadsafe``); a TCP connection carries nothing until its first frame
-(``OP_AUTH``) proved the channel secret; ``DataPath.start`` returns only once the listeners are
-bound (or raises why they are not).
+``send`` or ``loop.call_soon_threadsafe``); a connection — Unix socket or TCP — carries nothing
+until its first frame (``OP_AUTH``) proved the channel secret, when the instance has one;
+``DataPath.start`` returns only once the listeners are bound (or raises why they are not).
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ class Conn(asyncio.Protocol):
         self.reader = P.FrameReader(P.REQ_FIXED)
         self.transport: asyncio.Transport | None = None
         self.secret = secret.encode()
-        """Non-empty on a TCP connection until its ``OP_AUTH`` frame proved it."""
+        """Non-empty until the connection's ``OP_AUTH`` frame proved it (every connection of
+        an instance launched with a channel secret)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
@@ -88,9 +89,9 @@ class Conn(asyncio.Protocol):
         for f in frames:
             req_id, op, enc = P.REQ_REST.unpack_from(f)
             payload = f[P.REQ_FIXED :]
-            if self.secret:  # a TCP connection: the first frame must prove the secret
+            if self.secret:  # the first frame must prove the secret
                 if op != P.OP_AUTH or not hmac.compare_digest(bytes(payload), self.secret):
-                    log.warning("instance: a TCP connection did not authenticate; closed")
+                    log.warning("instance: a connection did not authenticate; closed")
                     if self.transport:
                         self.transport.close()
                     return
@@ -155,8 +156,13 @@ class DataPath:
             path = self.launch.uds_path
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+            # every connection, Unix socket or TCP, proves the channel secret first: the run
+            # directory's 0700 keeps other users out, not another instance of this user
+            uds_secret = self.launch.channel_secret
             srv = self.loop.run_until_complete(
-                self.loop.create_unix_server(lambda: Conn(self.owner), path=path, backlog=256)
+                self.loop.create_unix_server(
+                    lambda: Conn(self.owner, uds_secret), path=path, backlog=256
+                )
             )
             self.servers.append(srv)
             if self.launch.listen_tcp:
