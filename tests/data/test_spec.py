@@ -160,6 +160,7 @@ INVALID: list[tuple[dict[str, Any], str, str]] = [
     (spec(priority=-1), "priority", "[0, 9]"),
     (spec(keep_alive_s=-1), "keep_alive_s", "a number in [0, 86400], got -1"),
     (spec(keep_alive_s=86_401), "keep_alive_s", "[0, 86400]"),
+    (spec(predict_timeout_s=0), "predict_timeout_s", "a number in (0, 86400] or null, got 0"),
     (spec(replicas=3), "replicas", "unknown field (allowed: name, model, handler"),
 ]
 
