@@ -169,8 +169,8 @@ def test_cli_json_output_describe_stdin_and_follow(
         + ["--url", served.url, "--state", str(served.state_dir)],
         stdout=subprocess.PIPE,
         text=True,
-        # Ctrl-C as in a terminal: the test process may have SIGINT ignored (a C library
-        # of an earlier test leaves SIGINT and SIGQUIT at SIG_IGN), which a child inherits
+        # Ctrl-C as in a terminal: a test run started in the background by a non-interactive
+        # shell (`make test &`) has SIGINT and SIGQUIT ignored, which every child inherits
         preexec_fn=_default_sigint,
     )
     try:
