@@ -128,6 +128,10 @@ def test_cli_deploy_invoke_list_logs_delete(
     )
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_cli_json_output_describe_stdin_and_follow(
     served: ServeProcess, echo: str, tmp_path: Path
 ) -> None:
@@ -166,6 +170,9 @@ def test_cli_json_output_describe_stdin_and_follow(
         + ["--url", served.url, "--state", str(served.state_dir)],
         stdout=subprocess.PIPE,
         text=True,
+        # Ctrl-C as in a terminal: a test run started in the background by a non-interactive
+        # shell (`make test &`) has SIGINT and SIGQUIT ignored, which every child inherits
+        preexec_fn=_default_sigint,
     )
     try:
         assert follower.stdout is not None
