@@ -106,19 +106,10 @@ def switch_cost(timelines: Mapping[str, SpinTimeline]) -> SwitchCost:
     )
 
 
-KERNEL_COLUMNS = (
-    "model",
-    "batch",
-    "Name",
-    "Profile",
-    "Memory_footprint",
-    "SM_usage",
-    "Duration",
-    "Gap",
-    "Grid",
-    "Block",
-    "Count",
-)
+ORION_COLUMNS = ("Name", "Profile", "Memory_footprint", "SM_usage", "Duration")
+"""The columns of ``data/orion_v100_kernels`` (Duration in ns)."""
+
+KERNEL_COLUMNS = ("model", "batch", *ORION_COLUMNS, "Gap", "Grid", "Block", "Count")
 """The kernel table: ``data/orion_v100_kernels``'s columns (Duration in ns; Profile,
 Memory_footprint are not measured by the interposer and stay empty; SM_usage is the grid's
 block count) plus the mean idle gap after the kernel (``Gap``, ns), its launch shape and how
@@ -149,16 +140,7 @@ def kernel_rows(model: str, batch: int, stats: Sequence[Any]) -> list[dict[str, 
     return rows
 
 
-TRACE_COLUMNS = (
-    "model",
-    "batch",
-    "Name",
-    "Profile",
-    "Memory_footprint",
-    "SM_usage",
-    "Duration",
-    "Gap",
-)
+TRACE_COLUMNS = ("model", "batch", *ORION_COLUMNS, "Gap")
 """The launch-order trace of one pass: Orion's columns (Duration in ns; Profile,
 Memory_footprint and SM_usage are not measured by CUPTI's timestamps and stay empty) plus
 ``Gap``: the idle time (ns) from the kernel's end to the next kernel's start, empty after the

@@ -32,7 +32,35 @@ SHUTDOWN_TIMEOUT_S = 30.0
 """Longest an agent's shutdown may take (it stops every instance and its token servers)."""
 
 
-class ProcessAgentHandle:
+class _AgentCalls:
+    """The ``AgentHandle`` calls, the same on every transport: each is one ``_call`` of the
+    agent's method of that name (a subclass provides ``_call``: bounded by its time-out,
+    ``AgentGone`` when the agent died)."""
+
+    async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        raise NotImplementedError
+
+    async def status(self) -> NodeStatus:
+        status: NodeStatus = await self._call("status")
+        return status
+
+    async def start_instance(self, launch: InstanceLaunch) -> None:
+        await self._call("start_instance", launch)
+
+    async def stop_instance(self, instance_id: str) -> None:
+        await self._call("stop_instance", instance_id)
+
+    async def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(
+            "describe", spec, extra_sys_path, timeout_s=DESCRIBE_TIMEOUT_S
+        )
+        return result
+
+    async def set_share(self, instance_id: str, quota_request: float, quota_limit: float) -> None:
+        await self._call("set_share", instance_id, quota_request, quota_limit)
+
+
+class ProcessAgentHandle(_AgentCalls):
     """``AgentHandle`` over a ``NodeAgent`` in a child process of the server
     (``node.agent_process``: its wire, and what must hold).
 
@@ -144,25 +172,6 @@ class ProcessAgentHandle:
     async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         return await self._request(next(self._ids), method, args, timeout_s or self.timeout_s)
 
-    async def status(self) -> NodeStatus:
-        status: NodeStatus = await self._call("status")
-        return status
-
-    async def start_instance(self, launch: InstanceLaunch) -> None:
-        await self._call("start_instance", launch)
-
-    async def stop_instance(self, instance_id: str) -> None:
-        await self._call("stop_instance", instance_id)
-
-    async def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call(
-            "describe", spec, extra_sys_path, timeout_s=DESCRIBE_TIMEOUT_S
-        )
-        return result
-
-    async def set_share(self, instance_id: str, quota_request: float, quota_limit: float) -> None:
-        await self._call("set_share", instance_id, quota_request, quota_limit)
-
     async def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Stop the node (``NodeAgent.shutdown``), close the socket, reap the process (killed
         if it does not exit in time). Safe on an agent that is already gone."""
@@ -188,7 +197,7 @@ class ProcessAgentHandle:
                 await self._task
 
 
-class RayAgentHandle:
+class RayAgentHandle(_AgentCalls):
     """``AgentHandle`` over a ``NodeAgent`` Ray actor."""
 
     def __init__(self, node_id: str, actor: Any, timeout_s: float = 10.0) -> None:
@@ -204,25 +213,6 @@ class RayAgentHandle:
             return await asyncio.wait_for(_await(ref), timeout_s or self.timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
             raise AgentGone(f"the node agent on {self.node_id[:8]} is gone: {e}") from None
-
-    async def status(self) -> NodeStatus:
-        status: NodeStatus = await self._call("status")
-        return status
-
-    async def start_instance(self, launch: InstanceLaunch) -> None:
-        await self._call("start_instance", launch)
-
-    async def stop_instance(self, instance_id: str) -> None:
-        await self._call("stop_instance", instance_id)
-
-    async def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call(
-            "describe", spec, extra_sys_path, timeout_s=DESCRIBE_TIMEOUT_S
-        )
-        return result
-
-    async def set_share(self, instance_id: str, quota_request: float, quota_limit: float) -> None:
-        await self._call("set_share", instance_id, quota_request, quota_limit)
 
 
 async def _await(ref: Any) -> Any:
