@@ -181,20 +181,24 @@ def call_once(
     closes the connection without an answer."""
     import socket
 
+    closed = "the instance closed the connection without an answer"
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(timeout_s)
         s.connect(uds_path)
-        if secret:
-            s.sendall(encode_request(0, OP_AUTH, ENC_RAW, secret.encode()))
-        s.sendall(encode_request(1, op, encoding, payload))
-        reader = FrameReader(RESP_FIXED)
-        while True:
-            data = s.recv(1 << 16)
-            if not data:
-                raise ProtocolError("the instance closed the connection without an answer")
-            for frame in reader.feed(data):
-                _rid, status, *_rest = RESP_REST.unpack_from(frame)
-                return int(status), frame[RESP_FIXED:]
+        try:
+            if secret:
+                s.sendall(encode_request(0, OP_AUTH, ENC_RAW, secret.encode()))
+            s.sendall(encode_request(1, op, encoding, payload))
+            reader = FrameReader(RESP_FIXED)
+            while True:
+                data = s.recv(1 << 16)
+                if not data:
+                    raise ProtocolError(closed)
+                for frame in reader.feed(data):
+                    _rid, status, *_rest = RESP_REST.unpack_from(frame)
+                    return int(status), frame[RESP_FIXED:]
+        except (BrokenPipeError, ConnectionResetError):  # closed while we were still talking
+            raise ProtocolError(closed) from None
 
 
 def set_nodelay(transport: Any) -> None:
