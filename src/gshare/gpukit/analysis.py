@@ -71,7 +71,9 @@ class SwitchCost:
     """Time both ran at once (no time-slicing when this is large)."""
 
 
-def _pct(xs: Sequence[float], q: float) -> float:
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between order statistics (numpy's default); NaN
+    when empty. The kit's one percentile: parts, the workload process and this module."""
     s = sorted(xs)
     if not s:
         return float("nan")
@@ -98,10 +100,10 @@ def switch_cost(timelines: Mapping[str, SpinTimeline]) -> SwitchCost:
     slices = [(b - a) / 1e6 for a, b, _ in ivs]
     return SwitchCost(
         switches=len(costs),
-        median_us=_pct(costs, 50),
-        p10_us=_pct(costs, 10),
-        p90_us=_pct(costs, 90),
-        slice_median_ms=_pct(slices, 50),
+        median_us=percentile(costs, 50),
+        p10_us=percentile(costs, 10),
+        p90_us=percentile(costs, 90),
+        slice_median_ms=percentile(slices, 50),
         overlap_ms=overlap / 1e6,
     )
 
@@ -176,6 +178,7 @@ __all__ = [
     "SpinTimeline",
     "SwitchCost",
     "kernel_rows",
+    "percentile",
     "switch_cost",
     "trace_rows",
 ]

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gshare.gpukit.analysis import percentile
 from gshare.gpukit.results import Figure, PartResult
 
 DEPLOYMENTS = ("preload", "shim")
@@ -124,17 +125,6 @@ def check(
         return Figure(name, None, f"{op} {bound:g}", None, unit, on, note or "not measured")
     ok = {"<=": measured <= bound, ">=": measured >= bound, "==": measured == bound}[op]
     return Figure(name, measured, f"{op} {bound:g}", bool(ok), unit, on, note)
-
-
-def percentile(xs: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), linear between order statistics; NaN when empty."""
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 # -- the interposer's deployments -------------------------------------------------------------
@@ -291,10 +281,19 @@ def run_json(
     """Run a process that prints one JSON object as its last stdout line; return it."""
     p = start(name, argv, env, work)
     out = p.finish(timeout_s)
-    last = [x for x in out.strip().splitlines() if x.startswith("{")]
-    if not last:
-        raise RuntimeError(f"{name} printed no JSON: {out[-500:]} {tail(p.log)}")
-    result: dict[str, Any] = json.loads(last[-1])
+    try:
+        return last_json(out)
+    except ValueError as e:
+        raise RuntimeError(f"{name}: {e} {tail(p.log)}") from None
+
+
+def last_json(out: str) -> dict[str, Any]:
+    """The last line of ``out`` that is a JSON object (a measured process's report); raises
+    ``ValueError`` when there is none."""
+    lines = [x for x in out.strip().splitlines() if x.startswith("{")]
+    if not lines:
+        raise ValueError(f"printed no JSON: {out[-500:]!r}")
+    result: dict[str, Any] = json.loads(lines[-1])
     return result
 
 
@@ -334,6 +333,7 @@ __all__ = [
     "Proc",
     "add_client",
     "check",
+    "last_json",
     "deployment_env",
     "driver_env",
     "part_main",

@@ -21,6 +21,7 @@ from gshare.gpukit.parts.common import (
     KitContext,
     Proc,
     driver_env,
+    last_json,
     part_main,
     skipped,
     start,
@@ -60,11 +61,8 @@ def _group(
         for p in procs:
             p.go()
         total = 0.0
-        import json
-
         for p in procs:
-            out = p.finish(seconds + 60)
-            total += float(json.loads(out.strip().splitlines()[-1])["items_per_s"])
+            total += float(last_json(p.finish(seconds + 60))["items_per_s"])
         return total
     finally:
         for p in procs:

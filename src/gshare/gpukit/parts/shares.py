@@ -29,6 +29,7 @@ from gshare.gpukit.parts.common import (
     add_client,
     check,
     deployment_env,
+    last_json,
     part_main,
     probe_argv,
     skipped,
@@ -225,23 +226,13 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
 
     try:
         outs, _, _ = _group(ctx, work, "r50-alone", {"alone": (1.0, 1.0)}, wl, {}, secs, 120)
-        r_alone = _json(outs["alone"])["items_per_s"]
+        r_alone = last_json(outs["alone"])["items_per_s"]
         outs, shares, over = _group(ctx, work, "r50-pair", SCENES["pair"][0], wl, {}, secs, 120)
-        thr = {c: _json(outs[c])["items_per_s"] / r_alone for c in SCENES["pair"][0]}
+        thr = {c: last_json(outs[c])["items_per_s"] / r_alone for c in SCENES["pair"][0]}
         figs += _figures("pair", "resnet50_pair", shares, over, SCENES["pair"][1], "gpu", True, thr)
     except (RuntimeError, KeyError, ValueError) as e:
         figs.append(skipped("max_abs_share_error_pp_resnet50_pair", str(e)))
     return judge(figs, True, "")
-
-
-def _json(out: str) -> dict[str, Any]:
-    import json
-
-    lines = [x for x in out.strip().splitlines() if x.startswith("{")]
-    if not lines:
-        raise ValueError(f"no JSON in {out[-300:]!r}")
-    d: dict[str, Any] = json.loads(lines[-1])
-    return d
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import sys
 import time
 from typing import Any
 
+from gshare.gpukit.analysis import percentile
+
 MODELS = ("resnet50", "resnet101", "mobilenet_v2", "bert-base")
 SEQ_LEN = 128
 
@@ -71,14 +73,6 @@ def _sync(device: str) -> None:
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def _percentile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def device_kind(e: Any) -> str:
@@ -236,8 +230,8 @@ def main() -> None:
                     times.append((time.perf_counter() - t0) * 1000.0)
                 out.update(
                     iters=a.iters,
-                    p50_ms=_percentile(times, 50),
-                    p99_ms=_percentile(times, 99),
+                    p50_ms=percentile(times, 50),
+                    p99_ms=percentile(times, 99),
                     mean_ms=sum(times) / len(times),
                 )
             else:
