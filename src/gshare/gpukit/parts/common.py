@@ -132,25 +132,32 @@ def check(
 
 def deployment_env(ctx: KitContext, deployment: str, **extra: str) -> dict[str, str]:
     """The environment of a process governed by the interposer in ``deployment`` (``extra``
-    on top). Raises ``RuntimeError`` when that deployment was not built."""
+    on top), built by ``runtime.native.deployment_env`` — what the node agent gives CUDA
+    instances — over ``driver_env``. Raises ``RuntimeError`` when that deployment was not
+    built."""
     env = driver_env(ctx)
     for k in list(env):
         if k.startswith("GSHARE_CUDA") or k.startswith("GSHARE_TOKEN") or k == "GSHARE_CLIENT_ID":
             del env[k]
     if ctx.real_libcuda:
         env["GSHARE_REAL_LIBCUDA"] = ctx.real_libcuda
-    if deployment == "preload":
-        if not ctx.interposer:
-            raise RuntimeError("the interposer did not build")
-        env["LD_PRELOAD"] = ":".join(x for x in (ctx.interposer, env.get("LD_PRELOAD")) if x)
-    elif deployment == "shim":
-        if not ctx.shim_dir:
-            raise RuntimeError(f"the libcuda.so.1 shim did not build: {ctx.shim_error}")
-        env["LD_LIBRARY_PATH"] = ":".join(
-            x for x in (ctx.shim_dir, env.get("LD_LIBRARY_PATH")) if x
-        )
-    elif deployment != "none":
+    if deployment not in (*DEPLOYMENTS, "none"):
         raise ValueError(f"unknown deployment {deployment!r}: {DEPLOYMENTS}")
+    if deployment == "preload" and not ctx.interposer:
+        raise RuntimeError("the interposer did not build")
+    if deployment == "shim" and not (ctx.shim_dir and ctx.real_libcuda):
+        raise RuntimeError(f"the libcuda.so.1 shim did not build: {ctx.shim_error}")
+    if deployment != "none":  # the runtime's own recipe, as the node agent uses it
+        from gshare.runtime import native
+
+        env.update(
+            native.deployment_env(
+                "shim" if deployment == "shim" else "preload",
+                shim_dir=Path(ctx.shim_dir) if ctx.shim_dir else None,
+                real_libcuda=Path(ctx.real_libcuda) if ctx.real_libcuda else None,
+                base=env,
+            )
+        )
     env.update(extra)
     return env
 
