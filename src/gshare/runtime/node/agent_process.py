@@ -1,6 +1,6 @@
 """The node agent as a child process of ``gshare serve``: the embedded default, without Ray.
 
-Who uses it: the server's local cluster backend (``runtime.server.LocalBackend``) calls
+Who uses it: the server's local cluster backend (``runtime.backends.LocalBackend``) calls
 ``spawn_agent`` from its main thread and talks to the child through
 ``runtime.control.agents.ProcessAgentHandle``; the child runs ``main`` (``python -m
 gshare.runtime.node.agent_process --fd N --parent-pid P``) around the same ``NodeAgent`` that
