@@ -61,6 +61,27 @@ SAMPLE = struct.Struct("<dd")
 _MB = float(1 << 20)
 
 
+def read_samples(path: str, offset: int) -> tuple[int, list[tuple[float, float]]]:
+    """The whole (peak MiB, execution s) samples appended to ``path`` after byte ``offset``,
+    and the offset after them; a file shorter than ``offset`` (the instance restarted and began
+    it again) is read from its start; a missing file is no sample. Who calls it: the node agent,
+    which owns the offset."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            if size < offset:
+                offset = 0
+            n = (size - offset) // SAMPLE.size
+            if n <= 0:
+                return offset, []
+            f.seek(offset)
+            data = f.read(n * SAMPLE.size)
+    except OSError:
+        return offset, []
+    return offset + len(data), [(p, e) for p, e in SAMPLE.iter_unpack(data)]
+
+
 class MemoryLimitExceeded(RuntimeError):
     """Raised inside ``predict`` (at a preemption point) when the request needs more memory
     than the instance may have; the message names the limit and what was needed."""

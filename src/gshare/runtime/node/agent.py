@@ -71,7 +71,7 @@ from typing import Any
 
 from gshare.policy.tokens import ClientSpec
 from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
-from gshare.runtime.instance.memory import SAMPLE
+from gshare.runtime.instance.memory import read_samples
 from gshare.runtime.messages import (
     FikitUsage,
     InstanceState,
@@ -82,6 +82,7 @@ from gshare.runtime.messages import (
     TokenUsage,
 )
 from gshare.runtime.node import tasks as node_tasks
+from gshare.runtime.node.devices import detect_devices, device_memory_mb
 from gshare.runtime.node.files import ensure_private_dir
 from gshare.runtime.node.launcher import LAUNCHERS, Launcher
 from gshare.runtime.tokens.board import board_path
@@ -97,8 +98,6 @@ START_TIMEOUT_S = 600.0
 """An instance not ready after this long is failed (a model load that hangs)."""
 MEM_SAMPLES_KEPT = 256
 """Most recent per-batch memory measurements kept per instance for ``status``."""
-CPU_MEMORY_FRACTION = 0.9
-"""Share of the node's RAM that CPU instances' memory limits may reserve by default."""
 PRIORITY_SHARING = ("fikit", "tokens")
 """How a device combines functions of different ``priority`` (``gshare serve
 --priority-sharing``): ``fikit`` — FIKIT orders the priority classes, tokens share the device
@@ -188,7 +187,7 @@ class NodeAgent:
         self.run_dir = Path(run_dir) / f"node-{tag}"
         ensure_private_dir(self.run_dir, levels=3)  # 0700, ours (node.files)
         self.store_root = f"{store_root}-{tag}" if store_root else None
-        self.devices = self._detect_devices()
+        self.devices = detect_devices()
         # The GPU frontend's deployment for CUDA instances (runtime.native): "preload" (the
         # interposer in LD_PRELOAD, the default) or "shim" (a libcuda.so.1 built from the
         # interposer and the node's driver, first on LD_LIBRARY_PATH); cuda_deployment, else
@@ -215,7 +214,7 @@ class NodeAgent:
         cfg = replace(LIVE_TOKEN_CONFIG, **(token_config or {}))
         if priority_sharing == "fikit":  # a quota is guaranteed against the same class and below
             cfg = replace(cfg, reserve_for_lower_priority=False)
-        self.device_memory_mb = [self._device_memory_mb(d, device_mem_mb) for d in self.devices]
+        self.device_memory_mb = [device_memory_mb(d, device_mem_mb) for d in self.devices]
         self.token_servers = []
         for i, _ in enumerate(self.devices):
             sock = str(self.run_dir / f"tokens{i}.sock")
@@ -260,33 +259,6 @@ class NodeAgent:
     def _log_path(self, launch: InstanceLaunch) -> Path:
         """Where a forked instance's stdout and stderr go."""
         return self.run_dir / f"i-{launch.instance_id}.log"
-
-    @staticmethod
-    def _detect_devices() -> list[str]:
-        if os.path.exists("/dev/nvidiactl"):
-            try:
-                import torch
-
-                n = torch.cuda.device_count()
-                if n > 0:
-                    return [f"cuda:{i}" for i in range(n)]
-            except Exception:  # no usable CUDA: serve on CPU
-                pass
-        return ["cpu"]
-
-    @staticmethod
-    def _device_memory_mb(device: str, configured_mb: float | None) -> float:
-        """The memory a device's instances reserve their limits from: the CUDA device's memory,
-        or (CPU) ``configured_mb`` / ``CPU_MEMORY_FRACTION`` of the node's RAM."""
-        if device.startswith("cuda"):
-            import torch
-
-            return float(torch.cuda.get_device_properties(device).total_memory) / (1 << 20)
-        if configured_mb:
-            return float(configured_mb)
-        import psutil
-
-        return float(psutil.virtual_memory().total) / (1 << 20) * CPU_MEMORY_FRACTION
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -661,26 +633,11 @@ class NodeAgent:
 
     @staticmethod
     def _read_memory_samples(m: _Managed) -> None:
-        """Take the new per-batch measurements from ``<socket>.mem`` (a restarted instance
-        starts the file again)."""
-        path = m.launch.uds_path + ".mem"
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                if size < m.mem_offset:
-                    m.mem_offset = 0
-                n = (size - m.mem_offset) // SAMPLE.size
-                if n <= 0:
-                    return
-                f.seek(m.mem_offset)
-                data = f.read(n * SAMPLE.size)
-        except OSError:
-            return
-        m.mem_offset += len(data)
-        for peak_mb, exec_s in SAMPLE.iter_unpack(data):
-            m.mem_samples.append((peak_mb, exec_s))
-        m.mem_total += n
+        """Take the instance's new per-batch measurements (a restarted instance starts its
+        file again: ``instance.memory.read_samples``)."""
+        m.mem_offset, new = read_samples(m.launch.uds_path + ".mem", m.mem_offset)
+        m.mem_samples.extend(new)
+        m.mem_total += len(new)
 
     def _alive(self, m: _Managed, psutil: Any) -> bool:
         if (
