@@ -185,8 +185,8 @@ class DeviceGate:
                 P.ENC_RAW,
                 (
                     f"the request exceeded the function's memory limit: the operating system "
-                    f"({cap.kind.value}) refused an allocation past mem_mb {plan_mb:.0f} MiB "
-                    f"+ {SLACK_MB:.0f} MiB for the runtime"
+                    f"({cap.kind.value}) refused an allocation past the function's max "
+                    f"{plan_mb:.0f} MiB (+ {SLACK_MB:.0f} MiB for the runtime)"
                 ).encode(),
             )
         return function_error()
