@@ -186,7 +186,8 @@ class DeviceGate:
                 (
                     f"the request exceeded the function's memory limit: the operating system "
                     f"({cap.kind.value}) refused an allocation past the function's max "
-                    f"{plan_mb:.0f} MiB (+ {SLACK_MB:.0f} MiB for the runtime)"
+                    f"{plan_mb:.0f} MiB (mem_mb {plan_mb:.0f} MiB + {SLACK_MB:.0f} MiB for the "
+                    f"runtime)"
                 ).encode(),
             )
         return function_error()
