@@ -56,7 +56,7 @@ demo: $(STAMP)
 # The GPU kit (docs/gpu/README.md). gpu-bundle, here (PyPI): the wheels the GPU machine lacks, into
 # .gpu-bundle/. gpu-check, on the GPU machine with its own python3 and PyTorch (no venv, no
 # network): every part under one deadline; GPU_ARGS passes options (--out DIR --parts a,c
-# --budget-s 420 --dry-run).
+# --budget-s 520 --dry-run).
 GPU_ARGS ?=
 gpu-bundle: $(STAMP)
 	PYTHONPATH=src $(BIN)/python -m gshare.gpukit.bundle --dest .gpu-bundle

@@ -34,18 +34,18 @@ class PartInfo:
     """``gshare.gpukit.parts.<module>``."""
     title: str
     budget_s: float
-    """Its share of the default 420-s deadline (a part gets less when less is left)."""
+    """Its share of the default 520-s deadline (a part gets less when less is left)."""
 
 
 PARTS: tuple[PartInfo, ...] = (
-    PartInfo("a", "interception", "Interception (both deployments)", 55.0),
-    PartInfo("b", "overhead", "Overhead per launch and per inference", 50.0),
+    PartInfo("a", "interception", "Interception (both deployments)", 70.0),
+    PartInfo("b", "overhead", "Overhead per launch and per inference", 70.0),
     PartInfo("c", "shares", "Time shares under the token server", 50.0),
-    PartInfo("d", "memory", "Memory cap", 30.0),
-    PartInfo("e", "fikit", "FIKIT data: kernels, gaps, switch cost, priorities", 95.0),
-    PartInfo("f", "mps", "MPS partitions", 50.0),
-    PartInfo("g", "live", "Live: gshare serve on CUDA", 75.0),
-    PartInfo("h", "pytest_cuda", "pytest -m cuda", 15.0),
+    PartInfo("d", "memory", "Memory cap", 25.0),
+    PartInfo("e", "fikit", "FIKIT data: kernels, gaps, switch cost, priorities", 110.0),
+    PartInfo("f", "mps", "MPS partitions", 60.0),
+    PartInfo("g", "live", "Live: gshare serve on CUDA", 90.0),
+    PartInfo("h", "pytest_cuda", "pytest -m cuda", 45.0),
 )
 """Every part, in the order the kit runs them."""
 

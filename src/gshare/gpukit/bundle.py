@@ -26,6 +26,8 @@ ROOTS = (
     "pydantic",
     "fastapi",
     "uvicorn",
+    "httptools",
+    "uvloop",
     "orjson",
     "tritonclient",
     "protobuf",

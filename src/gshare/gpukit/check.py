@@ -1,6 +1,6 @@
 """``make gpu-check``: run the GPU kit's parts on this machine and write what they found.
 
-``python -m gshare.gpukit [--out DIR] [--budget-s 420] [--parts a,c,...] [--dry-run]``, from
+``python -m gshare.gpukit [--out DIR] [--budget-s 520] [--parts a,c,...] [--dry-run]``, from
 the repository root with ``PYTHONPATH=src`` (the Makefile does both). Standard library only
 until the bundle is installed. Steps, all under one deadline (``--budget-s``, from the start):
 
@@ -55,6 +55,8 @@ NEEDED_IMPORTS = (
     "pydantic",
     "fastapi",
     "uvicorn",
+    "httptools",
+    "uvloop",
     "orjson",
     "httpx",
     "psutil",
@@ -477,7 +479,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="private build and log folder (default .gpu-kit/work)",
     )
-    ap.add_argument("--budget-s", type=float, default=420.0, help="total deadline, seconds")
+    ap.add_argument("--budget-s", type=float, default=520.0, help="total deadline, seconds")
     ap.add_argument(
         "--parts",
         default=None,

@@ -62,6 +62,15 @@ from typing import Final
 # judged pairwise (exact for two clients per SM band). Why and measurements:
 # docs/journal/tokens.md.
 #
+# NOTE — fair elastic time (gshare's; FaST-GShare §3.3.2 lets a pod use idle time up to its
+# limit but does not say how idle time is split). Rule: with reservations on, a token takes its
+# own missing quota and at most 1/n of the window's elastic time (what is left of the window
+# after every conflicting active client's guarantee), n = the client and the conflicting active
+# clients that could still take elastic time. Invariant: saturating clients with equal
+# requests and limits get equal shares of a window (an uncontended token no longer hands one of
+# them the whole slack); a client alone keeps the whole slack. Measured on an H200 and the stub:
+# docs/journal/tokens.md.
+#
 # NOTE — uncontended tokens (``idle_token_ms``, opt-in, the live runtime's; Gemini: a token is a
 # time slice). Rule: when no other client waits at dispatch, a token is at least
 # ``idle_token_ms`` long, clipped like any token (remaining quota, ``max_token_ms``,
@@ -452,6 +461,26 @@ class TokenScheduler:
             owed += max(0.0, miss)
         return owed
 
+    def _elastic_sharers(self, c: ClientState, now_ms: float) -> int:
+        """``c`` and the active clients that conflict with it and could still take elastic
+        time in this window (their cap not reached). See the NOTE on fair elastic time.
+        Called by ``_dispatch`` only."""
+        cfg = self.config
+        if not cfg.elastic:
+            return 1
+        n = 1
+        for d in self.clients.values():
+            if d is c or c.spec.sm_pct + d.spec.sm_pct <= cfg.sm_global_limit_pct + 1e-9:
+                continue
+            if d.spec.quota_limit <= d.spec.quota_request + 1e-12:
+                continue  # no elasticity: it never takes time beyond its guarantee
+            recently = now_ms - d.last_seen_ms < cfg.window_ms
+            if not (d.waiting or d.token is not None or d.used_ms > 0 or recently):
+                continue  # idle for a window: it takes no elastic time
+            if self._remaining_ms(d) >= cfg.min_token_ms:
+                n += 1
+        return n
+
     def _dispatch(self, now_ms: float) -> list[Grant]:
         cfg = self.config
         w = cfg.window_ms
@@ -502,6 +531,11 @@ class TokenScheduler:
                 if cfg.reserve_guarantees:
                     own_miss = c.spec.quota_request * w - c.used_ms
                     slack = self.window_start_ms + w - now_ms - self._owed_to_others_ms(c, now_ms)
+                    # Elastic time is split among the clients that can use it (NOTE on fair
+                    # elastic time): beyond its own missing quota a token takes at most an
+                    # equal part of what is left of the window after every guarantee.
+                    elastic_part = (slack - max(0.0, own_miss)) / self._elastic_sharers(c, now_ms)
+                    slack = max(0.0, own_miss) + max(0.0, elastic_part)
                     length = min(length, max(own_miss, slack))
                     if length < cfg.min_token_ms - 1e-9:
                         continue  # only elastic clients get here: no slack left this window

@@ -175,99 +175,124 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
                 srv.args and " ".join(srv.args) or "the default mode",
             )
         )
-        c.deploy(_spec("big", big, device, 0.6))
-        cold = _wait_answer(c, "big", big, min(120.0, dl.left() - 10))
-        figs.append(
-            Figure(
-                f"cold_start_s_{big}", round(cold, 2), None, None, "s", on, "deploy -> first answer"
-            )
-        )
-        pid_root = srv.proc.pid if srv.proc else 0
-        mem_one = _gpu_mem_mb(_tree_pids(pid_root)) if gpu else None
-        c.deploy(_spec("small", small, device, 0.3))
-        _wait_answer(c, "small", small, min(120.0, dl.left() - 10))
-        load_s = max(3.0, min(30.0, dl.left() - 45)) if gpu else 3.0
-        samples: dict[str, list[float]] = {"big": [], "small": []}
-        with _Load(srv.url, "big", big, 4) as lb, _Load(srv.url, "small", small, 4) as ls:
-            t_end = time.monotonic() + load_s
-            time.sleep(min(3.0, load_s / 3))
-            while time.monotonic() < t_end:
-                _shares(c, ["big", "small"], samples)
-                time.sleep(1.0)
-        for name, load, quota, model in (("big", lb, 0.6, big), ("small", ls, 0.3, small)):
-            lat = load.lat_ms
+        try:
+            _steps(ctx, srv, c, figs, dl, big, small, device, on)
+        except Exception as e:  # noqa: BLE001 -- keep what was measured, name what broke
             figs.append(
                 Figure(
-                    f"p50_ms_{model}_q{quota}",
-                    round(percentile(lat, 50), 2),
-                    None,
-                    None,
-                    "ms",
-                    on,
-                    f"{len(lat)} answers in {load_s:.0f} s; errors {load.errors[:2]}",
-                )
-            )
-            figs.append(
-                Figure(
-                    f"p99_ms_{model}_q{quota}",
-                    round(percentile(lat, 99), 2),
-                    None,
-                    None,
-                    "ms",
-                    on,
-                    "",
-                )
-            )
-            s = samples[name]
-            achieved = sum(s) / len(s) if s else None
-            figs.append(
-                Figure(
-                    f"achieved_share_{model}_q{quota}",
-                    None if achieved is None else round(achieved, 3),
-                    f"requested {quota}",
-                    None,
+                    "live_steps_completed",
+                    False,
+                    "yes",
+                    False,
                     "",
                     on,
-                    f"mean of {len(s)} one-second samples",
-                )
-            )
-        if gpu and dl.enough(40):
-            c.delete("small")
-            c.deploy(_spec("big", big, device, 0.2, sm_pct=25, min_instances=4, max_instances=4))
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < min(90.0, dl.left() - 10):
-                ready = [i for i in c.get("big")["instances"] if i["state"] == "ready"]
-                if len(ready) >= 4:
-                    break
-                time.sleep(0.5)
-            mem_four = _gpu_mem_mb(_tree_pids(pid_root))
-            if mem_one and mem_four:
-                figs.append(
-                    Figure(
-                        "gpu_mem_ratio_4_instances_vs_1",
-                        round(mem_four / mem_one, 2),
-                        "well under 4 (one weight copy per GPU)",
-                        None,
-                        "x",
-                        "gpu",
-                        f"{mem_four:.0f} MiB vs {mem_one:.0f} MiB",
-                    )
-                )
-        else:
-            figs.append(
-                skipped(
-                    "gpu_mem_ratio_4_instances_vs_1", "no time left" if gpu else ctx.no_gpu_reason()
-                )
-            )
-        if gpu and dl.enough(40):
-            figs += _priorities(c, srv.url, big, dl)
-        else:
-            figs.append(
-                skipped(
-                    "high_priority_p99_ms_fikit", "no time left" if gpu else ctx.no_gpu_reason()
+                    f"{type(e).__name__}: {e}"[:600] + f" (server log: {log.name})",
                 )
             )
     return judge(figs, gpu, ctx.no_gpu_reason())
+
+
+def _steps(
+    ctx: KitContext,
+    srv: Any,
+    c: Any,
+    figs: list[Figure],
+    dl: Deadline,
+    big: str,
+    small: str,
+    device: str,
+    on: str,
+) -> None:
+    """Cold start, shares, model store, priorities, in order; appends to ``figs`` as it goes."""
+    gpu = ctx.gpu
+    c.deploy(_spec("big", big, device, 0.6))
+    cold = _wait_answer(c, "big", big, min(120.0, dl.left() - 10))
+    figs.append(
+        Figure(f"cold_start_s_{big}", round(cold, 2), None, None, "s", on, "deploy -> first answer")
+    )
+    pid_root = srv.proc.pid if srv.proc else 0
+    mem_one = _gpu_mem_mb(_tree_pids(pid_root)) if gpu else None
+    c.deploy(_spec("small", small, device, 0.3))
+    _wait_answer(c, "small", small, min(120.0, dl.left() - 10))
+    load_s = max(3.0, min(30.0, dl.left() - 45)) if gpu else 3.0
+    samples: dict[str, list[float]] = {"big": [], "small": []}
+    with _Load(srv.url, "big", big, 4) as lb, _Load(srv.url, "small", small, 4) as ls:
+        t_end = time.monotonic() + load_s
+        time.sleep(min(3.0, load_s / 3))
+        while time.monotonic() < t_end:
+            _shares(c, ["big", "small"], samples)
+            time.sleep(1.0)
+    for name, load, quota, model in (("big", lb, 0.6, big), ("small", ls, 0.3, small)):
+        lat = load.lat_ms
+        figs.append(
+            Figure(
+                f"p50_ms_{model}_q{quota}",
+                round(percentile(lat, 50), 2),
+                None,
+                None,
+                "ms",
+                on,
+                f"{len(lat)} answers in {load_s:.0f} s; errors {load.errors[:2]}",
+            )
+        )
+        figs.append(
+            Figure(
+                f"p99_ms_{model}_q{quota}",
+                round(percentile(lat, 99), 2),
+                None,
+                None,
+                "ms",
+                on,
+                "",
+            )
+        )
+        s = samples[name]
+        achieved = sum(s) / len(s) if s else None
+        figs.append(
+            Figure(
+                f"achieved_share_{model}_q{quota}",
+                None if achieved is None else round(achieved, 3),
+                f"requested {quota}",
+                None,
+                "",
+                on,
+                f"mean of {len(s)} one-second samples",
+            )
+        )
+    if gpu and dl.enough(40):
+        c.delete("small")
+        c.deploy(_spec("big", big, device, 0.2, sm_pct=25, min_instances=4, max_instances=4))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < min(90.0, dl.left() - 10):
+            ready = [i for i in c.get("big")["instances"] if i["state"] == "ready"]
+            if len(ready) >= 4:
+                break
+            time.sleep(0.5)
+        mem_four = _gpu_mem_mb(_tree_pids(pid_root))
+        if mem_one and mem_four:
+            figs.append(
+                Figure(
+                    "gpu_mem_ratio_4_instances_vs_1",
+                    round(mem_four / mem_one, 2),
+                    "well under 4 (one weight copy per GPU)",
+                    None,
+                    "x",
+                    "gpu",
+                    f"{mem_four:.0f} MiB vs {mem_one:.0f} MiB",
+                )
+            )
+    else:
+        figs.append(
+            skipped(
+                "gpu_mem_ratio_4_instances_vs_1", "no time left" if gpu else ctx.no_gpu_reason()
+            )
+        )
+    if gpu and dl.enough(40):
+        figs += _priorities(c, srv.url, big, dl)
+    else:
+        figs.append(
+            skipped("high_priority_p99_ms_fikit", "no time left" if gpu else ctx.no_gpu_reason())
+        )
 
 
 def _priorities(c: Any, url: str, model: str, dl: Deadline) -> list[Figure]:

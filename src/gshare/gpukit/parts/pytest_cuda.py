@@ -44,7 +44,8 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
         "pytest",
         "-m",
         "cuda",
-        "-q",
+        "-v",
+        "--durations=5",
         "-o",
         "addopts=",
         "-p",
@@ -52,24 +53,44 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
         "-rs",
         *map(str, files),
     ]
-    try:
-        # the machine's own pytest plugins (xdist, cov, timeout ...) are not loaded
-        env = {**ctx.env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-        p = subprocess.run(
-            cmd,
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=max(5.0, budget_s - 5),
-            check=False,
+    # the machine's own pytest plugins (xdist, cov, timeout ...) are not loaded
+    env = {**ctx.env, "PYTHONUNBUFFERED": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    log = Path(ctx.work) / "h-pytest.log"
+    limit_s = max(5.0, budget_s - 5)
+    with log.open("w") as f:
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            p.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    text = log.read_text(errors="replace")
+    print(text[-20000:])
+    if p.returncode is not None and p.returncode < 0:
+        # Past its time: what finished is still worth reporting (``-v`` names each test).
+        done = re.findall(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR)", text, re.M)
+        n_done = {k: sum(1 for _, r in done if r == k) for k in ("PASSED", "FAILED", "SKIPPED")}
+        running = text.strip().splitlines()[-1:] or [""]
+        return PartResult(
+            "fail",
+            f"pytest -m cuda ran past {limit_s:.0f} s: {n_done['PASSED']} passed, "
+            f"{n_done['FAILED']} failed, {n_done['SKIPPED']} skipped before it was stopped "
+            f"(last line: {running[0][:160]})",
+            [
+                Figure(
+                    f"cuda_test_{name.split('::')[-1]}",
+                    res.lower(),
+                    None,
+                    None,
+                    "",
+                    "gpu" if ctx.gpu else "cpu",
+                    name,
+                )
+                for name, res in done
+            ],
         )
-    except subprocess.TimeoutExpired:
-        return PartResult("fail", f"pytest -m cuda ran past {budget_s - 5:.0f} s")
-    print(p.stdout[-20000:])
-    print(p.stderr[-5000:])
-    closing = [x for x in p.stdout.splitlines() if counts(x) and " in " in x]
-    tail = (closing or p.stdout.strip().splitlines() or [""])[-1].strip("= ")
+    closing = [x for x in text.splitlines() if counts(x) and " in " in x]
+    tail = (closing or text.strip().splitlines() or [""])[-1].strip("= ")
     n = counts(tail)
     failed = n.get("failed", 0) + n.get("error", 0) + n.get("errors", 0)
     passed, skipped_n = n.get("passed", 0), n.get("skipped", 0)
