@@ -24,6 +24,7 @@ from gshare.gpukit.parts.common import (
     driver_env,
     part_main,
     probe_argv,
+    read_stats,
     run_json,
     skipped,
     start,
@@ -103,15 +104,51 @@ def _per_launch(ctx: KitContext, work: Path, dl: Deadline) -> list[Figure]:
     return figs
 
 
+COUNTERS = ("tokens", "revoked", "reaped", "waited", "sampled", "late_launches", "fast_path")
+"""The interposer's counters reported per inference beside the governed latency: where its
+time goes (a revocation drains the stream and asks again; a sample records two events)."""
+LATENCY_RUNS = 220
+"""Inferences per latency process: 20 warm-up + 200 timed."""
+
+
 def _latency(
-    ctx: KitContext, work: Path, model: str, batch: int, governed: bool, i: int, ts: object
+    ctx: KitContext,
+    work: Path,
+    model: str,
+    batch: int,
+    governed: bool,
+    i: int,
+    ts: object,
+    counters: dict[str, float] | None = None,
 ) -> float:
     name = f"b-{model}-{'gov' if governed else 'plain'}-{i}"
-    env = deployment_env(ctx, "preload", **token_env(ts, "b")) if governed else driver_env(ctx)
+    stats = work / f"{name}.stats.json"
+    env = (
+        deployment_env(ctx, "preload", GSHARE_CUDA_STATS=str(stats), **token_env(ts, "b"))
+        if governed
+        else driver_env(ctx)
+    )
     argv = workload_argv(
         ctx, model, "--mode", "latency", "--batch", str(batch), "--warmup", "20", "--iters", "200"
     )
-    return float(run_json(name, argv, env, work, 180)["p50_ms"])
+    p50 = float(run_json(name, argv, env, work, 180)["p50_ms"])
+    if governed and counters is not None:
+        st = read_stats(stats)
+        for k in COUNTERS:
+            if isinstance(st.get(k), (int, float)):
+                counters[k] = round(st[k] / LATENCY_RUNS, 3)
+    return p50
+
+
+def _clocksource() -> str:
+    try:
+        return (
+            Path("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .read_text()
+            .strip()
+        )
+    except OSError:
+        return "unknown"
 
 
 def run(ctx: KitContext, budget_s: float) -> PartResult:
@@ -125,13 +162,16 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
         add_client(ts, "b", 1.0, 1.0)
         for model, batch, target in (("resnet50", 1, 2.0), ("bert-base", 8, None)):
             p50 = {False: [], True: []}  # type: dict[bool, list[float]]
+            counters: dict[str, float] = {}
             err = ""
             for i in range(2 if model == "resnet50" else 1):
                 for governed in (False, True):
                     if not dl.enough(15):
                         break
                     try:
-                        p50[governed].append(_latency(ctx, work, model, batch, governed, i, ts))
+                        p50[governed].append(
+                            _latency(ctx, work, model, batch, governed, i, ts, counters)
+                        )
                     except RuntimeError as e:
                         err = str(e)
             name = f"overhead_pct_{model.replace('-', '_')}_b{batch}"
@@ -141,6 +181,19 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
             plain, gov = min(p50[False]), min(p50[True])
             pct = round((gov / plain - 1.0) * 100.0, 2)
             note = f"p50 {gov:.3f} ms governed vs {plain:.3f} ms (best of {len(p50[True])})"
+            if counters:
+                figs.append(
+                    Figure(
+                        f"interposer_per_inference_{model.replace('-', '_')}_b{batch}",
+                        counters.get("tokens"),
+                        None,
+                        None,
+                        "tokens",
+                        "gpu",
+                        ", ".join(f"{k} {v:g}" for k, v in counters.items())
+                        + f" per inference; clock source {_clocksource()}",
+                    )
+                )
             if target is None:
                 figs.append(Figure(name, pct, None, None, "%", "gpu", note))
             else:

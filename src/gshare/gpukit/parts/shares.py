@@ -143,6 +143,7 @@ def _figures(
     err = max(abs(shares[c] - expected[c]) * 100.0 for c in expected)
     worst_over = max(over.values())
     note = ", ".join(f"{c} {shares[c]:.3f} (expected {expected[c]:.3f})" for c in expected)
+    note += f"; together {sum(shares.values()):.3f} of the device"
     tgt_err = 3.0
     figs = [
         check(f"max_abs_share_error_pp_{label}", round(err, 2), "<=", tgt_err, "pp", on, note),
