@@ -39,13 +39,13 @@ class PartInfo:
 
 PARTS: tuple[PartInfo, ...] = (
     PartInfo("a", "interception", "Interception (both deployments)", 70.0),
-    PartInfo("b", "overhead", "Overhead per launch and per inference", 70.0),
+    PartInfo("b", "overhead", "Overhead per launch and per inference", 80.0),
     PartInfo("c", "shares", "Time shares under the token server", 50.0),
     PartInfo("d", "memory", "Memory cap", 25.0),
-    PartInfo("e", "fikit", "FIKIT data: kernels, gaps, switch cost, priorities", 110.0),
+    PartInfo("e", "fikit", "FIKIT data: kernels, gaps, switch cost, priorities", 105.0),
     PartInfo("f", "mps", "MPS partitions", 60.0),
     PartInfo("g", "live", "Live: gshare serve on CUDA", 90.0),
-    PartInfo("h", "pytest_cuda", "pytest -m cuda", 45.0),
+    PartInfo("h", "pytest_cuda", "pytest -m cuda", 30.0),
 )
 """Every part, in the order the kit runs them."""
 

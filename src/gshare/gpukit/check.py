@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
@@ -64,6 +65,22 @@ NEEDED_IMPORTS = (
     "prometheus_client",
     "pytest",
 )
+
+
+def source_digest(root: Path = ROOT) -> str:
+    """SHA-256 (first 16 hex digits) over the paths and contents of ``src/gshare`` (``.py``,
+    ``.c``, ``.cu``) and ``native/`` (``.c``, ``Makefile``), in path order: what ran, even where
+    the copy's git metadata is stale (a device tool that copies the working tree onto an older
+    clone reports that clone's commit as dirty). Compare with this function at a commit."""
+    h = hashlib.sha256()
+    files = [
+        p
+        for p in sorted((root / "src" / "gshare").rglob("*")) + sorted((root / "native").glob("*"))
+        if p.is_file() and (p.suffix in (".py", ".c", ".cu") or p.name == "Makefile")
+    ]
+    for p in files:
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 class Kit:
@@ -296,6 +313,7 @@ class Kit:
         prov["gshare_commit"] = git.stdout.strip() or "unknown (no git)"
         dirty = self.sh(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"])
         prov["gshare_dirty"] = bool(dirty.stdout.strip())
+        prov["source_sha256"] = source_digest()
         code = (
             "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': "
             "torch.version.cuda, 'devices': torch.cuda.device_count() if "

@@ -160,27 +160,36 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
         return judge(figs, False, ctx.no_gpu_reason())
     with token_server(work, "b-torch") as ts:
         add_client(ts, "b", 1.0, 1.0)
-        for model, batch, target in (("resnet50", 1, 2.0), ("bert-base", 8, None)):
-            p50 = {False: [], True: []}  # type: dict[bool, list[float]]
+        for model, batch, target, pairs in (("resnet50", 1, 2.0, 3), ("bert-base", 8, None, 1)):
+            # Plain and governed processes alternate, and the overhead is the median of the
+            # pairs' ratios: on the H200 the plain p50 alone moved from 3.4 to 5.6 ms between
+            # runs, so one pair, or the best of each side, says nothing (docs/gpu/README.md).
+            ratios: list[float] = []
+            p50s: list[tuple[float, float]] = []
             counters: dict[str, float] = {}
             err = ""
-            for i in range(2 if model == "resnet50" else 1):
-                for governed in (False, True):
-                    if not dl.enough(15):
-                        break
-                    try:
-                        p50[governed].append(
-                            _latency(ctx, work, model, batch, governed, i, ts, counters)
-                        )
-                    except RuntimeError as e:
-                        err = str(e)
+            for i in range(pairs):
+                if not dl.enough(25):
+                    break
+                try:
+                    plain = _latency(ctx, work, model, batch, False, i, ts)
+                    gov = _latency(ctx, work, model, batch, True, i, ts, counters)
+                except RuntimeError as e:
+                    err = str(e)
+                    continue
+                p50s.append((plain, gov))
+                ratios.append(gov / plain)
             name = f"overhead_pct_{model.replace('-', '_')}_b{batch}"
-            if not p50[False] or not p50[True]:
+            if not ratios:
                 figs.append(skipped(name, err or "no time left"))
                 continue
-            plain, gov = min(p50[False]), min(p50[True])
-            pct = round((gov / plain - 1.0) * 100.0, 2)
-            note = f"p50 {gov:.3f} ms governed vs {plain:.3f} ms (best of {len(p50[True])})"
+            pct = round((statistics.median(ratios) - 1.0) * 100.0, 2)
+            plains = [a for a, _ in p50s]
+            note = (
+                f"median of {len(ratios)} alternating pairs (p50 governed / plain, ms): "
+                + ", ".join(f"{g:.3f}/{a:.3f}" for a, g in p50s)
+                + f"; the plain p50 itself spread {(max(plains) / min(plains) - 1) * 100:.1f} %"
+            )
             if counters:
                 figs.append(
                     Figure(
@@ -194,7 +203,9 @@ def run(ctx: KitContext, budget_s: float) -> PartResult:
                         + f" per inference; clock source {_clocksource()}",
                     )
                 )
-            if target is None:
+            if target is None or len(ratios) < 3:
+                if target is not None:
+                    note += f"; no verdict on fewer than 3 pairs (target <= {target:g} %)"
                 figs.append(Figure(name, pct, None, None, "%", "gpu", note))
             else:
                 figs.append(check(name, pct, "<=", target, "%", "gpu", note))
