@@ -426,7 +426,7 @@ def test_an_instance_socket_answers_only_who_proves_its_secret(srv: ServeProcess
     c.deploy({"name": "victim-uds", "handler": "gshare.runtime.demo_handlers:Echo",
               "device": "cpu", "min_instances": 1})  # fmt: skip
     wait_until(lambda: c.get("victim-uds")["availableReplicas"] >= 1, 120, "victim-uds ready")
-    pattern = f"{tempfile.gettempdir()}/gshare-{os.getuid()}/*/node-*/i-victim-uds-*.sock"
+    pattern = f"{tempfile.gettempdir()}/gshare-{os.getuid()}/*/node-*/i-victim-uds-*/i-*.sock"
     socks = glob.glob(pattern)
     assert socks, f"no instance socket matches {pattern}"
     for op, payload in ((P.OP_CONTROL, b'{"cmd": "drain"}'), (P.OP_INVOKE, b'"hi"')):

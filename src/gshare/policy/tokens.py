@@ -474,6 +474,8 @@ class TokenScheduler:
                 continue
             if d.spec.quota_limit <= d.spec.quota_request + 1e-12:
                 continue  # no elasticity: it never takes time beyond its guarantee
+            if not cfg.reserve_for_lower_priority and d.spec.priority < c.spec.priority:
+                continue  # FIKIT's class plan: a lower class gets nothing while c's is active
             recently = now_ms - d.last_seen_ms < cfg.window_ms
             if not (d.waiting or d.token is not None or d.used_ms > 0 or recently):
                 continue  # idle for a window: it takes no elastic time

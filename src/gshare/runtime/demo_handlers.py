@@ -300,3 +300,85 @@ class Gate:
 
 
 __all__ = ["Activations", "AddSub", "Echo", "Gate", "Kernels", "MemoryHog", "Sleep", "Spin"]
+
+
+class TenantProbe:
+    """A hostile tenant for the isolation suite (``tests/runtime/test_tenants.py``): each input
+    ``{"attack": NAME, ...}`` tries one thing another tenant's handler must not be able to do,
+    and answers what happened (``"ok"`` or the error). Its ``input_spec`` reports the uid and
+    whether the control token could be read at deploy time (``describe``)."""
+
+    weights: dict[str, Any] = {}
+
+    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+        self.weights = dict(weights or {})
+
+    @staticmethod
+    def _token_read() -> bool:
+        for d in os.environ.get("GSHARE_HIDE_PATHS", "").split(os.pathsep):  # the state dir
+            try:
+                with open(os.path.join(d, "token"), "rb"):
+                    return True
+            except OSError:
+                pass
+        return False
+
+    def input_spec(self) -> list[dict[str, Any]]:
+        read = "read" if self._token_read() else "denied"
+        return [{"name": f"uid{os.getuid()}-{read}", "datatype": "BYTES", "shape": [-1]}]
+
+    def initial_weights(self) -> dict[str, Any]:
+        """Built at deploy, before any instance: records who built them."""
+        import torch
+
+        probe = [float(os.getuid()), 1.0 if self._token_read() else 0.0]
+        return {"probe": torch.tensor(probe, dtype=torch.float64)}
+
+    def predict(self, inputs: list[Any]) -> list[Any]:
+        return [self._one(x) for x in inputs]
+
+    def _one(self, x: Any) -> Any:  # noqa: PLR0911 -- one branch per attack
+        import ctypes
+        import subprocess
+
+        a = x.get("attack") if isinstance(x, Mapping) else None
+        try:
+            if a == "weights":
+                return [float(v) for v in self.weights["probe"].tolist()]
+            if a == "whoami":
+                env = sorted(k for k in os.environ if "TOKEN" in k or "SECRET" in k or "RAY" in k)
+                return {"uid": os.getuid(), "gid": os.getgid(), "env": env}
+            if a == "read":
+                with open(str(x["path"]), "rb") as f:
+                    return f"ok {len(f.read())}"
+            if a == "write":
+                with open(str(x["path"]), "r+b") as f:
+                    f.seek(int(x.get("offset", 0)))
+                    f.write(b"\xff" * 64)
+                return "ok"
+            if a == "signal":
+                os.kill(int(x["pid"]), int(x.get("sig", 0)))
+                return "ok"
+            if a == "ptrace":
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.ptrace(16, int(x["pid"]), 0, 0) != 0:  # PTRACE_ATTACH
+                    return f"error {os.strerror(ctypes.get_errno())}"
+                return "ok"
+            if a == "proc":
+                return sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+            if a == "shm":
+                path = f"/dev/shm/{x.get('name', 'tenant-probe')}"
+                with open(path, "wb") as f:
+                    f.write(b"\x01" * (int(x.get("mb", 1)) << 20))
+                return "ok"
+            if a == "spawn":
+                p = subprocess.Popen(["sleep", "600"], start_new_session=True)
+                return p.pid
+            if a == "unshare":
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER
+                    return f"error {os.strerror(ctypes.get_errno())}"
+                return "ok"
+        except Exception as e:  # noqa: BLE001 -- the answer is what happened
+            return f"error {type(e).__name__}: {getattr(e, 'strerror', None) or e}"
+        return f"error unknown attack {a!r}"

@@ -143,7 +143,15 @@ def apply_memory_cap(cap_mb: float, session: str = "") -> MemoryCap:
     total = int((cap_mb + SLACK_MB) * _MB)
     kinds: list[CapKind] = []
     notes: list[str] = []
-    kind, path, why = _apply_cgroup(session, total)
+    walled = os.environ.get("GSHARE_WALLS_MEMCG", "")  # instance.walls.MEMCG_ENV
+    if walled:  # the walls capped this process's cgroup already, as root
+        kind, path, why = (
+            CapKind.CGROUP_V2 if "/memory/" not in walled else CapKind.CGROUP_V1,
+            walled,
+            "",
+        )
+    else:
+        kind, path, why = _apply_cgroup(session, total)
     if kind is not CapKind.NONE:
         kinds.append(kind)
     elif why:

@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -72,6 +73,8 @@ from typing import Any
 from gshare.policy.tokens import ClientSpec
 from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
 from gshare.runtime.instance.memory import read_samples
+from gshare.runtime.instance.oscap import SESSION_ENV
+from gshare.runtime.instance.walls import DEFAULT_MEM_MB, WALLS_ENV, Walls, uid_for
 from gshare.runtime.messages import (
     FikitUsage,
     InstanceState,
@@ -187,6 +190,8 @@ class NodeAgent:
         self.run_dir = Path(run_dir) / f"node-{tag}"
         ensure_private_dir(self.run_dir, levels=3)  # 0700, ours (node.files)
         self.store_root = f"{store_root}-{tag}" if store_root else None
+        # tenant walls around forked instances (instance.walls); GSHARE_TENANT_WALLS=0: none
+        self.walls = launcher == "fork" and os.environ.get(WALLS_ENV, "1") != "0"
         self.devices = detect_devices()
         # The GPU frontend's deployment for CUDA instances (runtime.native): "preload" (the
         # interposer in LD_PRELOAD, the default) or "shim" (a libcuda.so.1 built from the
@@ -280,8 +285,17 @@ class NodeAgent:
 
     def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
         try:
+            walls = None
+            if self.walls:  # the handler's import is tenant code: inside its walls
+                uid = uid_for(str(spec.get("name", "")))
+                walls = Walls(
+                    uid=uid,
+                    gid=uid,
+                    session=os.environ.get(SESSION_ENV, ""),
+                    reach=tuple(extra_sys_path),
+                ).to_dict()
             result: dict[str, Any] = self._node_task(
-                "describe_handler", [spec, extra_sys_path], 300.0
+                "describe_handler", [spec, extra_sys_path], 300.0, walls=walls
             )
             return result
         except Exception as e:
@@ -300,11 +314,14 @@ class NodeAgent:
                 self._launcher.start()
         return self._launcher
 
-    def _node_task(self, name: str, args: list[Any], timeout_s: float) -> Any:
-        """Run ``node.tasks.NAME(*args)`` in a throw-away process on this node."""
+    def _node_task(
+        self, name: str, args: list[Any], timeout_s: float, walls: dict[str, Any] | None = None
+    ) -> Any:
+        """Run ``node.tasks.NAME(*args)`` in a throw-away process on this node (inside
+        ``walls``, ``instance.walls``, when given: a task that imports a tenant's code)."""
         if self._launcher is not None:
             return self._launcher_started().call(
-                f"gshare.runtime.node.tasks:{name}", args, timeout_s
+                f"gshare.runtime.node.tasks:{name}", args, timeout_s, walls=walls
             )
         ray = _ray()
         task = ray.remote(getattr(node_tasks, name)).options(
@@ -381,7 +398,9 @@ class NodeAgent:
         failed). The agent fills in the socket paths, the token credential and the model key."""
         base = launch
         idx = min(base.device_index, len(self.token_servers) - 1)
-        sock = str(self.run_dir / f"i-{base.instance_id}.sock")
+        # its own directory (its socket, .ready/.exit/.mem, its temporary files), which the
+        # walls give to its uid (instance.walls)
+        sock = str(self.run_dir / f"i-{base.instance_id}" / f"i-{base.instance_id}.sock")
         env = dict(base.env)
         device = self.devices[idx]
         if device.startswith("cuda"):
@@ -441,9 +460,7 @@ class NodeAgent:
             if first:
                 lock = self._key_locks.setdefault(launch.function, threading.Lock())
                 with lock:
-                    key = self._node_task(
-                        "put_weights", [self.store_root, launch.spec], START_TIMEOUT_S
-                    )
+                    key = self._put_weights(launch)
                 if key:
                     self._model_keys.add(key)
                     if launch.device.startswith("cuda"):  # one device copy per GPU (CUDA IPC)
@@ -492,7 +509,20 @@ class NodeAgent:
         """``launcher="fork"``: fork the instance from the node's template (``_start``'s end)."""
         import psutil
 
-        pid = self._launcher_started().launch(launch_to_dict(launch), str(self._log_path(launch)))
+        data = launch_to_dict(launch)
+        own_dir = os.path.dirname(launch.uds_path)
+        os.makedirs(own_dir, mode=0o700, exist_ok=True)
+        # the secrets reach the child through a file only root reads: never the template
+        secrets_path = os.path.join(own_dir, ".launch-secrets")
+        fd = os.open(secrets_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({k: data.pop(k) for k in ("token_secret", "channel_secret")}, f)
+        pid = self._launcher_started().launch(
+            data,
+            str(self._log_path(launch)),
+            walls=self._walls(launch).to_dict() if self.walls else None,
+            secrets_path=secrets_path,
+        )
         with self._lock:
             m.launch = launch
             m.pid = pid
@@ -501,6 +531,64 @@ class NodeAgent:
                 m.proc = psutil.Process(pid)
             if m.state is InstanceState.STOPPED:
                 self._kill(m)
+
+    def _put_weights(self, launch: InstanceLaunch) -> str | None:
+        """The function's weights into the node's store (``node.tasks``); their key. A user
+        handler's ``initial_weights()`` is tenant code: it runs inside the tenant's walls and
+        hands over a .safetensors file, which a root task stores."""
+        spec = launch.spec
+        user_code = not spec.get("model") and not spec.get("weights")
+        if not (self.walls and user_code):
+            key: str | None = self._node_task(
+                "put_weights", [self.store_root, spec], START_TIMEOUT_S
+            )
+            return key
+        build = self.run_dir / f"w-{launch.instance_id}"
+        out = str(build / "weights.safetensors")
+        uid = uid_for(launch.function)
+        walls = Walls(
+            uid=uid,
+            gid=uid,
+            own_dir=str(build),
+            session=os.environ.get(SESSION_ENV, ""),
+            reach=tuple(launch.extra_sys_path),
+        )
+        try:
+            built = self._node_task(
+                "build_weights", [spec, out], START_TIMEOUT_S, walls=walls.to_dict()
+            )
+            if not built:
+                return None
+            stored: str = self._node_task(
+                "store_weights", [self.store_root, spec, out], START_TIMEOUT_S
+            )
+            return stored
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
+
+    def _walls(self, launch: InstanceLaunch) -> Walls:
+        """The walls of one instance (``instance.walls``): its function's uid, its directory,
+        the store read-only, its token socket and the device's board writable, its caps."""
+        from gshare.policy.memory import MemoryPlan
+        from gshare.runtime.node.model_store import ModelStore
+        from gshare.runtime.tokens.board import board_path
+
+        uid = uid_for(launch.function)
+        plan = MemoryPlan(launch.mem_mb, launch.mem_step_mb, launch.mem_max_mb)
+        if launch.device == "cpu" and math.isfinite(plan.cap_mb) and plan.cap_mb > 0:
+            mem = plan.cap_mb
+        else:  # no cap asked (or a GPU's memory): the default host cap
+            mem = DEFAULT_MEM_MB * (2 if launch.device.startswith("cuda") else 1)
+        return Walls(
+            uid=uid,
+            gid=uid,
+            own_dir=os.path.dirname(launch.uds_path),
+            store_root=str((ModelStore(self.store_root) if self.store_root else ModelStore()).root),
+            mem_mb=mem,
+            session=os.environ.get(SESSION_ENV, ""),
+            reach=tuple(launch.extra_sys_path),
+            reach_rw=(launch.token_socket, str(board_path(launch.token_socket))),
+        )
 
     def _kill(self, m: _Managed) -> None:
         """Kill the instance's process (either launcher); the caller holds the lock. A forked
@@ -529,6 +617,7 @@ class NodeAgent:
         for suffix in ("", ".exit", ".ready", ".mem"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(m.launch.uds_path + suffix)
+        shutil.rmtree(os.path.dirname(m.launch.uds_path), ignore_errors=True)
 
     def set_share(self, instance_id: str, quota_request: float, quota_limit: float) -> None:
         """Change an instance's token quotas in place (``TokenServer.set_quota``: no reconnect).

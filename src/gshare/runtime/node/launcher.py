@@ -64,6 +64,7 @@ from concurrent.futures import Future
 from typing import IO, Any
 
 from gshare.runtime.instance.oscap import SESSION_ENV, remove_cgroup, remove_session_cgroups
+from gshare.runtime.instance.walls import kill_cgroup, kill_session
 
 LAUNCHERS = ("fork", "ray")
 """How instance processes start (``gshare serve --launcher``): ``fork`` — forked from the
@@ -240,12 +241,21 @@ class Launcher:
                 raise LauncherError(f"the instance template is not running ({e})") from None
         return fut
 
-    def launch(self, launch: dict[str, Any], log_path: str, timeout_s: float = 30.0) -> int:
+    def launch(
+        self,
+        launch: dict[str, Any],
+        log_path: str,
+        timeout_s: float = 30.0,
+        walls: dict[str, Any] | None = None,
+        secrets_path: str = "",
+    ) -> int:
         """Fork an instance from the template; return its pid (it is not ready yet: its
-        ``.ready`` file says when it is)."""
-        pid: int = self._request({"op": "launch", "launch": launch, "log": log_path}).result(
-            timeout_s
-        )
+        ``.ready`` file says when it is). ``walls`` (``instance.walls.Walls.to_dict``) are put
+        up in the child before the instance starts; ``secrets_path`` names a file (root's,
+        0600) with the launch's secrets, which the child reads and removes before the walls
+        go up, so that the template never holds them."""
+        msg = {"op": "launch", "launch": launch, "log": log_path, "walls": walls}
+        pid: int = self._request({**msg, "secrets": secrets_path}).result(timeout_s)
         return pid
 
     def preload(self, model: str, timeout_s: float = 120.0) -> None:
@@ -259,10 +269,18 @@ class Launcher:
         with self._lock:
             self._preloaded.add(model)
 
-    def call(self, target: str, args: list[Any], timeout_s: float = 600.0) -> Any:
+    def call(
+        self,
+        target: str,
+        args: list[Any],
+        timeout_s: float = 600.0,
+        walls: dict[str, Any] | None = None,
+    ) -> Any:
         """Run ``target`` (``"module:function"``) with ``args`` in a forked child of the template
-        and return its JSON result; its exception becomes a ``LauncherError`` with its message."""
-        return self._request({"op": "call", "target": target, "args": args}).result(timeout_s)
+        and return its JSON result; its exception becomes a ``LauncherError`` with its message.
+        With ``walls`` the child puts them up first (a call that imports a tenant's code)."""
+        msg = {"op": "call", "target": target, "args": args, "walls": walls}
+        return self._request(msg).result(timeout_s)
 
     def exit_code(self, pid: int) -> int | None:
         with self._lock:
@@ -340,9 +358,40 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def run_instance(launch: dict[str, Any]) -> None:
+def _enter_walls(walls: dict[str, Any] | None) -> None:
+    """(In a forked child, before any tenant code) ``instance.walls.enter``; logs what stands."""
+    if not walls:
+        return
+    from gshare.runtime.instance.walls import Walls, enter
+
+    report = enter(Walls.from_dict(walls))
+    print(report.summary(), file=sys.stderr, flush=True)
+
+
+def _read_secrets(launch: dict[str, Any], path: str) -> dict[str, Any]:
+    """The launch with its secrets from ``path`` (``Launcher.launch``), which is removed."""
+    if not path:
+        return launch
+    with open(path) as f:
+        secrets = json.load(f)
+    os.unlink(path)
+    return {**launch, **secrets}
+
+
+def run_instance(
+    launch: dict[str, Any], walls: dict[str, Any] | None = None, secrets_path: str = ""
+) -> None:
     """(In a forked child) Serve one instance until SIGTERM; never returns."""
     from gshare.runtime.instance.launch import InstanceLaunch
+
+    try:
+        launch = _read_secrets(launch, secrets_path)
+        _enter_walls(walls)
+    except BaseException as e:
+        traceback.print_exc()
+        with contextlib.suppress(OSError):
+            _write_atomic(str(launch.get("uds_path")) + ".exit", f"the walls failed: {e}"[:500])
+        os._exit(1)
     from gshare.runtime.instance.server import InstanceServer
 
     il = InstanceLaunch(**launch)
@@ -401,7 +450,7 @@ class _Template:
             pid = self.fork(msg.get("log"))
             if pid == 0:
                 try:
-                    run_instance(msg["launch"])
+                    run_instance(msg["launch"], msg.get("walls"), str(msg.get("secrets") or ""))
                 finally:
                     os._exit(1)
             self.run_dir_of[pid] = os.path.dirname(str(msg["launch"].get("uds_path", "")))
@@ -418,6 +467,7 @@ class _Template:
             if pid == 0:
                 os.close(r)
                 try:
+                    _enter_walls(msg.get("walls"))
                     result = {"result": _resolve(msg["target"])(*msg.get("args", []))}
                 except BaseException as e:
                     result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
@@ -463,6 +513,7 @@ class _Template:
             if pid == 0:
                 return
             self.children.discard(pid)
+            kill_cgroup(os.environ.get(SESSION_ENV, ""), pid)  # what it started: walls
             remove_cgroup(os.environ.get(SESSION_ENV, ""), pid)  # instance.oscap
             self.remove_tmp(pid)  # instance.sandbox.tmp_dir
             self.send({"event": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
@@ -485,6 +536,7 @@ class _Template:
                 time.sleep(0.02)
             if not self.children:
                 break
+        kill_session(os.environ.get(SESSION_ENV, ""))  # what instances started: walls
         remove_session_cgroups(os.environ.get(SESSION_ENV, ""))
 
     def serve(self, stdin: IO[str]) -> None:

@@ -181,7 +181,11 @@ class ModelStore:
             base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
             root = root.replace("/dev/shm", base, 1).replace("<uid>", str(os.getuid()))
         self.root = Path(root)
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Tenants' instances (their own uids: instance.walls) open files by name: they may
+        # traverse the directory, not list it, and read the files, never write them.
+        self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            os.chmod(self.root, 0o711)
         self._mapped: dict[str, _Mapped] = {}
         self._cuda_owned: dict[tuple[str, str], tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
         self._cuda_opened: dict[
@@ -275,7 +279,7 @@ class ModelStore:
                 for _, t in entries:
                     if t.numel():
                         f.write(_as_bytes(t).numpy().data)
-            os.chmod(tmp, 0o400)  # nobody maps it writable
+            os.chmod(tmp, 0o444)  # nobody maps it writable; every tenant may read it
             os.replace(tmp, final)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -418,7 +422,7 @@ class ModelStore:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
             pickle.dump(payload, f)
-        os.chmod(tmp, 0o400)
+        os.chmod(tmp, 0o444)
         os.replace(tmp, path)
         self._cuda_owned[ck] = (flat, views)
         return str(path)

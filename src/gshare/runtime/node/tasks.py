@@ -36,6 +36,43 @@ def put_weights(store_root: str | None, spec: dict[str, Any]) -> str | None:
     return key
 
 
+def build_weights(spec: dict[str, Any], out_path: str) -> bool:
+    """(Inside the tenant's walls: ``instance.walls``) a user handler's ``initial_weights()``,
+    written to ``out_path`` as a .safetensors file; False when it has none. Its code runs as
+    the tenant; ``store_weights`` then reads the file — a format that holds data, never code —
+    and puts it in the store, which the tenant may not write."""
+    from safetensors.torch import save_file
+
+    from gshare.runtime.instance.loading import state_dict_for
+    from gshare.spec import load_function_spec
+
+    state = state_dict_for(load_function_spec(spec))
+    if not state:
+        return False
+    save_file({k: v.contiguous() for k, v in state.items()}, out_path)
+    return True
+
+
+def store_weights(store_root: str | None, spec: dict[str, Any], path: str) -> str:
+    """Put the weights ``build_weights`` wrote at ``path`` in the node's store (as root);
+    return their key. The file is removed."""
+    from safetensors.torch import load_file
+
+    from gshare.runtime.instance.loading import weights_key
+    from gshare.runtime.node.model_store import ModelStore
+    from gshare.spec import load_function_spec
+
+    key = weights_key(load_function_spec(spec))
+    store = ModelStore(store_root) if store_root else ModelStore()
+    try:
+        if not store.has(key):
+            store.put(key, load_file(path))
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return key
+
+
 def describe_handler(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
     """Import the handler and report its OIP inputs and outputs (``input_spec()``,
     ``output_spec()``), or the import error (a bad ``handler`` fails the deployment, not the
@@ -64,4 +101,4 @@ def describe_handler(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[st
         return {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
 
 
-__all__ = ["describe_handler", "put_weights"]
+__all__ = ["build_weights", "describe_handler", "put_weights", "store_weights"]

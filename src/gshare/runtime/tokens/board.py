@@ -127,6 +127,8 @@ class _Mapped:
         self.path = path
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         self.fd = os.open(path, flags, 0o600)
+        if create:  # every instance of the device writes its own slot, whatever its uid
+            os.fchmod(self.fd, 0o666)
         try:
             if create:
                 os.ftruncate(self.fd, SIZE_BYTES)

@@ -1,0 +1,132 @@
+"""Tenants apart: a deployed handler (``demo_handlers.TenantProbe``, any tenant's code) tries
+what one tenant must not do to another or to the platform, and fails, while a victim function
+keeps answering correctly. Each attack here succeeded before the walls
+(``runtime.instance.walls``): the handler ran as the server's user, root.
+
+Needs root (the uid, mount and cgroup walls): skipped otherwise, with the reason.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gshare.runtime.instance.walls import supported, uid_for
+from gshare.testing import ServeProcess, wait_until
+
+pytestmark = pytest.mark.skipif(bool(supported()), reason=f"no tenant walls here: {supported()}")
+
+ATTACKER = "tenant-probe"
+VICTIM = "victim-mlp"
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[ServeProcess]:
+    with ServeProcess(tiny_models=True) as s:
+        c = s.client()
+        c.deploy({"name": VICTIM, "model": "mlp", "device": "cpu", "min_instances": 1})
+        c.deploy(
+            {
+                "name": ATTACKER,
+                "handler": "gshare.runtime.demo_handlers:TenantProbe",
+                "device": "cpu",
+                "min_instances": 1,
+            }
+        )
+        for name in (VICTIM, ATTACKER):
+            wait_until(lambda n=name: c.get(n)["availableReplicas"] >= 1, 120, f"{name} ready")
+        yield s
+
+
+def _attack(srv: ServeProcess, **kw: object) -> object:
+    return srv.client().invoke(ATTACKER, kw)
+
+
+def _pid(srv: ServeProcess, name: str) -> int:
+    inst = [i for i in srv.client().get(name)["instances"] if i.get("pid")]
+    assert inst, f"{name} has no instance with a pid"
+    return int(inst[0]["pid"])
+
+
+def _victim_answer(srv: ServeProcess) -> object:
+    return srv.client().invoke(VICTIM, [[0.5] * 64])
+
+
+def test_a_tenant_runs_as_its_functions_uid_with_a_scrubbed_environment(
+    srv: ServeProcess,
+) -> None:
+    who = _attack(srv, attack="whoami")
+    assert isinstance(who, dict)
+    assert who["uid"] == uid_for(ATTACKER) and who["uid"] != 0, who
+    assert who["uid"] != uid_for(VICTIM)
+    assert who["env"] == [], f"secret-bearing variables reached the tenant: {who['env']}"
+
+
+def test_deploy_time_code_runs_inside_the_walls(srv: ServeProcess) -> None:
+    """The handler is imported at deploy (``describe``, and its ``initial_weights`` for the
+    model store) in children of the node's template: they already have the tenant's uid and
+    cannot read the control token."""
+    inputs = srv.client().get(ATTACKER).get("inputs") or []
+    names = [i["name"] for i in inputs]
+    assert names == [f"uid{uid_for(ATTACKER)}-denied"], names
+    # its initial_weights() ran as the tenant too, and its weights reached its instance
+    assert _attack(srv, attack="weights") == [float(uid_for(ATTACKER)), 0.0]
+
+
+def test_a_tenant_cannot_signal_trace_or_see_another(srv: ServeProcess) -> None:
+    victim = _pid(srv, VICTIM)
+    before = _victim_answer(srv)
+    assert str(_attack(srv, attack="signal", pid=victim, sig=int(signal.SIGKILL))).startswith(
+        "error PermissionError"
+    )
+    assert str(_attack(srv, attack="ptrace", pid=victim)).startswith("error")
+    seen = _attack(srv, attack="proc")
+    assert isinstance(seen, list) and victim not in seen and os.getpid() not in seen, seen
+    assert str(_attack(srv, attack="read", path=f"/proc/{victim}/environ")).startswith("error")
+    assert str(_attack(srv, attack="unshare")).startswith("error")
+    assert _victim_answer(srv) == before  # alive and unchanged
+
+
+def test_the_control_token_and_the_model_store_are_out_of_reach(srv: ServeProcess) -> None:
+    token = next(p for p in srv.state_dir.iterdir() if "token" in p.name)
+    assert str(_attack(srv, attack="read", path=str(token))).startswith("error")
+    before = _victim_answer(srv)
+    stored = glob.glob("/dev/shm/gshare-*/*.safetensors")
+    assert stored, "the victim's weights are not in the model store"
+    for path in stored:
+        got = str(_attack(srv, attack="write", path=path, offset=4096))
+        assert got.startswith("error"), (path, got)
+    assert _victim_answer(srv) == before
+
+
+def test_shared_memory_is_private_and_counted(srv: ServeProcess) -> None:
+    assert _attack(srv, attack="shm", name="tenant-probe-shm", mb=8) == "ok"
+    assert not Path("/dev/shm/tenant-probe-shm").exists(), "the tenant wrote the host's /dev/shm"
+    # past its private /dev/shm (256 MiB): refused, not spilled into the node's memory
+    assert str(_attack(srv, attack="shm", name="big", mb=300)).startswith("error")
+
+
+def test_what_a_tenant_starts_dies_with_it(srv: ServeProcess) -> None:
+    c = srv.client()
+    child = _attack(srv, attack="spawn")
+    assert isinstance(child, int)
+    assert Path(f"/proc/{child}").exists()
+    c.delete(ATTACKER)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and Path(f"/proc/{child}").exists():
+        stat = Path(f"/proc/{child}/stat").read_text() if Path(f"/proc/{child}").exists() else ""
+        if stat.split(") ")[-1].startswith("Z"):
+            break  # a zombie: killed, waiting for its reaper (init)
+        time.sleep(0.2)
+    alive = Path(f"/proc/{child}/stat").exists() and not Path(
+        f"/proc/{child}/stat"
+    ).read_text().split(") ")[-1].startswith("Z")
+    assert not alive, f"process {child} started by the deleted function is still running"
+    assert json.dumps(_victim_answer(srv))
