@@ -80,6 +80,20 @@ class ServeStartError(RuntimeError):
     """``gshare serve`` exited or was not ready in time; the message holds its log's tail."""
 
 
+def shared_with_tenants(path: Path) -> Path:
+    """Make a test's directory usable by the handlers of a server it started: they run under
+    their functions' own uids (``runtime.instance.walls``), so the directory becomes
+    world-writable and its ancestors traversable (pytest's are 0700). Returns ``path``."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o777)
+    for d in path.resolve().parents:
+        with contextlib.suppress(OSError):
+            mode = d.stat().st_mode
+            if not mode & 0o001:
+                d.chmod((mode & 0o7777) | 0o001)
+    return path
+
+
 def wait_until(
     predicate: Callable[[], T],
     timeout_s: float,

@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from gshare.runtime.client import ClientError
-from gshare.testing import ServeProcess, wait_until
+from gshare.testing import ServeProcess, shared_with_tenants, wait_until
 
 ECHO = """\
 name: echo
@@ -465,8 +465,7 @@ def test_requests_on_a_killed_instance_are_retried_once_on_its_restart(
     c = served.client()
     c.deploy({"name": "gated", **GATED})
     old = ready_pid(served, "gated")
-    gate = tmp_path / "gate"
-    gate.mkdir()
+    gate = shared_with_tenants(tmp_path / "gate")
     threads, results = send_gated(served, "gated", gate, 3)
     wait_all_on(served, "gated", gate, old, 3)
     kill_instance(old)
@@ -500,8 +499,7 @@ def test_a_request_lost_twice_fails_with_a_502_naming_both_crashes(
     c = served.client()
     c.deploy({"name": "gated2", **GATED})
     first = ready_pid(served, "gated2")
-    gate = tmp_path / "gate"
-    gate.mkdir()
+    gate = shared_with_tenants(tmp_path / "gate")
     threads, results = send_gated(served, "gated2", gate, 3)
     wait_all_on(served, "gated2", gate, first, 3)
     kill_instance(first)

@@ -130,3 +130,35 @@ def test_what_a_tenant_starts_dies_with_it(srv: ServeProcess) -> None:
     ).read_text().split(") ")[-1].startswith("Z")
     assert not alive, f"process {child} started by the deleted function is still running"
     assert json.dumps(_victim_answer(srv))
+
+
+def _memory_of(pid: int) -> bytes:
+    """The writable private memory of process ``pid`` (root reads it through /proc)."""
+    out = []
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            addr, perms, *_rest = line.split()
+            if not perms.startswith("rw") or "[vvar" in line or "[vsyscall" in line:
+                continue
+            lo, hi = (int(x, 16) for x in addr.split("-"))
+            if hi - lo > 256 << 20:
+                continue
+            try:
+                mem.seek(lo)
+                out.append(mem.read(hi - lo))
+            except OSError:
+                continue
+    return b"".join(out)
+
+
+def test_the_fork_template_never_holds_an_instances_secrets(srv: ServeProcess) -> None:
+    """Every instance is forked from the node's template, so whatever the template's heap holds,
+    every tenant inherits. Instances' secrets reach them in a root-only file, read after the
+    fork: the template's memory has none of the launch secrets."""
+    import psutil
+
+    template = psutil.Process(_pid(srv, VICTIM)).ppid()
+    heap = _memory_of(template)
+    assert len(heap) > 1 << 20
+    for field in (b'"token_secret"', b'"channel_secret"'):
+        assert field not in heap, f"the template's memory holds {field.decode()}"

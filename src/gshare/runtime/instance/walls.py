@@ -73,6 +73,7 @@ _CLONE_NEWNS = 0x00020000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _SCRUB = re.compile(r"^RAY_|TOKEN|SECRET|PASSW|(^|_)KEY($|_)|CREDENTIAL", re.IGNORECASE)
 _KEEP = frozenset({"GSHARE_TOKEN_SOCKET", "GSHARE_CLIENT_ID", "GSHARE_TOKEN_EPOCH_S"})
@@ -459,7 +460,12 @@ def enter(w: Walls) -> WallsReport:
         _private_mounts(w, r)
         os.setgroups([])
         os.setresgid(w.gid, w.gid, w.gid)
+        parent = os.getppid()
         os.setresuid(w.uid, w.uid, w.uid)
+        # a change of credentials clears the parent-death signal: die with the template again
+        _check(_libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+        if os.getppid() != parent:  # the template died meanwhile
+            os._exit(1)
         r.applied.append(f"uid {w.uid}, no capabilities")
     _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     r.applied.append("no_new_privs")
