@@ -292,7 +292,7 @@ class NodeAgent:
                     uid=uid,
                     gid=uid,
                     session=os.environ.get(SESSION_ENV, ""),
-                    reach=tuple(extra_sys_path),
+                    reach=(*extra_sys_path, *self._tenant_files(spec)),
                 ).to_dict()
             result: dict[str, Any] = self._node_task(
                 "describe_handler", [spec, extra_sys_path], 300.0, walls=walls
@@ -551,7 +551,7 @@ class NodeAgent:
             gid=uid,
             own_dir=str(build),
             session=os.environ.get(SESSION_ENV, ""),
-            reach=tuple(launch.extra_sys_path),
+            reach=(*launch.extra_sys_path, *self._tenant_files(spec)),
         )
         try:
             built = self._node_task(
@@ -565,6 +565,18 @@ class NodeAgent:
             return stored
         finally:
             shutil.rmtree(build, ignore_errors=True)
+
+    @staticmethod
+    def _tenant_files(spec: dict[str, Any]) -> tuple[str, ...]:
+        """The files of a spec that its tenant's code reads: a ``file.py`` handler, weights."""
+        out = []
+        handler = str(spec.get("handler") or "")
+        path = handler.rpartition(":")[0]
+        if path.endswith(".py"):
+            out.append(path)
+        if spec.get("weights"):
+            out.append(str(spec["weights"]))
+        return tuple(p for p in out if os.path.isabs(p))
 
     def _walls(self, launch: InstanceLaunch) -> Walls:
         """The walls of one instance (``instance.walls``): its function's uid, its directory,
@@ -586,7 +598,7 @@ class NodeAgent:
             store_root=str((ModelStore(self.store_root) if self.store_root else ModelStore()).root),
             mem_mb=mem,
             session=os.environ.get(SESSION_ENV, ""),
-            reach=tuple(launch.extra_sys_path),
+            reach=(*launch.extra_sys_path, *self._tenant_files(launch.spec)),
             reach_rw=(launch.token_socket, str(board_path(launch.token_socket))),
         )
 
