@@ -86,7 +86,7 @@ from gshare.runtime.messages import (
 )
 from gshare.runtime.node import tasks as node_tasks
 from gshare.runtime.node.devices import detect_devices, device_memory_mb
-from gshare.runtime.node.files import ensure_private_dir
+from gshare.runtime.node.files import DEFAULT_STORE_ROOT, ensure_private_dir, store_dir
 from gshare.runtime.node.launcher import LAUNCHERS, Launcher
 from gshare.runtime.tokens.board import board_path
 
@@ -582,8 +582,6 @@ class NodeAgent:
         """The walls of one instance (``instance.walls``): its function's uid, its directory,
         the store read-only, its token socket and the device's board writable, its caps."""
         from gshare.policy.memory import MemoryPlan
-        from gshare.runtime.node.model_store import ModelStore
-        from gshare.runtime.tokens.board import board_path
 
         uid = uid_for(launch.function)
         plan = MemoryPlan(launch.mem_mb, launch.mem_step_mb, launch.mem_max_mb)
@@ -595,7 +593,7 @@ class NodeAgent:
             uid=uid,
             gid=uid,
             own_dir=os.path.dirname(launch.uds_path),
-            store_root=str((ModelStore(self.store_root) if self.store_root else ModelStore()).root),
+            store_root=str(store_dir(self.store_root or DEFAULT_STORE_ROOT)),
             mem_mb=mem,
             session=os.environ.get(SESSION_ENV, ""),
             reach=(*launch.extra_sys_path, *self._tenant_files(launch.spec)),

@@ -45,3 +45,19 @@ def _check_owned_dir(d: Path) -> None:
         )
     if st.st_mode & 0o077:
         os.chmod(d, stat.S_IMODE(st.st_mode) & 0o700)
+
+
+DEFAULT_STORE_ROOT = "/dev/shm/gshare-<uid>"
+"""The model store's default directory (``model_store.DEFAULT_ROOT``): one per user and node."""
+
+
+def store_dir(root: str) -> Path:
+    """The model store's directory for ``root`` (``model_store.DEFAULT_ROOT`` is
+    ``/dev/shm/gshare-<uid>``: ``<uid>`` becomes the user id, ``/dev/shm`` the temporary
+    directory where there is none). Light: the node agent asks without importing torch."""
+    if "<uid>" in root:
+        import tempfile
+
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        root = root.replace("/dev/shm", base, 1).replace("<uid>", str(os.getuid()))
+    return Path(root)

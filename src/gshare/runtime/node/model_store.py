@@ -58,7 +58,6 @@ import os
 import pickle
 import re
 import struct
-import tempfile
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -67,9 +66,11 @@ from typing import Any, Final
 
 import torch
 
+from gshare.runtime.node.files import DEFAULT_STORE_ROOT, store_dir
+
 __all__ = ["DEFAULT_ROOT", "ModelStore", "StoreError"]
 
-DEFAULT_ROOT: Final[str] = "/dev/shm/gshare-<uid>"
+DEFAULT_ROOT: Final[str] = DEFAULT_STORE_ROOT
 """Default store directory; ``<uid>`` is replaced by the user id (one store per user and
 node). Falls back to the temp directory where ``/dev/shm`` does not exist."""
 
@@ -177,10 +178,7 @@ class ModelStore:
     """
 
     def __init__(self, root: str = DEFAULT_ROOT) -> None:
-        if "<uid>" in root:
-            base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-            root = root.replace("/dev/shm", base, 1).replace("<uid>", str(os.getuid()))
-        self.root = Path(root)
+        self.root = store_dir(root)
         # Tenants' instances (their own uids: instance.walls) open files by name: they may
         # traverse the directory, not list it, and read the files, never write them.
         self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
