@@ -115,20 +115,17 @@ def test_shared_memory_is_private_and_counted(srv: ServeProcess) -> None:
 
 def test_what_a_tenant_starts_dies_with_it(srv: ServeProcess) -> None:
     c = srv.client()
-    child = _attack(srv, attack="spawn")
+    c.deploy({"name": "spawner", "handler": "gshare.runtime.demo_handlers:TenantProbe",
+              "device": "cpu", "min_instances": 1})  # fmt: skip
+    wait_until(lambda: c.get("spawner")["availableReplicas"] >= 1, 120, "spawner ready")
+    child = c.invoke("spawner", {"attack": "spawn"})
     assert isinstance(child, int)
-    assert Path(f"/proc/{child}").exists()
-    c.delete(ATTACKER)
+    assert _running(child)
+    c.delete("spawner")
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and Path(f"/proc/{child}").exists():
-        stat = Path(f"/proc/{child}/stat").read_text() if Path(f"/proc/{child}").exists() else ""
-        if stat.split(") ")[-1].startswith("Z"):
-            break  # a zombie: killed, waiting for its reaper (init)
+    while time.monotonic() < deadline and _running(child):
         time.sleep(0.2)
-    alive = Path(f"/proc/{child}/stat").exists() and not Path(
-        f"/proc/{child}/stat"
-    ).read_text().split(") ")[-1].startswith("Z")
-    assert not alive, f"process {child} started by the deleted function is still running"
+    assert not _running(child), f"process {child} started by the deleted function is running"
     assert json.dumps(_victim_answer(srv))
 
 
@@ -162,3 +159,60 @@ def test_the_fork_template_never_holds_an_instances_secrets(srv: ServeProcess) -
     assert len(heap) > 1 << 20
     for field in (b'"token_secret"', b'"channel_secret"'):
         assert field not in heap, f"the template's memory holds {field.decode()}"
+
+
+def _cgroup_of(pid: int, controller: str) -> Path | None:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        hid, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(","):
+            return Path("/sys/fs/cgroup") / controller / path.lstrip("/")
+        if hid == "0" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            return Path("/sys/fs/cgroup") / path.lstrip("/")
+    return None
+
+
+def test_a_function_without_mem_mb_is_capped_and_counted(srv: ServeProcess) -> None:
+    """The attacker's spec sets no ``mem_mb``: its instance still has a memory cap (the default,
+    4 GiB + 128 MiB of slack) and a process cap, in a cgroup of its own."""
+    from gshare.runtime.instance.oscap import SLACK_MB
+    from gshare.runtime.instance.walls import DEFAULT_MEM_MB, DEFAULT_PIDS_MAX
+
+    pid = _pid(srv, ATTACKER)
+    mem = _cgroup_of(pid, "memory")
+    pids = _cgroup_of(pid, "pids")
+    if mem is None or pids is None:
+        pytest.skip("no memory or pids cgroup on this host")
+    limit = next(
+        (mem / f).read_text().strip()
+        for f in ("memory.max", "memory.limit_in_bytes")
+        if (mem / f).exists()
+    )
+    assert int(limit) == int((DEFAULT_MEM_MB + SLACK_MB) * (1 << 20)), (mem, limit)
+    assert mem.name == str(pid) and pids.name == str(pid)
+    assert int((pids / "pids.max").read_text()) == DEFAULT_PIDS_MAX
+
+
+def test_a_clean_stop_leaves_no_tenant_process_and_no_cgroup(tmp_path: Path) -> None:
+    with ServeProcess(tiny_models=True) as s:
+        c = s.client()
+        c.deploy({"name": "spawner", "handler": "gshare.runtime.demo_handlers:TenantProbe",
+                  "device": "cpu", "min_instances": 1})  # fmt: skip
+        wait_until(lambda: c.get("spawner")["availableReplicas"] >= 1, 120, "spawner ready")
+        child = c.invoke("spawner", {"attack": "spawn"})
+        pid = _pid(s, "spawner")
+        groups = [g for g in (_cgroup_of(pid, "memory"), _cgroup_of(pid, "pids")) if g]
+        assert isinstance(child, int) and Path(f"/proc/{child}").exists()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _running(child):
+        time.sleep(0.2)
+    assert not _running(child), f"process {child} outlived the server's clean stop"
+    left = [str(g.parent) for g in groups if g.parent.exists()]
+    assert not left, f"cgroups left after the stop: {left}"
+
+
+def _running(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return not stat.read_text().split(") ")[-1].startswith("Z")
+    except OSError:
+        return False
