@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,10 +108,19 @@ def test_the_control_token_and_the_model_store_are_out_of_reach(srv: ServeProces
 
 
 def test_shared_memory_is_private_and_counted(srv: ServeProcess) -> None:
-    assert _attack(srv, attack="shm", name="tenant-probe-shm", mb=8) == "ok"
-    assert not Path("/dev/shm/tenant-probe-shm").exists(), "the tenant wrote the host's /dev/shm"
+    name = f"tenant-probe-{uuid.uuid4().hex[:8]}"
+    assert _attack(srv, attack="shm", name=name, mb=8) == "ok"
+    leaked = Path(f"/dev/shm/{name}")
+    try:
+        assert not leaked.exists(), "the tenant wrote the host's /dev/shm"
+    finally:
+        leaked.unlink(missing_ok=True)
     # past its private /dev/shm (256 MiB): refused, not spilled into the node's memory
-    assert str(_attack(srv, attack="shm", name="big", mb=300)).startswith("error")
+    big = f"tenant-probe-big-{uuid.uuid4().hex[:8]}"
+    try:
+        assert str(_attack(srv, attack="shm", name=big, mb=300)).startswith("error")
+    finally:
+        Path(f"/dev/shm/{big}").unlink(missing_ok=True)
 
 
 def test_what_a_tenant_starts_dies_with_it(srv: ServeProcess) -> None:
@@ -216,3 +226,39 @@ def _running(pid: int) -> bool:
         return not stat.read_text().split(") ")[-1].startswith("Z")
     except OSError:
         return False
+
+
+@pytest.fixture(scope="module")
+def ray_srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    pytest.importorskip("ray", reason="Ray is not installed (the cluster extra)")
+    with ServeProcess(
+        "--cluster", "ray", state_dir=tmp_path_factory.mktemp("tenants-ray") / "state",
+        tiny_models=True,
+    ) as s:  # fmt: skip
+        yield s
+
+
+def test_under_ray_a_tenant_can_neither_find_nor_join_the_cluster(ray_srv: ServeProcess) -> None:
+    """With ``--cluster ray`` the node's instances are still forked behind the walls: the Ray
+    session token is not in a tenant's environment, and Ray's processes (whose command lines
+    hold the cluster's address) are invisible to it."""
+    import psutil
+
+    c = ray_srv.client()
+    c.deploy({"name": "ray-probe", "handler": "gshare.runtime.demo_handlers:TenantProbe",
+              "device": "cpu", "min_instances": 1})  # fmt: skip
+    wait_until(lambda: c.get("ray-probe")["availableReplicas"] >= 1, 180, "ray-probe ready")
+    who = c.invoke("ray-probe", {"attack": "whoami"})
+    assert who["uid"] == uid_for("ray-probe") and who["env"] == [], who
+    ray_pids = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any("raylet" in a or "gcs_server" in a for a in (p.info["cmdline"] or []))
+    ]
+    assert ray_pids, "no Ray process found"
+    seen = c.invoke("ray-probe", {"attack": "proc"})
+    assert isinstance(seen, list) and not set(ray_pids) & set(seen), seen
+    for pid in ray_pids:
+        got = str(c.invoke("ray-probe", {"attack": "read", "path": f"/proc/{pid}/cmdline"}))
+        assert got.startswith("error"), (pid, got)
+    c.delete("ray-probe")
