@@ -111,6 +111,32 @@ def test_drop_keys_and_missing(root: str) -> None:
         store.path("")
 
 
+def test_a_changed_store_file_fails_its_checksum_and_is_rebuilt(root: str) -> None:
+    """``put`` records the data's SHA-256; ``verify`` recomputes it. A file changed after it
+    was written (by someone who could: tenants cannot, tests/runtime/test_tenants.py) fails it,
+    and ``put_weights`` then writes the weights again instead of handing the file out."""
+    from gshare.runtime.node.tasks import put_weights
+
+    spec = {"name": "m", "model": "mlp"}
+    key = put_weights(root, spec)
+    assert key is not None
+    store = ModelStore(root)
+    assert store.verify(key)
+    good = {k: v.clone() for k, v in store.get(key).items()}
+    path = store.path(key)
+    path.chmod(0o644)
+    with open(path, "r+b") as f:  # poison the last weights with NaN
+        f.seek(-8, os.SEEK_END)
+        f.write(b"\xff" * 8)
+    assert not store.verify(key)
+    assert put_weights(root, spec) == key
+    assert store.verify(key)
+    fresh = ModelStore(root).get(key)
+    assert all(torch.equal(fresh[k], good[k]) for k in good)
+    with pytest.raises(KeyError):
+        store.verify("absent")
+
+
 def test_default_root_is_per_user_shared_memory() -> None:
     from gshare.runtime.node.model_store import DEFAULT_ROOT
 

@@ -540,7 +540,7 @@ class NodeAgent:
         user_code = not spec.get("model") and not spec.get("weights")
         if not (self.walls and user_code):
             key: str | None = self._node_task(
-                "put_weights", [self.store_root, spec], START_TIMEOUT_S
+                "put_weights", [self.store_root, spec, sorted(self._model_keys)], START_TIMEOUT_S
             )
             return key
         build = self.run_dir / f"w-{launch.instance_id}"

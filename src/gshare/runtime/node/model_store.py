@@ -79,6 +79,8 @@ _DATA_ALIGN: Final[int] = 64
 _CUDA_ALIGN: Final[int] = 256
 _ALIASES_META: Final[str] = "gshare.aliases"
 _KEY_META: Final[str] = "gshare.key"
+_SHA256_META: Final[str] = "gshare.sha256"
+"""SHA-256 of the data section, written by ``put``; ``verify`` checks a file against it."""
 _KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,119}$")
 
 # safetensors dtype names (https://github.com/huggingface/safetensors, format spec).
@@ -255,8 +257,16 @@ class ModelStore:
             entries.append((name, t))
         # Largest element size first: every tensor starts aligned to its element size.
         entries.sort(key=lambda e: (-e[1].element_size(), e[0]))
+        digest = hashlib.sha256()
+        for _, t in entries:
+            if t.numel():
+                digest.update(_as_bytes(t).numpy().data)
         header: dict[str, Any] = {
-            "__metadata__": {_KEY_META: key, _ALIASES_META: json.dumps(aliases)}
+            "__metadata__": {
+                _KEY_META: key,
+                _ALIASES_META: json.dumps(aliases),
+                _SHA256_META: digest.hexdigest(),
+            }
         }
         off = 0
         for name, t in entries:
@@ -283,6 +293,29 @@ class ModelStore:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+    def verify(self, key: str) -> bool:
+        """Whether the stored file of ``key`` still holds what ``put`` wrote: the SHA-256 of
+        its data section equals the one in its header. False for a file without one (written
+        by an older gshare) or a malformed one; ``KeyError`` when the key is not stored. The
+        node checks this before it hands a file it did not just write to instances
+        (``node.tasks.put_weights``)."""
+        p = self.path(key)
+        if not p.exists():
+            raise KeyError(key)
+        try:
+            with open(p, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+                want = header.get("__metadata__", {}).get(_SHA256_META)
+                if not want:
+                    return False
+                h = hashlib.sha256()
+                while chunk := f.read(1 << 24):
+                    h.update(chunk)
+        except (OSError, ValueError, struct.error):
+            return False
+        return bool(h.hexdigest() == want)
 
     def get(self, key: str, device: str = "cpu") -> dict[str, torch.Tensor]:
         """Tensors that map the stored copy of ``key`` (read-only, zero-copy): a new dict of

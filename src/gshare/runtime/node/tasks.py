@@ -16,7 +16,9 @@ import sys
 from typing import Any
 
 
-def put_weights(store_root: str | None, spec: dict[str, Any]) -> str | None:
+def put_weights(
+    store_root: str | None, spec: dict[str, Any], verified: list[str] | None = None
+) -> str | None:
     """Build the function's weights and put them in the node's store once; return their key
     (``instance.loading.weights_key``: functions of the same built-in, or of the same weights file,
     share one copy per node), or None when there are none to share."""
@@ -28,7 +30,9 @@ def put_weights(store_root: str | None, spec: dict[str, Any]) -> str | None:
     key = weights_key(fspec)
     store = ModelStore(store_root) if store_root else ModelStore()
     if store.has(key):
-        return key
+        if key in (verified or ()) or store.verify(key):
+            return key
+        store.drop(key)  # changed since it was written (or written without a checksum)
     state = state_dict_for(fspec)
     if not state:
         return None
@@ -65,6 +69,8 @@ def store_weights(store_root: str | None, spec: dict[str, Any], path: str) -> st
     key = weights_key(load_function_spec(spec))
     store = ModelStore(store_root) if store_root else ModelStore()
     try:
+        if store.has(key) and not store.verify(key):
+            store.drop(key)
         if not store.has(key):
             store.put(key, load_file(path))
     finally:
