@@ -236,6 +236,8 @@ class NodeAgent:
         self._lock = threading.RLock()
         self._instances: dict[str, _Managed] = {}
         self._model_keys: set[str] = set()
+        self._built_keys: dict[str, str | None] = {}
+        """A user handler's spec (JSON) -> the key its walled ``build_weights`` gave (or None)."""
         self._model_store: Any = None
         self._key_locks: dict[str, threading.Lock] = {}
         self._stop = threading.Event()
@@ -543,6 +545,9 @@ class NodeAgent:
                 "put_weights", [self.store_root, spec, sorted(self._model_keys)], START_TIMEOUT_S
             )
             return key
+        ident = json.dumps(spec, sort_keys=True, default=str)
+        if ident in self._built_keys:  # built for an earlier instance: its tenant code ran once
+            return self._built_keys[ident]
         build = self.run_dir / f"w-{launch.instance_id}"
         out = str(build / "weights.safetensors")
         uid = uid_for(launch.function)
@@ -557,11 +562,12 @@ class NodeAgent:
             built = self._node_task(
                 "build_weights", [spec, out], START_TIMEOUT_S, walls=walls.to_dict()
             )
-            if not built:
-                return None
-            stored: str = self._node_task(
-                "store_weights", [self.store_root, spec, out], START_TIMEOUT_S
-            )
+            stored: str | None = None
+            if built:
+                stored = self._node_task(
+                    "store_weights", [self.store_root, spec, out], START_TIMEOUT_S
+                )
+            self._built_keys[ident] = stored
             return stored
         finally:
             shutil.rmtree(build, ignore_errors=True)
