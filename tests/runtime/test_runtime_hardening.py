@@ -312,7 +312,7 @@ def test_json_without_content_type_is_json_and_errors_hide_source_locations(
 
 
 def test_the_profiling_instance_is_not_reachable_by_callers(srv: ServeProcess) -> None:
-    """Item 13: ``NAME~profile`` (the route of a function's profiling instance) answered
+    """``NAME~profile`` (the route of a function's profiling instance) once answered
     ``POST /function/NAME~profile`` while a profile ran."""
     c = srv.client()
     c.deploy({"name": "prof", "handler": "gshare.runtime.demo_handlers:Sleep", "device": "cpu"})
@@ -396,10 +396,10 @@ def test_the_run_directory_is_private(srv: ServeProcess) -> None:
     reason="the kernel has no Landlock: the state directory cannot be hidden (README)",
 )
 def test_handlers_cannot_read_the_control_token(srv: ServeProcess) -> None:
-    """Item 13: an instance runs as the server's user; its handler could read the control
-    token and then control every tenant's functions. The instance hides the state directory
-    from itself before it loads the handler (``instance.sandbox``): the token cannot be read,
-    while the repository's files and temporary files work as before."""
+    """A handler that read the control token could control every tenant's functions. The
+    instance hides the state directory from itself before it loads the handler
+    (``instance.sandbox``; under root the walls' own uid stops it too: test_tenants): the
+    token cannot be read, while the repository's files and temporary files work as before."""
     c = srv.client()
     c.deploy(
         {"name": "probe", "handler": "gshare.runtime.demo_handlers:FileProbe", "device": "cpu"}
