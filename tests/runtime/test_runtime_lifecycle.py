@@ -236,6 +236,12 @@ def test_a_start_reclaims_what_a_killed_server_left(
         }
     )
     wait_until(lambda: c.get("e")["available_replicas"] == 1, 120, "ready")
+    spawned: list[int] = []  # a tenant's own process (new session): only its cgroup holds it
+    if cluster == "local":
+        c.deploy({"name": "t", "handler": "gshare.runtime.demo_handlers:TenantProbe",
+                  "device": "cpu", "min_instances": 1})  # fmt: skip
+        wait_until(lambda: c.get("t")["available_replicas"] == 1, 120, "t ready")
+        spawned.append(int(c.invoke("t", {"attack": "spawn"})))
     doc = json.loads((state / "server.json").read_text())
     r = run_cli("serve", "--port", "0", state_dir=state, timeout_s=60)
     assert r.returncode == 1 and "another gshare server" in r.stderr  # in use: refused
@@ -253,13 +259,17 @@ def test_a_start_reclaims_what_a_killed_server_left(
     assert len(session_procs()) >= 3  # (Ray,) the agent, the template, the instance ...
     os.kill(doc["pid"], signal.SIGKILL)
     if cluster == "local":  # the agent dies with the server, its template and instances too
-        wait_until(lambda: not session_procs(), 30, "the server's processes to die with it")
+        wait_until(
+            lambda: not set(session_procs()) - set(spawned),
+            30,
+            "the server's processes to die with it",
+        )
     else:
         time.sleep(1.0)
         assert session_procs()  # Ray's, left behind
     assert os.path.isdir(doc["run_dir"])  # left behind
     second = start_gshare("--cluster", cluster, state_dir=state)
-    assert not session_procs()
+    assert not session_procs()  # what the tenant started too (its cgroup: instance.walls)
     assert not os.path.exists(doc["run_dir"])
     assert doc["store_root"] is None or not glob.glob(doc["store_root"] + "*")
     c2 = second.client()

@@ -141,10 +141,16 @@ def reclaim_stale_server(state_dir: Path) -> None:
     session = doc.get("session") if isinstance(doc, dict) else None
     victims: list[Any] = []
     if isinstance(session, str) and session:
+        from gshare.runtime.instance.walls import UID_BASE, UID_SPAN, kill_session
+
         me = os.getuid()
+
+        def ours(uid: int) -> bool:  # ours, or a tenant's instance behind the walls
+            return uid == me or (me == 0 and UID_BASE <= uid < UID_BASE + UID_SPAN)
+
         for p in psutil.process_iter(["uids"]):
             try:
-                if p.pid == os.getpid() or p.info["uids"] is None or p.info["uids"].real != me:
+                if p.pid == os.getpid() or p.info["uids"] is None or not ours(p.info["uids"].real):
                     continue
                 if p.environ().get(SESSION_ENV) == session:
                     p.kill()
@@ -154,6 +160,7 @@ def reclaim_stale_server(state_dir: Path) -> None:
         psutil.wait_procs(victims, timeout=10)  # gone before their files are removed
         from gshare.runtime.instance.oscap import remove_session_cgroups
 
+        kill_session(session)  # what tenants started, in their instances' cgroups (walls)
         remove_session_cgroups(session)  # the instances' memory cgroups
     uid = os.getuid()
     for key, prefix in (

@@ -670,6 +670,8 @@ class NodeAgent:
             for key in list(self._model_keys):
                 with contextlib.suppress(Exception):
                     self._store().drop(key)
+        with contextlib.suppress(OSError):  # the node's store directory, once empty
+            store_dir(self.store_root or DEFAULT_STORE_ROOT).rmdir()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -- monitor ---------------------------------------------------------------------------------
