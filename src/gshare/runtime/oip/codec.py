@@ -20,7 +20,7 @@ memory, joined once.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -189,21 +189,27 @@ def decode_json_data(t: InputTensor) -> np.ndarray:
     return a.astype(dtype, copy=False).reshape(t.shape)
 
 
-def _flatten_str(data: Any, where: str) -> list[Any]:
-    if isinstance(data, np.ndarray):
-        return list(data.reshape(-1))
-    out: list[Any] = []
+def _leaves(data: Any) -> Iterator[Any]:
+    """The elements of nested lists, in order, without recursion (depth is the client's)."""
     stack = [iter(data)]
     while stack:
         for x in stack[-1]:
             if isinstance(x, list):
                 stack.append(iter(x))
                 break
-            if not isinstance(x, str | bytes):
-                raise OipError(f"{where}: element {x!r} is not a valid BYTES value (a string)")
-            out.append(x)
+            yield x
         else:
             stack.pop()
+
+
+def _flatten_str(data: Any, where: str) -> list[Any]:
+    if isinstance(data, np.ndarray):
+        return list(data.reshape(-1))
+    out: list[Any] = []
+    for x in _leaves(data):
+        if not isinstance(x, str | bytes):
+            raise OipError(f"{where}: element {x!r} is not a valid BYTES value (a string)")
+        out.append(x)
     return out
 
 
@@ -212,15 +218,7 @@ def _first_bad(data: Any, datatype: str) -> Any:
     error message; the error path only)."""
     flat = list(np.asarray(data, dtype=object).reshape(-1)) if isinstance(data, np.ndarray) else []
     if not flat:
-        stack = [iter(data)]
-        while stack:
-            for x in stack[-1]:
-                if isinstance(x, list):
-                    stack.append(iter(x))
-                    break
-                flat.append(x)
-            else:
-                stack.pop()
+        flat = list(_leaves(data))
     for x in flat:
         if datatype == "BOOL":
             ok = isinstance(x, bool | np.bool_)
