@@ -43,6 +43,9 @@ SLACK_MB = 128.0
 """Room above the plan's largest limit for the runtime's own growth."""
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SESSION_ENV = "GSHARE_SESSION"
+WALLS_MEMCG_ENV = "GSHARE_WALLS_MEMCG"
+"""Set by ``instance.walls.enter`` to the memory cgroup it capped as root; ``apply_memory_cap``
+then leaves the cgroup be (the instance, no longer root, could not write it)."""
 _MB = 1 << 20
 
 
@@ -78,9 +81,10 @@ def _vm_data_bytes() -> int:
     return 0
 
 
-def _own_cgroup(controller: str) -> tuple[CapKind, Path] | None:
-    """This process's cgroup directory for the memory controller: v2 (unified) when the memory
-    controller is there, else v1's ``memory`` hierarchy; None when neither is mounted."""
+def own_cgroup(controller: str) -> tuple[CapKind, Path] | None:
+    """This process's cgroup directory for ``controller``: v2 (unified) when the controller is
+    there, else v1's hierarchy of that name; None when neither is mounted. Also used by
+    ``instance.walls`` (memory and pids)."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -101,7 +105,7 @@ def _own_cgroup(controller: str) -> tuple[CapKind, Path] | None:
 
 def session_cgroup_dir(session: str) -> tuple[CapKind, Path] | None:
     """Where this session's instance cgroups live (under the caller's own cgroup)."""
-    own = _own_cgroup("memory")
+    own = own_cgroup("memory")
     if own is None or not session:
         return None
     kind, path = own
@@ -143,13 +147,10 @@ def apply_memory_cap(cap_mb: float, session: str = "") -> MemoryCap:
     total = int((cap_mb + SLACK_MB) * _MB)
     kinds: list[CapKind] = []
     notes: list[str] = []
-    walled = os.environ.get("GSHARE_WALLS_MEMCG", "")  # instance.walls.MEMCG_ENV
+    walled = os.environ.get(WALLS_MEMCG_ENV, "")
     if walled:  # the walls capped this process's cgroup already, as root
-        kind, path, why = (
-            CapKind.CGROUP_V2 if "/memory/" not in walled else CapKind.CGROUP_V1,
-            walled,
-            "",
-        )
+        v1 = Path(walled).is_relative_to(CGROUP_ROOT / "memory")
+        kind, path, why = (CapKind.CGROUP_V1 if v1 else CapKind.CGROUP_V2), walled, ""
     else:
         kind, path, why = _apply_cgroup(session, total)
     if kind is not CapKind.NONE:

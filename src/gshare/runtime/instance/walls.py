@@ -55,6 +55,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gshare.runtime.instance.oscap import SLACK_MB, WALLS_MEMCG_ENV, CapKind, own_cgroup
+
 DEFAULT_MEM_MB = 4096.0
 """The memory cap of an instance whose function sets none (``mem_mb``)."""
 DEFAULT_PIDS_MAX = 256
@@ -66,8 +68,6 @@ UID_BASE = 2_000_000
 UID_SPAN = 1_000_000
 WALLS_ENV = "GSHARE_TENANT_WALLS"
 """``0`` turns the walls off (``gshare serve --no-tenant-walls``); anything else leaves them on."""
-MEMCG_ENV = "GSHARE_WALLS_MEMCG"
-"""Set by ``enter`` to the memory cgroup it capped (``instance.oscap`` then leaves it be)."""
 
 _CLONE_NEWNS = 0x00020000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
@@ -283,25 +283,11 @@ def _private_mounts(w: Walls, r: WallsReport) -> None:
 
 def _cgroup_dirs(session: str) -> list[tuple[str, Path, bool]]:
     """(controller, the session's cgroup directory, cgroup v2?) for memory and pids."""
-    from gshare.runtime.instance.oscap import CGROUP_ROOT
-
-    out: list[tuple[str, Path, bool]] = []
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return out
-    v2 = CGROUP_ROOT / "cgroup.controllers"
-    v2_ctrls = v2.read_text().split() if v2.exists() else []
+    out = []
     for ctrl in ("memory", "pids"):
-        for line in lines:
-            hid, ctrls, path = line.split(":", 2)
-            if hid == "0" and ctrl in v2_ctrls:
-                out.append((ctrl, CGROUP_ROOT / path.lstrip("/") / f"gshare-{session}", True))
-                break
-            if ctrl in ctrls.split(",") and (CGROUP_ROOT / ctrl).is_dir():
-                base = CGROUP_ROOT / ctrl / path.lstrip("/") / f"gshare-{session}"
-                out.append((ctrl, base, False))
-                break
+        own = own_cgroup(ctrl)
+        if own is not None:
+            out.append((ctrl, own[1] / f"gshare-{session}", own[0] is CapKind.CGROUP_V2))
     return out
 
 
@@ -310,8 +296,6 @@ def _cgroups(w: Walls, r: WallsReport) -> None:
         r.skipped.append("cgroups: no session")
         return
     pid = str(os.getpid())
-    from gshare.runtime.instance.oscap import SLACK_MB
-
     done: set[str] = set()
     for ctrl, parent, v2 in _cgroup_dirs(w.session):
         path = parent / pid
@@ -336,7 +320,7 @@ def _cgroups(w: Walls, r: WallsReport) -> None:
             r.skipped.append(f"{ctrl} cgroup {path}: {e.strerror or e}")
     if "memory" in done:
         r.applied.append(f"memory cap {w.mem_mb:g} MiB (+{SLACK_MB:g}) incl. /dev/shm")
-        os.environ[MEMCG_ENV] = r.memcg
+        os.environ[WALLS_MEMCG_ENV] = r.memcg
     if "pids" in done:
         r.applied.append(f"at most {w.pids_max} processes and threads")
 
