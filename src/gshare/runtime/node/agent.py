@@ -59,7 +59,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import secrets
 import shutil
@@ -73,8 +72,7 @@ from typing import Any
 from gshare.policy.tokens import ClientSpec
 from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
 from gshare.runtime.instance.memory import read_samples
-from gshare.runtime.instance.oscap import SESSION_ENV
-from gshare.runtime.instance.walls import DEFAULT_MEM_MB, WALLS_ENV, Walls, uid_for
+from gshare.runtime.instance.walls import WALLS_ENV
 from gshare.runtime.messages import (
     FikitUsage,
     InstanceState,
@@ -85,9 +83,15 @@ from gshare.runtime.messages import (
     TokenUsage,
 )
 from gshare.runtime.node import tasks as node_tasks
-from gshare.runtime.node.devices import detect_devices, device_memory_mb
+from gshare.runtime.node.devices import detect_devices, device_memory_mb, instance_device_env
 from gshare.runtime.node.files import DEFAULT_STORE_ROOT, ensure_private_dir, store_dir
 from gshare.runtime.node.launcher import LAUNCHERS, Launcher
+from gshare.runtime.node.tenancy import (
+    build_weights_walled,
+    instance_walls,
+    tenant_walls,
+    write_launch_secrets,
+)
 from gshare.runtime.tokens.board import board_path
 
 log = logging.getLogger("gshare.agent")
@@ -190,6 +194,7 @@ class NodeAgent:
         self.run_dir = Path(run_dir) / f"node-{tag}"
         ensure_private_dir(self.run_dir, levels=3)  # 0700, ours (node.files)
         self.store_root = f"{store_root}-{tag}" if store_root else None
+        self._store_dir = store_dir(self.store_root or DEFAULT_STORE_ROOT)
         # tenant walls around forked instances (instance.walls); GSHARE_TENANT_WALLS=0: none
         self.walls = launcher == "fork" and os.environ.get(WALLS_ENV, "1") != "0"
         self.devices = detect_devices()
@@ -287,15 +292,12 @@ class NodeAgent:
 
     def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
         try:
-            walls = None
-            if self.walls:  # the handler's import is tenant code: inside its walls
-                uid = uid_for(str(spec.get("name", "")))
-                walls = Walls(
-                    uid=uid,
-                    gid=uid,
-                    session=os.environ.get(SESSION_ENV, ""),
-                    reach=(*extra_sys_path, *self._tenant_files(spec)),
-                ).to_dict()
+            # the handler's import is tenant code: inside its walls
+            walls = (
+                tenant_walls(str(spec.get("name", "")), spec, extra_sys_path).to_dict()
+                if self.walls
+                else None
+            )
             result: dict[str, Any] = self._node_task(
                 "describe_handler", [spec, extra_sys_path], 300.0, walls=walls
             )
@@ -403,31 +405,18 @@ class NodeAgent:
         # its own directory (its socket, .ready/.exit/.mem, its temporary files), which the
         # walls give to its uid (instance.walls)
         sock = str(self.run_dir / f"i-{base.instance_id}" / f"i-{base.instance_id}.sock")
-        env = dict(base.env)
         device = self.devices[idx]
-        if device.startswith("cuda"):
-            from gshare.runtime.node.partition import cuda_env
-
-            env.update(cuda_env(base.sm_pct) if self.mps else {})
-            from gshare.runtime.native import instance_env  # LD_PRELOAD/shim for a Ray actor
-
-            env.update(instance_env(self.token_servers[idx].epoch_s, self._cuda_env))
-        else:
-            from gshare.runtime.node.partition import cores_for
-
-            n = str(cores_for(base.sm_pct, self.cpu_count))
-            # Threads of a process waiting for its token must not spin on the cores another
-            # instance's token entitles it to (OpenMP workers spin ~200 ms after each parallel
-            # region by default): passive waits, and pools sized to the partition from the
-            # first import of torch. Set at process start, through the actor's runtime env.
-            env.update(
-                {
-                    "OMP_WAIT_POLICY": "PASSIVE",
-                    "KMP_BLOCKTIME": "0",
-                    "OMP_NUM_THREADS": n,
-                    "MKL_NUM_THREADS": n,
-                }
-            )
+        env = {
+            **base.env,
+            **instance_device_env(
+                device,
+                base.sm_pct,
+                self.cpu_count,
+                mps=self.mps,
+                epoch_s=self.token_servers[idx].epoch_s,
+                cuda_env=self._cuda_env,
+            ),
+        }
         ts = self.token_servers[idx]
         if base.mem_mb > 0 or base.mem_step_mb > 0:
             grant = ts.reserve_memory(base.instance_id, base.mem_mb)
@@ -512,17 +501,11 @@ class NodeAgent:
         import psutil
 
         data = launch_to_dict(launch)
-        own_dir = os.path.dirname(launch.uds_path)
-        os.makedirs(own_dir, mode=0o700, exist_ok=True)
-        # the secrets reach the child through a file only root reads: never the template
-        secrets_path = os.path.join(own_dir, ".launch-secrets")
-        fd = os.open(secrets_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({k: data.pop(k) for k in ("token_secret", "channel_secret")}, f)
+        secrets_path = write_launch_secrets(data, os.path.dirname(launch.uds_path))
         pid = self._launcher_started().launch(
             data,
             str(self._log_path(launch)),
-            walls=self._walls(launch).to_dict() if self.walls else None,
+            walls=instance_walls(launch, str(self._store_dir)).to_dict() if self.walls else None,
             secrets_path=secrets_path,
         )
         with self._lock:
@@ -549,62 +532,9 @@ class NodeAgent:
         if ident in self._built_keys:  # built for an earlier instance: its tenant code ran once
             return self._built_keys[ident]
         build = self.run_dir / f"w-{launch.instance_id}"
-        out = str(build / "weights.safetensors")
-        uid = uid_for(launch.function)
-        walls = Walls(
-            uid=uid,
-            gid=uid,
-            own_dir=str(build),
-            session=os.environ.get(SESSION_ENV, ""),
-            reach=(*launch.extra_sys_path, *self._tenant_files(spec)),
-        )
-        try:
-            built = self._node_task(
-                "build_weights", [spec, out], START_TIMEOUT_S, walls=walls.to_dict()
-            )
-            stored: str | None = None
-            if built:
-                stored = self._node_task(
-                    "store_weights", [self.store_root, spec, out], START_TIMEOUT_S
-                )
-            self._built_keys[ident] = stored
-            return stored
-        finally:
-            shutil.rmtree(build, ignore_errors=True)
-
-    @staticmethod
-    def _tenant_files(spec: dict[str, Any]) -> tuple[str, ...]:
-        """The files of a spec that its tenant's code reads: a ``file.py`` handler, weights."""
-        out = []
-        handler = str(spec.get("handler") or "")
-        path = handler.rpartition(":")[0]
-        if path.endswith(".py"):
-            out.append(path)
-        if spec.get("weights"):
-            out.append(str(spec["weights"]))
-        return tuple(p for p in out if os.path.isabs(p))
-
-    def _walls(self, launch: InstanceLaunch) -> Walls:
-        """The walls of one instance (``instance.walls``): its function's uid, its directory,
-        the store read-only, its token socket and the device's board writable, its caps."""
-        from gshare.policy.memory import MemoryPlan
-
-        uid = uid_for(launch.function)
-        plan = MemoryPlan(launch.mem_mb, launch.mem_step_mb, launch.mem_max_mb)
-        if launch.device == "cpu" and math.isfinite(plan.cap_mb) and plan.cap_mb > 0:
-            mem = plan.cap_mb
-        else:  # no cap asked (or a GPU's memory): the default host cap
-            mem = DEFAULT_MEM_MB * (2 if launch.device.startswith("cuda") else 1)
-        return Walls(
-            uid=uid,
-            gid=uid,
-            own_dir=os.path.dirname(launch.uds_path),
-            store_root=str(store_dir(self.store_root or DEFAULT_STORE_ROOT)),
-            mem_mb=mem,
-            session=os.environ.get(SESSION_ENV, ""),
-            reach=(*launch.extra_sys_path, *self._tenant_files(launch.spec)),
-            reach_rw=(launch.token_socket, str(board_path(launch.token_socket))),
-        )
+        key = build_weights_walled(self._node_task, launch, build, START_TIMEOUT_S)
+        self._built_keys[ident] = key
+        return key
 
     def _kill(self, m: _Managed) -> None:
         """Kill the instance's process (either launcher); the caller holds the lock. A forked
@@ -671,7 +601,7 @@ class NodeAgent:
                 with contextlib.suppress(Exception):
                     self._store().drop(key)
         with contextlib.suppress(OSError):  # the node's store directory, once empty
-            store_dir(self.store_root or DEFAULT_STORE_ROOT).rmdir()
+            self._store_dir.rmdir()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -- monitor ---------------------------------------------------------------------------------

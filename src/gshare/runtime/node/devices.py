@@ -41,3 +41,31 @@ def device_memory_mb(device: str, configured_mb: float | None) -> float:
 
 
 __all__ = ["CPU_MEMORY_FRACTION", "detect_devices", "device_memory_mb"]
+
+
+def instance_device_env(
+    device: str,
+    sm_pct: float,
+    cpu_count: int,
+    *,
+    mps: bool,
+    epoch_s: float,
+    cuda_env: dict[str, str] | None,
+) -> dict[str, str]:
+    """The environment an instance's process needs on ``device`` (the node agent adds it to the
+    launch's): on CUDA the MPS thread percentage and the GPU frontend's deployment; on a CPU,
+    thread pools sized to its cores and passive waits."""
+    if device.startswith("cuda"):
+        from gshare.runtime.native import instance_env  # LD_PRELOAD/shim for a Ray actor
+        from gshare.runtime.node.partition import cuda_env as mps_env
+
+        return {**(mps_env(sm_pct) if mps else {}), **instance_env(epoch_s, cuda_env)}
+    from gshare.runtime.node.partition import cores_for
+
+    n = str(cores_for(sm_pct, cpu_count))
+    # Threads of a process waiting for its token must not spin on the cores another instance's
+    # token entitles it to (OpenMP workers spin ~200 ms after each parallel region by default):
+    # passive waits, and pools sized to the partition from the first import of torch. Set at
+    # process start, through the actor's runtime env.
+    return {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "OMP_NUM_THREADS": n,
+            "MKL_NUM_THREADS": n}  # fmt: skip
