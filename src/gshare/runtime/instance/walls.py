@@ -155,10 +155,12 @@ def scrub_environment() -> list[str]:
 
 def _closed_ancestors(paths: list[str]) -> dict[str, set[str]]:
     """For each directory on the way to ``paths`` that other users cannot traverse (no o+x),
-    the names below it that lead to those paths."""
+    the names below it that lead to those paths; for a directory of ``paths`` that they cannot
+    list or enter (a fresh clone in a 0700 temporary directory), all its entries."""
     out: dict[str, set[str]] = {}
     for p in paths:
-        parts = Path(os.path.realpath(p)).parts
+        real = os.path.realpath(p)
+        parts = Path(real).parts
         for i in range(1, len(parts)):
             d = str(Path(*parts[:i]))
             try:
@@ -167,20 +169,22 @@ def _closed_ancestors(paths: list[str]) -> dict[str, set[str]]:
                 break
             if closed:
                 out.setdefault(d, set()).add(parts[i])
+        with contextlib.suppress(OSError):
+            if os.path.isdir(real) and os.stat(real).st_mode & 0o005 != 0o005:
+                out.setdefault(real, set()).update(os.listdir(real))
     return out
 
 
 def unreadable(paths: list[str]) -> list[str]:
     """Those of ``paths`` that other users could not read even with every way to them open:
-    a directory without o+rx, a file without o+r."""
+    a file without o+r (a closed directory is opened by ``_open_ways``)."""
     bad = []
     for p in paths:
         try:
             mode = os.stat(p).st_mode
         except OSError:
             continue
-        need = 0o005 if os.path.isdir(p) else 0o004
-        if mode & need != need:
+        if not os.path.isdir(p) and not mode & 0o004:
             bad.append(p)
     return bad
 
@@ -188,9 +192,9 @@ def unreadable(paths: list[str]) -> list[str]:
 def _open_ways(paths: list[str], r: WallsReport, rw: frozenset[str] = frozenset()) -> None:
     """Let the tenant reach ``paths`` through directories closed to other users (a Python
     under ``/root``, a test's private temporary directory): each closed directory is covered
-    by a tmpfs that others may traverse (0711) into which only the entries leading to
-    ``paths`` are bound, read-only. Everything else in it stays out of sight. Runs in the new
-    mount namespace, as root."""
+    by a tmpfs that others may read (0755) into which only the entries leading to ``paths``
+    (all of a closed directory of ``paths``) are bound, read-only. Everything else in it
+    stays out of sight. Runs in the new mount namespace, as root."""
     ways = _closed_ancestors(paths)
     if not ways:
         return
@@ -206,7 +210,7 @@ def _open_ways(paths: list[str], r: WallsReport, rw: frozenset[str] = frozenset(
     try:
         for d in sorted(ways, key=len):  # outer directories first
             _check(
-                libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0711"),
+                libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0755"),
                 f"cover {d}",
             )
             for name in sorted(ways[d]):
@@ -435,6 +439,8 @@ def enter(w: Walls) -> WallsReport:
             why = f"other users cannot read {', '.join(closed[:3])}: tenants keep the server's uid"
     if why:
         r.skipped.append(f"uid, mounts, cgroups: {why}")
+        if w.own_dir:  # its output goes there all the same
+            os.makedirs(w.own_dir, mode=0o700, exist_ok=True)
     else:
         _cgroups(w, r)
         if w.own_dir:  # before the mounts, which bind it through the closed directories
