@@ -155,12 +155,10 @@ def scrub_environment() -> list[str]:
 
 def _closed_ancestors(paths: list[str]) -> dict[str, set[str]]:
     """For each directory on the way to ``paths`` that other users cannot traverse (no o+x),
-    the names below it that lead to those paths; for a directory of ``paths`` that they cannot
-    list or enter (a fresh clone in a 0700 temporary directory), all its entries."""
+    the names below it that lead to those paths."""
     out: dict[str, set[str]] = {}
     for p in paths:
-        real = os.path.realpath(p)
-        parts = Path(real).parts
+        parts = Path(os.path.realpath(p)).parts
         for i in range(1, len(parts)):
             d = str(Path(*parts[:i]))
             try:
@@ -169,22 +167,20 @@ def _closed_ancestors(paths: list[str]) -> dict[str, set[str]]:
                 break
             if closed:
                 out.setdefault(d, set()).add(parts[i])
-        with contextlib.suppress(OSError):
-            if os.path.isdir(real) and os.stat(real).st_mode & 0o005 != 0o005:
-                out.setdefault(real, set()).update(os.listdir(real))
     return out
 
 
 def unreadable(paths: list[str]) -> list[str]:
     """Those of ``paths`` that other users could not read even with every way to them open:
-    a file without o+r (a closed directory is opened by ``_open_ways``)."""
+    a directory without o+rx, a file without o+r."""
     bad = []
     for p in paths:
         try:
             mode = os.stat(p).st_mode
         except OSError:
             continue
-        if not os.path.isdir(p) and not mode & 0o004:
+        need = 0o005 if os.path.isdir(p) else 0o004
+        if mode & need != need:
             bad.append(p)
     return bad
 
@@ -192,9 +188,9 @@ def unreadable(paths: list[str]) -> list[str]:
 def _open_ways(paths: list[str], r: WallsReport, rw: frozenset[str] = frozenset()) -> None:
     """Let the tenant reach ``paths`` through directories closed to other users (a Python
     under ``/root``, a test's private temporary directory): each closed directory is covered
-    by a tmpfs that others may read (0755) into which only the entries leading to ``paths``
-    (all of a closed directory of ``paths``) are bound, read-only. Everything else in it
-    stays out of sight. Runs in the new mount namespace, as root."""
+    by a tmpfs that others may traverse (0711) into which only the entries leading to
+    ``paths`` are bound, read-only. Everything else in it stays out of sight. Runs in the new
+    mount namespace, as root."""
     ways = _closed_ancestors(paths)
     if not ways:
         return
@@ -210,7 +206,7 @@ def _open_ways(paths: list[str], r: WallsReport, rw: frozenset[str] = frozenset(
     try:
         for d in sorted(ways, key=len):  # outer directories first
             _check(
-                libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0755"),
+                libc.mount(b"tmpfs", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0711"),
                 f"cover {d}",
             )
             for name in sorted(ways[d]):
@@ -236,6 +232,18 @@ def _open_ways(paths: list[str], r: WallsReport, rw: frozenset[str] = frozenset(
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+def degraded() -> str:
+    """'' when this host and this installation allow every wall, else why not (not root, or an
+    interpreter or import path that other users cannot read, like a clone in a 0700 directory:
+    the uid wall is then skipped)."""
+    why = supported()
+    if not why:
+        closed = unreadable(_needed(Walls(0, 0)))
+        if closed:
+            why = f"other users cannot read {', '.join(closed[:3])}"
+    return why
 
 
 def _needed(w: Walls) -> list[str]:
