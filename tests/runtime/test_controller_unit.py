@@ -28,6 +28,7 @@ from gshare.runtime.messages import (
     NodeInfo,
     NodeStatus,
 )
+from gshare.runtime.metrics import Metrics
 from gshare.spec import parse_function_spec
 
 NODE = "node-a"
@@ -107,12 +108,14 @@ class FakeAgent:
 @contextlib.asynccontextmanager
 async def world(tmp_path: Path, **spec: Any):  # type: ignore[no-untyped-def]
     clock = Clock()
-    gw = Gateway(clock=clock, request_timeout_s=3600.0)
+    metrics = Metrics()
+    gw = Gateway(clock=clock, request_timeout_s=3600.0, metrics=metrics)
     store = StateStore.open(tmp_path / "state")
     ctl = Controller(
         store,
         gw,
         ControllerConfig(control=ControlParams(start_backoff_s=2.0), drain_timeout_s=30.0),
+        metrics=metrics,
         gateway_node_id=NODE,
         clock=clock,
     )

@@ -7,6 +7,7 @@ need one of them alone build it directly.
 
 What it builds, in order (each needs the ones before)::
 
+    Metrics            the Prometheus series of /metrics           (runtime.metrics)
     Gateway            routes, queues, connections to instances   (gateway.router)
     Controller         the control loop over the node agents      (control.loop)
     LiveProfiler       gshare profile's jobs, on the controller   (control.profiler)
@@ -17,7 +18,8 @@ What it builds, in order (each needs the ones before)::
 and ``http_app`` puts the HTTP app around them (``gateway.app.build_app``) with the server's
 lifespan. Agents are added to the controller later, by the backend (``Controller.add_agent``).
 
-What must hold: the gateway, the control API and the gRPC server share one ``OipService`` (one
+What must hold: the gateway, the controller and the stage scheduler record into one
+``Metrics``; the gateway, the control API and the gRPC server share one ``OipService`` (one
 set of inference statistics); the stage scheduler acts on the same controller the control API
 does.
 """
@@ -34,6 +36,7 @@ from gshare.runtime.control.records import ControllerConfig
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES, StageScheduler
+from gshare.runtime.metrics import Metrics
 
 if TYPE_CHECKING:
     from gshare.runtime.control.state import StateStore
@@ -87,7 +90,9 @@ def build_server_objects(
     node the gateway runs on (its instances are reached over Unix sockets, the others' over
     TCP); ``extra_sys_path``: folders for user handler modules (the server's working
     directory)."""
+    metrics = Metrics()
     gateway = Gateway(
+        metrics=metrics,
         max_body_bytes=int(opts.max_body_mb * (1 << 20)),
         max_latency_slo_factor=opts.max_wait_slo_factor,
         request_timeout_s=opts.request_timeout_s,
@@ -104,6 +109,7 @@ def build_server_objects(
             workflow_policy=opts.workflow_policy,
             workflow_policy_factory=opts.workflow_policy_factory,
         ),
+        metrics=metrics,
         gateway_node_id=gateway_node_id,
         extra_sys_path=extra_sys_path,
     )

@@ -3,9 +3,10 @@
 Who runs it: the server process, on the same asyncio loop as the gateway. Every ``period_s``
 (1 s) ``reconcile`` does, for the whole cluster:
 
-1. **observe** — each node agent's ``status()`` (a typed ``NodeStatus``), applied to the
-   records (``control.records``) by ``control.observe.StatusObserver``: instance states,
-   restarts, failed starts, achieved shares, memory and FIKIT reports;
+1. **observe** — each node agent's ``status()`` (a typed ``NodeStatus``), read by
+   ``control.observe`` into typed observations (instance states, restarts, failed starts,
+   token usage, memory and FIKIT reports) that ``apply`` applies to the records
+   (``control.records``), the gateway and the metrics;
 2. **step** — per function, ``policy.control.control_step`` (the simulator calls the same):
    the arrivals the gateway counted over the period feed the rate predictor; keep-alive, scale
    to zero, the queued-demand floor and the start back-off decide the floor and what may be
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -44,11 +46,30 @@ from gshare.policy.control import (
     cold_start_wanted,
     control_step,
     drain_finished,
+    on_start_failed,
+    on_started,
 )
 from gshare.policy.placement import NoCapacity, make_placer
 from gshare.resources import GpuShare
 from gshare.runtime.control.configs import configs_for, share_for
-from gshare.runtime.control.observe import StatusObserver
+from gshare.runtime.control.observe import (
+    FikitReported,
+    MemoryReported,
+    Observation,
+    Reported,
+    ReportedFailed,
+    ReportedReady,
+    ReportedRestarting,
+    Restarted,
+    TokensUsed,
+    Vanished,
+    kernel_profile_wanted,
+    poll_agents,
+    read_node_status,
+    record_fikit,
+    record_memory,
+    record_tokens,
+)
 from gshare.runtime.control.records import (
     AgentRef,
     ControllerConfig,
@@ -59,7 +80,8 @@ from gshare.runtime.control.records import (
 from gshare.runtime.control.state import StateStore, kernel_code_key
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.instance.launch import InstanceLaunch
-from gshare.runtime.messages import AgentHandle, LiveState, NodeInfo
+from gshare.runtime.messages import AgentGone, AgentHandle, LiveState, NodeInfo
+from gshare.runtime.metrics import Metrics
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
 
 log = logging.getLogger("gshare.controller")
@@ -88,12 +110,15 @@ class Controller:
         gateway: Gateway,
         config: ControllerConfig | None = None,
         *,
+        metrics: Metrics,
         gateway_node_id: str = "",
         extra_sys_path: tuple[str, ...] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = state
         self.gateway = gateway
+        self.metrics = metrics
+        """The server's metrics (the gateway records into the same object)."""
         self.config = config or ControllerConfig()
         self.gateway_node_id = gateway_node_id
         self.extra_sys_path = extra_sys_path
@@ -113,7 +138,6 @@ class Controller:
         self._last_observe = clock()
         self._started = False
         self.profiler: Any = None
-        self._observer = StatusObserver(self)
         gateway.on_cold = self._on_cold
 
     # -- setup -----------------------------------------------------------------------------------
@@ -123,7 +147,7 @@ class Controller:
         joins, and when it replaced a dead agent of a node: the node keeps its devices)."""
         replaced = handle.node_id in self.agents
         self.agents[handle.node_id] = AgentRef(handle.node_id, handle, info)
-        self.gateway.metrics.node_up.labels(handle.node_id[:12]).set(1)
+        self.metrics.node_up.labels(handle.node_id[:12]).set(1)
         if replaced:
             log.warning("node %s has a new agent", handle.node_id[:8])
             self._unfence(handle.node_id)
@@ -164,7 +188,7 @@ class Controller:
         one: its instances are lost and its devices fenced until ``add_agent`` replaces it."""
         ref = self.agents.get(node_id)
         if ref is not None and ref.alive:
-            await self._observer.agent_lost(ref, err)
+            await self.agent_lost(ref, err)
 
     def dead_agents(self) -> list[str]:
         """Nodes whose agent died (``AgentGone``): the server starts a new one on each."""
@@ -464,7 +488,7 @@ class Controller:
             self.event(name, f"cannot start instance {iid}: {e}", level="error")
             return None
         if not profiling:
-            self.gateway.metrics.cold_starts.labels(name).inc()
+            self.metrics.cold_starts.labels(name).inc()
         self.event(
             name,
             f"starting on node {device.node_id[:8]} {device.name}: sm {share.sm_pct:g}%, quota "
@@ -508,7 +532,7 @@ class Controller:
             with contextlib.suppress(KeyError):
                 self.placer.release(iid)
             self.placer.take_moves()  # moves within a device change no mechanism on our side
-        self.gateway.metrics.forget_instance(inst.function, iid)
+        self.metrics.forget_instance(inst.function, iid)
         fs = self.functions.get(inst.function)
         if fs is not None:
             fs.memory.forget(iid)
@@ -518,8 +542,159 @@ class Controller:
     # -- observation -----------------------------------------------------------------------------
 
     async def observe(self) -> None:
-        """Ask every live agent for its status and apply it (``control.observe``)."""
-        await self._observer.observe()
+        """Ask every live agent for its status and apply what it says (``control.observe``
+        reads each report into observations; ``apply`` applies them in order)."""
+        for agent, res in await poll_agents([a for a in self.agents.values() if a.alive]):
+            if isinstance(res, AgentGone):
+                if agent.alive and self.agents.get(agent.node_id) is agent:  # not replaced
+                    await self.agent_lost(agent, res)
+            elif isinstance(res, BaseException):
+                log.warning("agent on node %s did not answer: %s", agent.node_id[:8], res)
+            else:
+                node = [i for i in self.instances.values() if i.device.node_id == agent.node_id]
+                for obs in read_node_status(
+                    res,
+                    node,
+                    now_s=self.clock(),
+                    agent_timeout_s=self.config.agent_timeout_s,
+                    local=agent.node_id == self.gateway_node_id,
+                ):
+                    await self.apply(obs)
+
+    async def agent_lost(self, agent: AgentRef, err: BaseException) -> None:
+        """``agent`` is gone: its instances are lost and its node's devices fenced."""
+        agent.alive = False
+        log.error("agent on node %s is gone: %s", agent.node_id[:8], err)
+        with contextlib.suppress(KeyError):
+            self.metrics.node_up.remove(agent.node_id[:12])
+        for inst in list(self.instances.values()):
+            if inst.device.node_id == agent.node_id:
+                self.event(
+                    inst.function,
+                    f"lost with node {agent.node_id[:8]}",
+                    instance=inst.instance_id,
+                    level="error",
+                )
+                await self.stop_instance(inst.instance_id, log_event=False)
+        self.fence(agent.node_id)
+
+    async def apply(self, obs: Observation) -> None:
+        """Apply one observation (``control.observe``) to the records, the gateway and the
+        metrics. An instance stopped meanwhile is passed over."""
+        inst = self.instances.get(obs.instance_id)
+        if inst is None:
+            return
+        iid = inst.instance_id
+        fs = self.functions.get(inst.function)
+        match obs:
+            case Reported():
+                inst.pid, inst.rss_mb, inst.cores = obs.pid, obs.rss_mb, obs.cores
+                inst.uds_path, inst.tcp_port = obs.uds_path, obs.tcp_port
+            case MemoryReported() if fs is not None:
+                record_memory(fs, inst, obs.usage, self.metrics)
+            case FikitReported() if fs is not None:
+                record_fikit(inst, obs.usage, self.metrics)
+                if kernel_profile_wanted(fs, inst, obs.usage):
+                    fs.kernel_fetching = True
+                    await self._store_kernel_profile(fs, inst)
+            case Restarted() if obs.restarts > inst.restarts:
+                self.metrics.restarts.labels(inst.function).inc(obs.restarts - inst.restarts)
+                inst.restarts, inst.last_exit = obs.restarts, obs.last_exit
+                self.event(
+                    inst.function,
+                    f"crashed and restarted ({inst.last_exit})",
+                    instance=iid,
+                    level="warn",
+                )
+            case ReportedReady():
+                await self._connect(inst, obs)
+                connected = self.gateway.is_connected(inst.route, iid)
+                if inst.state in (LiveState.STARTING, LiveState.RESTARTING) and connected:
+                    took = self.clock() - inst.created_s
+                    inst.state = LiveState.READY
+                    self.event(
+                        inst.function,
+                        f"ready (pid {inst.pid}, cores {inst.cores}, after {took:.1f} s)",
+                        instance=iid,
+                    )
+                    if fs is not None:
+                        fs.control = on_started(fs.control)
+                        fs.start_error = None
+                        if obs.inputs and not fs.inputs:
+                            self._learn_inputs(fs, obs.inputs)
+            case ReportedRestarting() if inst.state is LiveState.READY:
+                inst.state = LiveState.RESTARTING
+                inst.created_s = self.clock()
+                self.gateway.instance_restarting(inst.route, iid)
+            case ReportedFailed():
+                self.event(inst.function, f"failed: {obs.error}", instance=iid, level="error")
+                await self.stop_instance(iid, log_event=False)
+                if fs is not None and not inst.profiling:
+                    fs.control = on_start_failed(fs.control, self.clock(), self.config.control)
+                    fs.start_error = f"function {inst.function!r} failed to start: {obs.error}"
+                    if not any(i.state is LiveState.READY for i in self.live_of(inst.function)):
+                        self.gateway.set_start_error(inst.function, fs.start_error)
+            case TokensUsed():
+                record_tokens(inst, obs)
+            case Vanished():
+                self.event(
+                    inst.function, "vanished from its node agent", instance=iid, level="error"
+                )
+                await self.stop_instance(iid, log_event=False)
+
+    async def _connect(self, inst: LiveInstance, ready: ReportedReady) -> None:
+        """Connect the gateway to a ready instance (again, after a restart in place)."""
+        iid = inst.instance_id
+        if inst.incarnation == ready.incarnation and self.gateway.is_connected(inst.route, iid):
+            return
+        tcp = (ready.node_ip, inst.tcp_port) if inst.tcp_port and not ready.local else None
+        await self.gateway.instance_ready(
+            inst.route,
+            iid,
+            uds_path=inst.uds_path if ready.local else None,
+            tcp=tcp,
+            max_batch=inst.config.batch,
+            secret=inst.channel_secret,
+        )
+        if self.gateway.is_connected(inst.route, iid):
+            inst.incarnation = ready.incarnation
+            if inst.state is LiveState.DRAINING:
+                self.gateway.drain(inst.route, iid)
+
+    def _learn_inputs(self, fs: FunctionState, inputs: list[dict[str, Any]]) -> None:
+        """The handler's OIP inputs, first reported by a ready instance: kept in the state
+        database and on the gateway's route."""
+        fs.inputs = inputs
+        self.state.set_function_io(fs.spec.name, {"inputs": inputs, "outputs": fs.outputs})
+        r = self.gateway.routes.get(fs.spec.name)
+        if r is not None:
+            r.inputs = inputs
+
+    async def _store_kernel_profile(self, fs: FunctionState, inst: LiveInstance) -> None:
+        """Fetch the instance's FIKIT kernel profile (its ``kernel_profile`` command) into the
+        state database."""
+        name = fs.spec.name
+        try:
+            raw = await self.gateway.control(
+                inst.route, inst.instance_id, {"cmd": "kernel_profile", "profile": True}
+            )
+            doc = json.loads(raw)
+            profile = doc.get("profile")
+            if isinstance(profile, dict) and int(profile.get("runs", 0)) > 0:
+                code = kernel_code_key(fs.spec.model_dump(mode="json"))
+                self.state.put_kernel_profile(name, code, profile, int(profile["runs"]))
+                fs.kernel_runs = int(profile["runs"])
+                self.event(
+                    name,
+                    f"FIKIT: kernel profile measured ({fs.kernel_runs} runs, "
+                    f"{doc.get('kernels', 0)} op ids, {doc.get('fillable', 0)} followed by a "
+                    f"gap >= 0.1 ms); sharing phase",
+                    instance=inst.instance_id,
+                )
+        except Exception as e:
+            log.warning("%s: cannot fetch the kernel profile of %s: %s", name, inst.instance_id, e)
+        finally:
+            fs.kernel_fetching = False
 
     def _node_ip(self, node_id: str) -> str:
         """The address a node's instances bind their TCP listener to (its agent's report)."""
@@ -552,7 +727,7 @@ class Controller:
     # -- metrics and events ------------------------------------------------------------------------
 
     def _update_gauges(self) -> None:
-        mt = self.gateway.metrics
+        mt = self.metrics
         mt.instances.clear()
         counts: dict[tuple[str, str], int] = {}
         for i in self.instances.values():

@@ -52,8 +52,8 @@ from gshare.policy.admission import (
 from gshare.policy.routing import Candidate, choose_instance
 from gshare.runtime.gateway.channel import InstanceChannel, Pending
 from gshare.runtime.gateway.errors import HttpError
-from gshare.runtime.gateway.metrics import Metrics
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.metrics import Metrics
 
 log = logging.getLogger("gshare.gateway")
 
@@ -125,6 +125,7 @@ class Gateway:
         node_id: str = "",
         clock: Callable[[], float] = time.monotonic,
         max_latency_slo_factor: float = DEFAULT_MAX_LATENCY_SLO_FACTOR,
+        metrics: Metrics | None = None,
     ) -> None:
         self.clock = clock
         """Seconds; the clock of ``idle_since_s`` (the controller's keep-alive clock)."""
@@ -134,7 +135,8 @@ class Gateway:
         self.request_timeout_s = request_timeout_s
         self.node_id = node_id
         self.routes: dict[str, FunctionRoute] = {}
-        self.metrics = Metrics()
+        self.metrics = metrics if metrics is not None else Metrics()
+        """Where it records requests (the server hands the same object to the controller)."""
         self._ids = itertools.count(1)
         self._children: dict[tuple[str, int], tuple[Any, ...]] = {}
         self.on_cold: Callable[[str], None] | None = None

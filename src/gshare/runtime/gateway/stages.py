@@ -58,8 +58,8 @@ from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, round_robin
 from gshare.policy.workflow.schedulers import StageContext, WorkflowPolicy
 from gshare.profiles import ProfilePoint, ProfileTable
 from gshare.runtime.gateway.errors import HttpError, status_of
-from gshare.runtime.gateway.metrics import LATENCY_BUCKETS_S
 from gshare.runtime.gateway.router import Gateway
+from gshare.runtime.metrics import LATENCY_BUCKETS_S
 from gshare.workflows.config import ConfigOption, FunctionConfig
 from gshare.workflows.shares import QUOTA_UNITS, ShareFunction, SharePerf, quota_pct_of
 from gshare.workflows.spec import WorkflowSpec

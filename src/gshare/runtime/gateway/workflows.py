@@ -42,10 +42,10 @@ import orjson
 from prometheus_client import Counter, Histogram
 
 from gshare.runtime.gateway.errors import HttpError
-from gshare.runtime.gateway.metrics import LATENCY_BUCKETS_S
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.stages import LiveRequest, StageScheduler
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.metrics import LATENCY_BUCKETS_S
 from gshare.workflows.spec import WorkflowSpec
 
 Call = Callable[[str, int, bytes], Awaitable[tuple[int, bytes, Any]]]
