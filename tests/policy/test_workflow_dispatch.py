@@ -7,12 +7,14 @@ import pytest
 from gshare.policy.workflow.dispatch import (
     Dispatch,
     DispatchRequest,
+    IdleInstance,
     InvokerState,
     NoInvoker,
     RecheckList,
     dispatch_with_recheck,
     esg_dispatch,
     home_invoker,
+    pick_instance,
     stage_request,
 )
 from gshare.policy.workflow.queues import AfwKey
@@ -142,3 +144,24 @@ def test_a_stage_prefers_where_its_inputs_are(
     r = stage_request("app", "fn", candidates, preds, iter(queue), n_invokers=8)
     assert r.preferred == preferred
     assert r.first_stage is (not preds) and r.candidates == candidates and r.function == "fn"
+
+
+@pytest.mark.parametrize(
+    ("quotas", "want_pct", "chosen"),
+    [
+        ({"a": 30.0, "b": 60.0}, 50.0, "b"),  # |60-50| = 10 < |30-50| = 20
+        ({"a": 30.0, "b": 60.0}, 40.0, "a"),  # 10 < 20
+        ({"b": 45.0, "a": 55.0}, 50.0, "a"),  # a tie (5 and 5): the lower id
+        ({"x": 100.0}, 10.0, "x"),  # the only one, however far
+    ],
+)
+def test_pick_instance_takes_the_closest_quota(
+    quotas: dict[str, float], want_pct: float, chosen: str
+) -> None:
+    idle = [IdleInstance(iid, q) for iid, q in quotas.items()]
+    assert pick_instance(idle, want_pct).instance_id == chosen
+
+
+def test_pick_instance_needs_an_instance() -> None:
+    with pytest.raises(ValueError, match="at least one idle instance"):
+        pick_instance([], 50.0)

@@ -45,10 +45,11 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from gshare.runtime.backends import (
     CLUSTERS,
@@ -60,6 +61,17 @@ from gshare.runtime.backends import (
 )
 from gshare.runtime.instance.oscap import SESSION_ENV
 from gshare.runtime.instance.sandbox import HIDE_ENV
+
+if TYPE_CHECKING:  # the server's objects are built (and their modules imported) at ``serve``
+    import psutil
+    import uvicorn
+
+    from gshare.policy.workflow.schedulers import WorkflowPolicy
+    from gshare.runtime.control.state import StateStore
+    from gshare.runtime.gateway.grpc_server import GrpcServer
+    from gshare.runtime.gateway.oip_service import OipService
+    from gshare.runtime.wiring import ServerObjects
+    from gshare.workflows.shares import SharePerf
 
 log = logging.getLogger("gshare.server")
 
@@ -110,7 +122,7 @@ class ServeOptions:
     workflow_policy: str = "esg"
     """The live workflow scheduler (``gateway.stages``): esg, fast-gshare, infless, orion,
     aquatope, or direct (no scheduler)."""
-    workflow_policy_factory: Any = None
+    workflow_policy_factory: Callable[[SharePerf], WorkflowPolicy] | None = None
     """Its factory when the name alone cannot build it (Aquatope's optimiser, from the CLI)."""
     grpc_port: int | None = None
     """Also serve the KServe v2 / Triton gRPC API (``gateway.grpc_server``) on this port of
@@ -139,7 +151,7 @@ def reclaim_stale_server(state_dir: Path) -> None:
                     f"directory {state_dir}; stop it first, or use --state"
                 )
     session = doc.get("session") if isinstance(doc, dict) else None
-    victims: list[Any] = []
+    victims: list[psutil.Process] = []
     if isinstance(session, str) and session:
         from gshare.runtime.instance.walls import UID_BASE, UID_SPAN, kill_session
 
@@ -262,8 +274,8 @@ def run_server(opts: ServeOptions) -> None:
     stop = threading.Event()
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
-    def early(sig: int, _frame: Any) -> None:  # a signal while the backend starts: stop after
-        stop.set()
+    def early(sig: int, _frame: FrameType | None) -> None:
+        stop.set()  # a signal while the backend starts: stop after it
 
     for s in previous:
         signal.signal(s, early)
@@ -290,7 +302,7 @@ def run_server(opts: ServeOptions) -> None:
                 write_timeout_s=opts.write_timeout_s,
             ),
         )
-        server = _UvicornServer(config)
+        server = _uvicorn_server(config)
         server.should_exit = stop.is_set()
         (state_dir / SERVER_FILE).write_text(
             json.dumps(
@@ -326,39 +338,37 @@ def run_server(opts: ServeOptions) -> None:
         print("gshare: stopped", file=sys.stderr, flush=True)
 
 
-class _UvicornServer:
-    """uvicorn.Server whose signal handlers only ask it to exit (uvicorn's own re-raise the
+def _uvicorn_server(config: uvicorn.Config) -> uvicorn.Server:
+    """A uvicorn.Server whose signal handlers only ask it to exit (uvicorn's own re-raise the
     signal after shutdown, which would kill the process before Ray is shut down)."""
+    import uvicorn  # lazy: the CLI imports this module for its options
 
-    def __new__(cls, config: Any) -> Any:
-        import uvicorn
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None, None, None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
 
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Generator[None, None, None]:
-                if threading.current_thread() is not threading.main_thread():
-                    yield
-                    return
+            def handle(sig: int, _frame: FrameType | None) -> None:
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True
+                self.should_exit = True
 
-                def handle(sig: int, _frame: Any) -> None:
-                    if self.should_exit and sig == signal.SIGINT:
-                        self.force_exit = True
-                    self.should_exit = True
+            old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
 
-                old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
-                try:
-                    yield
-                finally:
-                    for s, h in old.items():
-                        signal.signal(s, h)
-
-        return Server(config)
+    return Server(config)
 
 
 class _Runtime:
     """The agents (through a ``ClusterBackend``), gateway and controller of one server."""
 
-    def __init__(self, opts: ServeOptions, store: Any, token: str, state_dir: Path) -> None:
+    def __init__(self, opts: ServeOptions, store: StateStore, token: str, state_dir: Path) -> None:
         self.opts = opts
         self.store = store
         self.token = token
@@ -377,7 +387,8 @@ class _Runtime:
         self.backend: ClusterBackend = (
             RayBackend(self) if cluster_backend(opts) == "ray" else LocalBackend(self)
         )
-        self.objects: Any = None
+        self.objects: ServerObjects | None = None
+        """What ``build`` wired (None before)."""
         self.startup_error: str | None = None
         """Why the app's startup failed (uvicorn then exits quietly; ``run_server`` raises)."""
 
@@ -407,7 +418,7 @@ class _Runtime:
             grpc_server = None
             try:
                 if self.opts.grpc_port is not None:
-                    grpc_server = await self.start_grpc(objs.oip)
+                    grpc_server = await self.start_grpc(objs.oip, objs.gateway.max_body_bytes)
                 print(
                     f"gshare: serving on {url} (state {self.state_dir}, {nodes} node(s), "
                     f"{'Ray' if backend.name == 'ray' else 'embedded, no Ray'})",
@@ -429,7 +440,7 @@ class _Runtime:
 
         return http_app(objs, self.token, lifespan)
 
-    async def start_grpc(self, oip: Any) -> Any:
+    async def start_grpc(self, oip: OipService, max_message_bytes: int) -> GrpcServer:
         """The gRPC server on ``--grpc-port`` (the gateway's loop); its address goes to
         ``server.json`` as ``grpc``."""
         from gshare.runtime.gateway.grpc_server import start_grpc_server
@@ -440,7 +451,7 @@ class _Runtime:
                 oip,
                 self.opts.host,
                 self.opts.grpc_port,
-                max_message_bytes=self.objects.gateway.max_body_bytes,
+                max_message_bytes=max_message_bytes,
             )
         except OSError as e:
             self.startup_error = str(e)

@@ -35,12 +35,14 @@ from gshare.runtime.control.profiler import LiveProfiler
 from gshare.runtime.control.records import ControllerConfig
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.gateway.router import Gateway
-from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES, StageScheduler
+from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES, PolicyFactory, StageScheduler
 from gshare.runtime.metrics import Metrics
 
 if TYPE_CHECKING:
+    from gshare.policy.workflow.schedulers import WorkflowPolicy
     from gshare.runtime.control.state import StateStore
     from gshare.runtime.server import ServeOptions
+    from gshare.workflows.shares import SharePerf
 
 
 @dataclass
@@ -56,7 +58,7 @@ class ServerObjects:
 
 
 def stage_scheduler(
-    controller: Controller, name: str, factory: Any = None
+    controller: Controller, name: str, factory: PolicyFactory | None = None
 ) -> StageScheduler | None:
     """The live workflow scheduler ``name`` (``--workflow-policy``) on ``controller``; None for
     ``direct``. ``factory`` builds its policy from a ``SharePerf`` when the name alone cannot
@@ -73,7 +75,7 @@ def stage_scheduler(
 
     if factory is None:
 
-        def factory(perf: Any) -> Any:
+        def factory(perf: SharePerf) -> WorkflowPolicy:
             return make_share_policy(name, perf=perf, seed=0)
 
     return StageScheduler(controller.gateway, ControllerStageHost(controller), name, factory)

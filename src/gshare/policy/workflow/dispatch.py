@@ -151,6 +151,26 @@ def stage_request(
     return DispatchRequest(function, tuple(candidates), preferred, first_stage=not predecessors)
 
 
+@dataclass(frozen=True, slots=True)
+class IdleInstance:
+    """An idle running instance of the task's function on the chosen invoker (device)."""
+
+    instance_id: str
+    quota_pct: float
+    """The quota it runs with now (the last one a task set on it, else its own)."""
+
+
+def pick_instance(idle: Sequence[IdleInstance], quota_pct: float) -> IdleInstance:
+    """Which of the chosen invoker's idle instances runs the task: the one whose quota is
+    closest to the dispatched configuration's ``quota_pct`` (the fewest quota changes for the
+    token server to apply), ties by instance id. Who calls it: the live stage scheduler, after
+    ``esg_dispatch`` (or a baseline's ``select_invoker``) chose the invoker; the simulator's
+    containers in one pool are alike, so it takes any. ``idle`` must not be empty."""
+    if not idle:
+        raise ValueError("pick_instance needs at least one idle instance")
+    return min(idle, key=lambda i: (abs(i.quota_pct - quota_pct), i.instance_id))
+
+
 def esg_dispatch(
     request: DispatchRequest, invokers: Sequence[InvokerState]
 ) -> Dispatch | NoInvoker:

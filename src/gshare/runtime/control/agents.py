@@ -17,14 +17,15 @@ import logging
 import pickle
 import socket
 import subprocess
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 
 from gshare.runtime.instance.launch import InstanceLaunch
 from gshare.runtime.messages import AgentGone, NodeInfo, NodeStatus
 from gshare.runtime.node.agent_process import FRAME, MAX_FRAME, encode
 
 log = logging.getLogger("gshare.controller")
+_T = TypeVar("_T")
 
 DESCRIBE_TIMEOUT_S = 300.0
 """Longest a handler's description may take (it imports the user's module in a child)."""
@@ -37,12 +38,11 @@ class _AgentCalls:
     agent's method of that name (a subclass provides ``_call``: bounded by its time-out,
     ``AgentGone`` when the agent died)."""
 
-    async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+    async def _call(self, method: str, *args: object, timeout_s: float | None = None) -> object:
         raise NotImplementedError
 
     async def status(self) -> NodeStatus:
-        status: NodeStatus = await self._call("status")
-        return status
+        return _expect(await self._call("status"), NodeStatus, "status")
 
     async def start_instance(self, launch: InstanceLaunch) -> None:
         await self._call("start_instance", launch)
@@ -50,11 +50,11 @@ class _AgentCalls:
     async def stop_instance(self, instance_id: str) -> None:
         await self._call("stop_instance", instance_id)
 
-    async def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call(
-            "describe", spec, extra_sys_path, timeout_s=DESCRIBE_TIMEOUT_S
-        )
-        return result
+    async def describe(
+        self, spec: Mapping[str, object], extra_sys_path: list[str]
+    ) -> dict[str, object]:
+        result = await self._call("describe", spec, extra_sys_path, timeout_s=DESCRIBE_TIMEOUT_S)
+        return _expect(result, dict, "describe")
 
     async def set_share(self, instance_id: str, quota_request: float, quota_limit: float) -> None:
         await self._call("set_share", instance_id, quota_request, quota_limit)
@@ -89,7 +89,7 @@ class ProcessAgentHandle(_AgentCalls):
         """Why the agent is gone (None while it answers)."""
         self._sock = sock
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, asyncio.Future[object]] = {}
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
@@ -102,15 +102,15 @@ class ProcessAgentHandle(_AgentCalls):
         """Connect to the agent and return its ``NodeInfo`` once its node is built (the answer
         to ``spawn_agent``'s ``init``; the agent's error if it could not build it). Raises
         ``AgentGone`` if it exits first, ``TimeoutError`` after ``timeout_s``."""
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._pending[0] = fut  # before the reader starts: the answer may be waiting already
         self._reader, self._writer = await asyncio.open_unix_connection(sock=self._sock)
         self._task = asyncio.create_task(self._read(), name=f"gshare-agent-{self.node_id[:8]}")
         try:
-            info: NodeInfo = await asyncio.wait_for(fut, timeout_s)
+            info = await asyncio.wait_for(fut, timeout_s)
         finally:
             self._pending.pop(0, None)
-        return info
+        return _expect(info, NodeInfo, "init")
 
     async def _read(self) -> None:
         assert self._reader is not None
@@ -154,11 +154,13 @@ class ProcessAgentHandle(_AgentCalls):
         if self.on_gone is not None:
             self.on_gone(self)
 
-    async def _request(self, rid: int, method: str, args: tuple[Any, ...], timeout_s: float) -> Any:
+    async def _request(
+        self, rid: int, method: str, args: tuple[object, ...], timeout_s: float
+    ) -> object:
         if self.gone is not None:
             raise AgentGone(f"the node agent on {self.node_id[:8]} is gone: {self.gone}")
         assert self._writer is not None, "open() first"
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
             self._writer.write(encode((rid, method, args)))
@@ -169,7 +171,7 @@ class ProcessAgentHandle(_AgentCalls):
         finally:
             self._pending.pop(rid, None)
 
-    async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+    async def _call(self, method: str, *args: object, timeout_s: float | None = None) -> object:
         return await self._request(next(self._ids), method, args, timeout_s or self.timeout_s)
 
     async def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
@@ -200,13 +202,13 @@ class ProcessAgentHandle(_AgentCalls):
 class RayAgentHandle(_AgentCalls):
     """``AgentHandle`` over a ``NodeAgent`` Ray actor."""
 
-    def __init__(self, node_id: str, actor: Any, timeout_s: float = 10.0) -> None:
+    def __init__(self, node_id: str, actor: object, timeout_s: float = 10.0) -> None:
         self.node_id = node_id
         self.actor = actor
         self.timeout_s = timeout_s
 
-    async def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
-        import ray
+    async def _call(self, method: str, *args: object, timeout_s: float | None = None) -> object:
+        import ray  # lazy: Ray is imported only by a server that runs on Ray
 
         ref = getattr(self.actor, method).remote(*args)
         try:
@@ -215,8 +217,18 @@ class RayAgentHandle(_AgentCalls):
             raise AgentGone(f"the node agent on {self.node_id[:8]} is gone: {e}") from None
 
 
-async def _await(ref: Any) -> Any:
+async def _await(ref: Awaitable[object]) -> object:
     return await ref
+
+
+def _expect(value: object, kind: type[_T], method: str) -> _T:
+    """``value``, an agent's answer to ``method``, if it is a ``kind``; else a ``TypeError``
+    naming what came instead (an agent of another version)."""
+    if not isinstance(value, kind):
+        raise TypeError(
+            f"the node agent answered {method} with a {type(value).__name__}, not a {kind.__name__}"
+        )
+    return value
 
 
 __all__ = ["DESCRIBE_TIMEOUT_S", "ProcessAgentHandle", "RayAgentHandle"]

@@ -20,7 +20,7 @@ from gshare.runtime.gateway.stages import StageScheduler
 from gshare.runtime.gateway.workflows import Call as WorkflowCall
 from gshare.runtime.gateway.workflows import WorkflowRunner
 from gshare.runtime.messages import LiveState
-from gshare.spec import FunctionSpec, SpecError, parse_function_spec
+from gshare.spec import FunctionSpec, MemSteps, SpecError, parse_function_spec
 from gshare.workflows.spec import WorkflowSpecError, parse_workflow
 
 DELETE_DRAIN_S = 10.0
@@ -48,7 +48,7 @@ class ControlApi(ControlPlane):
 
     async def deploy_workflow(
         self, body: bytes, content_type: str, *, update: bool
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         try:
             data = await asyncio.to_thread(load_json if "json" in content_type else load_yaml, body)
         except DocumentError as e:
@@ -81,7 +81,7 @@ class ControlApi(ControlPlane):
             self.c.state.delete_workflow(name)
             self.c.state.add_event(name, "workflow deleted")
 
-    def list_workflows(self) -> list[dict[str, Any]]:
+    def list_workflows(self) -> list[dict[str, object]]:
         return self.workflows.view()
 
     async def run_workflow(
@@ -100,7 +100,7 @@ class ControlApi(ControlPlane):
 
     async def deploy(
         self, body: bytes, content_type: str, *, update: bool | None
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         is_json = "json" in content_type
         try:  # bounded, and off the event loop (a hostile document must not stall serving)
             data = await asyncio.to_thread(load_json if is_json else load_yaml, body)
@@ -123,7 +123,7 @@ class ControlApi(ControlPlane):
             lock = self._locks[name] = asyncio.Lock()
         return lock
 
-    async def _deploy_locked(self, spec: FunctionSpec, update: bool | None) -> dict[str, Any]:
+    async def _deploy_locked(self, spec: FunctionSpec, update: bool | None) -> dict[str, object]:
         c = self.c
         exists = spec.name in c.functions
         if update is False and exists:
@@ -139,8 +139,7 @@ class ControlApi(ControlPlane):
                 f"{described.get('error')}",
             )
         stored = c.state.put_function(spec.name, dump)
-        inputs = described.get("inputs") or []
-        outputs = described.get("outputs") or []
+        inputs, outputs = _ports(described.get("inputs")), _ports(described.get("outputs"))
         c.state.set_function_io(spec.name, {"inputs": inputs, "outputs": outputs})
         if exists:  # replace the instances: drain the old ones, the autoscaler starts new ones
             for inst in list(c.instances.values()):
@@ -156,7 +155,7 @@ class ControlApi(ControlPlane):
         c.nudge()
         return self.function_status(fs.spec.name)
 
-    async def _describe(self, spec: dict[str, Any]) -> dict[str, Any]:
+    async def _describe(self, spec: dict[str, object]) -> dict[str, object]:
         agent = next((a for a in self.c.agents.values() if a.alive), None)
         if agent is None:
             raise HttpError(503, "no node agent is running")
@@ -192,10 +191,10 @@ class ControlApi(ControlPlane):
         )
         c.state.add_event(name, "deleted")
 
-    def list_functions(self) -> list[dict[str, Any]]:
+    def list_functions(self) -> list[dict[str, object]]:
         return [self.function_status(n) for n in sorted(self.c.functions)]
 
-    def function_status(self, name: str) -> dict[str, Any]:
+    def function_status(self, name: str) -> dict[str, object]:
         c = self.c
         fs = c.functions.get(name)
         if fs is None:
@@ -235,15 +234,15 @@ class ControlApi(ControlPlane):
             raise HttpError(404, f"function {name!r} is not deployed and has no logs")
         return [e.format() for e in events]
 
-    async def start_profile(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def start_profile(self, name: str, params: dict[str, object]) -> dict[str, object]:
         if name not in self.c.functions:
             raise HttpError(404, f"function {name!r} is not deployed")
         if self.c.profiler is None:
             raise HttpError(503, "the profiler is not available")
-        result: dict[str, Any] = await self.c.profiler.start(name, params)
+        result: dict[str, object] = await self.c.profiler.start(name, params)
         return result
 
-    def profile_status(self, name: str) -> dict[str, Any]:
+    def profile_status(self, name: str) -> dict[str, object]:
         """The profiling job's progress (its ``rows`` as measured) and the function's stored
         profile (``table``: ``[{sm_pct, quota_pct, batch, latency_ms}]``, what ``gshare simulate
         --profiles-from`` reads); 404 when it has neither."""
@@ -256,7 +255,7 @@ class ControlApi(ControlPlane):
             }
             for p in self.c.state.profile_rows(name)
         ]
-        result: dict[str, Any] = {"function": name, "state": "none"}
+        result: dict[str, object] = {"function": name, "state": "none"}
         if self.c.profiler is not None:
             try:
                 result = self.c.profiler.status(name)
@@ -267,13 +266,13 @@ class ControlApi(ControlPlane):
             raise HttpError(503, "the profiler is not available")
         return {**result, "table": table}
 
-    def status_view(self) -> dict[str, Any]:
+    def status_view(self) -> dict[str, object]:
         """The status page's document (``runtime.control.status``)."""
         from gshare.runtime.control.status import status_view
 
         return status_view(self.c, self.workflows.status())
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, object]:
         from gshare import __version__
 
         c = self.c
@@ -304,7 +303,12 @@ class ControlApi(ControlPlane):
         }
 
 
-def _mem_text(mem: Any) -> str:
+def _ports(value: object) -> list[dict[str, Any]]:
+    """The OIP tensor descriptions in a handler's description (``[]`` when it declares none)."""
+    return [p for p in value if isinstance(p, dict)] if isinstance(value, list) else []
+
+
+def _mem_text(mem: str | int | MemSteps) -> str:
     """``512 MiB``, ``auto`` or ``256 MiB growing by 128 up to 2048 MiB`` (init, step, max)."""
     if isinstance(mem, str):
         return mem
@@ -329,7 +333,7 @@ def _spec_summary(spec: FunctionSpec) -> str:
     )
 
 
-def _memory_view(fs: Any) -> dict[str, Any] | None:
+def _memory_view(fs: FunctionState) -> dict[str, object] | None:
     """The function's memory sizing: the plan its next instances start with, and the history
     it was solved from (None: no memory limit)."""
     plan = fs.memory.plan(fs.spec)
@@ -344,7 +348,7 @@ def _memory_view(fs: Any) -> dict[str, Any] | None:
     }
 
 
-def _fikit_view(fs: FunctionState, insts: list[LiveInstance]) -> dict[str, Any]:
+def _fikit_view(fs: FunctionState, insts: list[LiveInstance]) -> dict[str, object]:
     """The function's FIKIT phase (``policy.priority.TaskPhase``): ``measuring`` while one of its
     instances measures, ``sharing`` once they share (or a kept profile lets the next one start
     sharing), ``-`` when its device shares by tokens alone or nothing ran yet; its instances'
@@ -365,7 +369,7 @@ def _fikit_view(fs: FunctionState, insts: list[LiveInstance]) -> dict[str, Any]:
     }
 
 
-def _instance_view(i: LiveInstance) -> dict[str, Any]:
+def _instance_view(i: LiveInstance) -> dict[str, object]:
     return {
         "id": i.instance_id,
         "state": i.state.value,

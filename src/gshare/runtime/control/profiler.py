@@ -30,7 +30,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gshare.policy import autoscale
 from gshare.profiles import ProfilePoint
@@ -65,7 +65,7 @@ class ProfileJob:
     state: str = "running"
     """running | done | failed | cancelled"""
     done: int = 0
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, object]] = field(default_factory=list)
     error: str | None = None
     current: str = "starting"
     started_s: float = field(default_factory=time.time)
@@ -76,7 +76,7 @@ class ProfileJob:
     def total(self) -> int:
         return len(self.sm_values) * len(self.quota_values) * len(self.batches)
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> dict[str, object]:
         return {
             "function": self.function,
             "state": self.state,
@@ -95,7 +95,7 @@ class ProfileJob:
         }
 
 
-def _floats(v: Any, what: str, lo: float, hi: float) -> list[float]:
+def _floats(v: object, what: str, lo: float, hi: float) -> list[float]:
     if (
         not isinstance(v, list)
         or not v
@@ -118,7 +118,7 @@ class LiveProfiler:
         self.jobs: dict[str, ProfileJob] = {}
         controller.profiler = self
 
-    async def start(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def start(self, name: str, params: dict[str, object]) -> dict[str, object]:
         c = self.controller
         fs = c.functions[name]
         job0 = self.jobs.get(name)
@@ -170,7 +170,7 @@ class LiveProfiler:
         )
         return job.view()
 
-    def status(self, name: str) -> dict[str, Any]:
+    def status(self, name: str) -> dict[str, object]:
         job = self.jobs.get(name)
         if job is None:
             raise HttpError(404, f"function {name!r} has no profiling job")

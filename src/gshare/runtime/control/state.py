@@ -28,7 +28,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,7 +194,7 @@ class StateStore:
 
     # -- functions -------------------------------------------------------------------------------
 
-    def put_function(self, name: str, spec: dict[str, Any]) -> StoredFunction:
+    def put_function(self, name: str, spec: Mapping[str, object]) -> StoredFunction:
         """Insert or replace a function's spec (bumping its version; the io description is
         kept only when the spec did not change its model or handler)."""
         now = time.time()
@@ -211,7 +211,7 @@ class StateStore:
                     " VALUES (?, ?, NULL, 1, ?, ?)",
                     (name, text, now, now),
                 )
-                return StoredFunction(name, spec, None, 1, now, now)
+                return StoredFunction(name, dict(spec), None, 1, now, now)
             old = json.loads(row[0])
             same_code = all(old.get(k) == spec.get(k) for k in ("model", "handler", "weights"))
             io_json = row[1] if same_code else None
@@ -221,9 +221,9 @@ class StateStore:
                 (text, io_json, row[2] + 1, now, name),
             )
             io = json.loads(io_json) if io_json else None
-            return StoredFunction(name, spec, io, row[2] + 1, row[3], now)
+            return StoredFunction(name, dict(spec), io, row[2] + 1, row[3], now)
 
-    def set_function_io(self, name: str, io: dict[str, Any]) -> None:
+    def set_function_io(self, name: str, io: Mapping[str, object]) -> None:
         with self._tx() as c:
             c.execute("UPDATE functions SET io_json = ? WHERE name = ?", (json.dumps(io), name))
 
@@ -253,7 +253,7 @@ class StateStore:
 
     # -- workflows -------------------------------------------------------------------------------
 
-    def put_workflow(self, name: str, spec: dict[str, Any]) -> int:
+    def put_workflow(self, name: str, spec: Mapping[str, object]) -> int:
         """Insert or replace a workflow's spec; its new version."""
         now = time.time()
         text = json.dumps(spec, sort_keys=True)
@@ -315,7 +315,7 @@ class StateStore:
     # -- FIKIT kernel profiles ---------------------------------------------------------------------
 
     def put_kernel_profile(
-        self, function: str, code_key: str, profile: dict[str, Any], runs: int
+        self, function: str, code_key: str, profile: Mapping[str, object], runs: int
     ) -> None:
         """Keep a function's measured kernel profile (replacing an older one)."""
         with self._tx() as c:
@@ -371,13 +371,13 @@ class StateStore:
         return [Event(*r) for r in reversed(rows)]
 
 
-def kernel_code_key(spec: dict[str, Any]) -> str:
+def kernel_code_key(spec: Mapping[str, object]) -> str:
     """What a kernel profile was measured on: the spec's model, handler, weights and device
     (another of them: other ops, measured again)."""
     return json.dumps({k: spec.get(k) for k in ("model", "handler", "weights", "device")})
 
 
-def _stored(row: tuple[Any, ...]) -> StoredFunction:
+def _stored(row: tuple[str, str, str | None, int, float, float]) -> StoredFunction:
     return StoredFunction(
         name=row[0],
         spec=json.loads(row[1]),

@@ -20,17 +20,18 @@ Shape (every size in the units of its name)::
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from gshare.runtime.control.loop import FENCE, Controller
 
 
-def status_view(c: Controller, workflows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def status_view(
+    c: Controller, workflows: list[dict[str, object]] | None = None
+) -> dict[str, object]:
     """The document described in the module doc (``workflows``: the workflow runner's
     ``status()``, none when not given)."""
     bindings = c.placer.bindings()
     by_instance = {iid: inst for iid, inst in c.instances.items()}
-    devices: list[dict[str, Any]] = []
+    devices: list[dict[str, object]] = []
     for d in c.devices:
         rects = []
         for iid, b in sorted(bindings.items()):

@@ -52,7 +52,13 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter, Histogram
 
-from gshare.policy.workflow.dispatch import Dispatch, InvokerState, stage_request
+from gshare.policy.workflow.dispatch import (
+    Dispatch,
+    IdleInstance,
+    InvokerState,
+    pick_instance,
+    stage_request,
+)
 from gshare.policy.workflow.esg import SHARE_POLICY_NAMES
 from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, round_robin_pass
 from gshare.policy.workflow.schedulers import StageContext, WorkflowPolicy
@@ -457,11 +463,14 @@ class StageScheduler:
             raise RuntimeError(
                 f"{policy.name} chose device {decision.invoker_id} without an idle instance of {fn}"
             )
-        q = quota_pct_of(cfg)
-        inst = min(
-            here,
-            key=lambda i: (abs(self._quota.get(i.instance_id, i.quota_pct) - q), i.instance_id),
+        chosen = pick_instance(
+            [
+                IdleInstance(i.instance_id, self._quota.get(i.instance_id, i.quota_pct))
+                for i in here
+            ],
+            quota_pct_of(cfg),
         )
+        inst = next(i for i in here if i.instance_id == chosen.instance_id)
         taken, self.queues = self.queues.take(key, cfg.batch)
         batch = [self._jobs.pop((key, j.request_id)) for j in taken]
         self._staged(fn, -len(batch))
