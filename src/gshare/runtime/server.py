@@ -44,12 +44,15 @@ import sqlite3
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
+
+import psutil
 
 from gshare.runtime.backends import (
     CLUSTERS,
@@ -59,11 +62,11 @@ from gshare.runtime.backends import (
     ServeError,
     cluster_backend,
 )
-from gshare.runtime.instance.oscap import SESSION_ENV
+from gshare.runtime.instance.oscap import SESSION_ENV, remove_session_cgroups
 from gshare.runtime.instance.sandbox import HIDE_ENV
+from gshare.runtime.instance.walls import UID_BASE, UID_SPAN, kill_session
 
 if TYPE_CHECKING:  # the server's objects are built (and their modules imported) at ``serve``
-    import psutil
     import uvicorn
 
     from gshare.policy.workflow.schedulers import WorkflowPolicy
@@ -134,7 +137,6 @@ def reclaim_stale_server(state_dir: Path) -> None:
     was killed without stopping (``kill -9``), reclaim what it left — its processes (found by
     ``SESSION_ENV``: Ray's, the node agents, templates, instances), its run directory, its
     shared-memory model store and ``server.json``. Called by ``run_server``."""
-    import psutil
 
     path = state_dir / SERVER_FILE
     try:
@@ -153,8 +155,6 @@ def reclaim_stale_server(state_dir: Path) -> None:
     session = doc.get("session") if isinstance(doc, dict) else None
     victims: list[psutil.Process] = []
     if isinstance(session, str) and session:
-        from gshare.runtime.instance.walls import UID_BASE, UID_SPAN, kill_session
-
         me = os.getuid()
 
         def ours(uid: int) -> bool:  # ours, or a tenant's instance behind the walls
@@ -170,8 +170,6 @@ def reclaim_stale_server(state_dir: Path) -> None:
             except psutil.Error:
                 continue
         psutil.wait_procs(victims, timeout=10)  # gone before their files are removed
-        from gshare.runtime.instance.oscap import remove_session_cgroups
-
         kill_session(session)  # what tenants started, in their instances' cgroups (walls)
         remove_session_cgroups(session)  # the instances' memory cgroups
     uid = os.getuid()
@@ -216,6 +214,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def run_server(opts: ServeOptions) -> None:
     """Run ``gshare serve`` until a signal (see the module doc). Raises ``ServeError``."""
+    # lazy, here and below: gshare.testing and the CLI import this module for its options and
+    # names; uvicorn and the server's own modules (wiring: FastAPI, ~0.9 s) load to serve
     import uvicorn
 
     from gshare.policy.autoscale import AUTOSCALERS
@@ -469,8 +469,6 @@ class _Runtime:
     def shutdown(self) -> None:
         """After the loop (or a failed start): stop what is left of the backend (Ray), then
         remove the run directory and the model stores (a dead agent's too)."""
-        import time
-
         t0 = time.monotonic()
         self.backend.close()
         log.info("backend %s closed (%.1f s)", self.backend.name, time.monotonic() - t0)

@@ -29,10 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gshare.policy.workflow.esg import make_share_policy
 from gshare.runtime.control.api import ControlApi
 from gshare.runtime.control.loop import Controller
 from gshare.runtime.control.profiler import LiveProfiler
 from gshare.runtime.control.records import ControllerConfig
+from gshare.runtime.control.stage_host import ControllerStageHost
+from gshare.runtime.gateway.app import build_app
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES, PolicyFactory, StageScheduler
@@ -70,9 +73,6 @@ def stage_scheduler(
         raise ValueError(
             f"unknown workflow policy {name!r} (known: {', '.join(WORKFLOW_POLICY_NAMES)}, direct)"
         )
-    from gshare.policy.workflow.esg import make_share_policy
-    from gshare.runtime.control.stage_host import ControllerStageHost
-
     if factory is None:
 
         def factory(perf: SharePerf) -> WorkflowPolicy:
@@ -124,8 +124,6 @@ def build_server_objects(
 
 def http_app(objs: ServerObjects, token: str, lifespan: Any) -> Any:
     """The server's ASGI app over ``objs`` (``gateway.app.build_app``), with ``lifespan``."""
-    from gshare.runtime.gateway.app import build_app
-
     return build_app(objs.gateway, objs.control_api, token, lifespan=lifespan, oip=objs.oip)
 
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gshare import __version__
 from gshare.documents import DocumentError, load_json, load_yaml
 from gshare.runtime.control.loop import Controller
 from gshare.runtime.control.records import FunctionState, LiveInstance
+from gshare.runtime.control.status import status_view
 from gshare.runtime.gateway.app import ControlPlane
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.stages import StageScheduler
@@ -268,13 +270,9 @@ class ControlApi(ControlPlane):
 
     def status_view(self) -> dict[str, object]:
         """The status page's document (``runtime.control.status``)."""
-        from gshare.runtime.control.status import status_view
-
         return status_view(self.c, self.workflows.status())
 
     def info(self) -> dict[str, object]:
-        from gshare import __version__
-
         c = self.c
         return {
             "version": __version__,
