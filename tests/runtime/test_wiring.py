@@ -32,6 +32,6 @@ def test_the_objects_share_one_controller_and_one_scheduler(tmp_path: Path) -> N
         )
         assert direct.stage_scheduler is None and direct.control_api.workflows.scheduler is None
         with pytest.raises(ValueError, match=r"unknown workflow policy 'nope' \(known: esg"):
-            stage_scheduler(objs.controller, "nope")
+            stage_scheduler(objs.controller, objs.gateway, "nope")
     finally:
         store.close()

@@ -61,9 +61,10 @@ class ServerObjects:
 
 
 def stage_scheduler(
-    controller: Controller, name: str, factory: PolicyFactory | None = None
+    controller: Controller, gateway: Gateway, name: str, factory: PolicyFactory | None = None
 ) -> StageScheduler | None:
-    """The live workflow scheduler ``name`` (``--workflow-policy``) on ``controller``; None for
+    """The live workflow scheduler ``name`` (``--workflow-policy``) on ``controller`` and its
+    ``gateway``; None for
     ``direct``. ``factory`` builds its policy from a ``SharePerf`` when the name alone cannot
     (Aquatope's optimiser, from the CLI). An unknown name is a ``ValueError`` naming the known
     ones."""
@@ -78,7 +79,7 @@ def stage_scheduler(
         def factory(perf: SharePerf) -> WorkflowPolicy:
             return make_share_policy(name, perf=perf, seed=0)
 
-    return StageScheduler(controller.gateway, ControllerStageHost(controller), name, factory)
+    return StageScheduler(gateway, ControllerStageHost(controller, gateway), name, factory)
 
 
 def build_server_objects(
@@ -115,9 +116,11 @@ def build_server_objects(
         gateway_node_id=gateway_node_id,
         extra_sys_path=extra_sys_path,
     )
-    profiler = LiveProfiler(controller)
-    scheduler = stage_scheduler(controller, opts.workflow_policy, opts.workflow_policy_factory)
-    control_api = ControlApi(controller, scheduler)
+    profiler = LiveProfiler(controller, gateway)
+    scheduler = stage_scheduler(
+        controller, gateway, opts.workflow_policy, opts.workflow_policy_factory
+    )
+    control_api = ControlApi(controller, gateway, scheduler)
     oip = OipService(gateway, control_api)
     return ServerObjects(gateway, controller, profiler, scheduler, control_api, oip)
 

@@ -18,6 +18,7 @@ from gshare.runtime.control.records import FunctionState, LiveInstance
 from gshare.runtime.control.status import status_view
 from gshare.runtime.gateway.app import ControlPlane
 from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.stages import StageScheduler
 from gshare.runtime.gateway.workflows import Call as WorkflowCall
 from gshare.runtime.gateway.workflows import WorkflowRunner
@@ -32,13 +33,17 @@ DELETE_DRAIN_S = 10.0
 class ControlApi(ControlPlane):
     """The control API of one server (module doc)."""
 
-    def __init__(self, controller: Controller, stage_scheduler: StageScheduler | None) -> None:
-        """``stage_scheduler``: the live workflow scheduler the server was started with
+    def __init__(
+        self, controller: Controller, gateway: Gateway, stage_scheduler: StageScheduler | None
+    ) -> None:
+        """``gateway``: the controller's (requests drained on delete, queue lengths);
+        ``stage_scheduler``: the live workflow scheduler the server was started with
         (``runtime.wiring`` builds it; None: ``direct``, each stage through its function's own
         queue)."""
         self.c = controller
+        self.gateway = gateway
         self._locks: dict[str, asyncio.Lock] = {}
-        self.workflows = WorkflowRunner(controller.gateway, scheduler=stage_scheduler)
+        self.workflows = WorkflowRunner(gateway, scheduler=stage_scheduler)
         for name, spec, version in controller.state.list_workflows():
             try:  # restored as stored; a stage whose function is gone fails at invoke time
                 functions = [s.get("function", "") for s in spec.get("stages", [])]
@@ -175,9 +180,9 @@ class ControlApi(ControlPlane):
         if name not in c.functions:
             raise HttpError(404, f"function {name!r} is not deployed")
         # Drain: no new request, the queued ones get 410, the running ones may finish.
-        c.gateway.close_function(name)
+        self.gateway.close_function(name)
         deadline = c.clock() + DELETE_DRAIN_S
-        while c.gateway.inflight_total(name) and c.clock() < deadline:
+        while self.gateway.inflight_total(name) and c.clock() < deadline:
             await asyncio.sleep(0.05)
         c.unregister(name)
         c.state.delete_function(name)
@@ -203,7 +208,7 @@ class ControlApi(ControlPlane):
             raise HttpError(404, f"function {name!r} is not deployed")
         insts = [i for i in c.instances.values() if i.function == name and not i.profiling]
         ready = sum(1 for i in insts if i.state is LiveState.READY)
-        route = c.gateway.routes.get(name)
+        route = self.gateway.routes.get(name)
         return {
             "name": name,
             "version": fs.version,
@@ -216,7 +221,7 @@ class ControlApi(ControlPlane):
             "available_replicas": ready,
             "predicted_rps": round(fs.predicted_rps, 3),
             "observed_rps": round(fs.observed_rps, 3),
-            "queued": c.gateway.queued(name),
+            "queued": self.gateway.queued(name),
             "inputs": fs.inputs,
             "outputs": fs.outputs,
             "start_error": fs.start_error,
@@ -270,7 +275,7 @@ class ControlApi(ControlPlane):
 
     def status_view(self) -> dict[str, object]:
         """The status page's document (``runtime.control.status``)."""
-        return status_view(self.c, self.workflows.status())
+        return status_view(self.c, self.gateway, self.workflows.status())
 
     def info(self) -> dict[str, object]:
         c = self.c

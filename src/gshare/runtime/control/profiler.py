@@ -36,6 +36,7 @@ from gshare.policy import autoscale
 from gshare.profiles import ProfilePoint
 from gshare.resources import GpuShare
 from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.messages import LiveState
 
@@ -113,8 +114,9 @@ def _floats(v: object, what: str, lo: float, hi: float) -> list[float]:
 class LiveProfiler:
     """Profiling jobs of one server (see the module doc)."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, gateway: Gateway) -> None:
         self.controller = controller
+        self.gateway = gateway
         self.jobs: dict[str, ProfileJob] = {}
         controller.profiler = self
 
@@ -188,7 +190,7 @@ class LiveProfiler:
         rows: list[ProfilePoint] = []
         try:
             fs = c.functions[job.function]
-            c.gateway.add_function(route, None, max(job.batches), internal=True)
+            self.gateway.add_function(route, None, max(job.batches), internal=True)
             device = (
                 next(
                     d
@@ -261,7 +263,7 @@ class LiveProfiler:
             if inst_id is not None:
                 with contextlib.suppress(Exception):
                     await c.stop_instance(inst_id, log_event=False)
-            c.gateway.remove_function(route)
+            self.gateway.remove_function(route)
 
     async def _wait_ready(self, iid: str) -> None:
         c = self.controller
@@ -280,7 +282,7 @@ class LiveProfiler:
             await asyncio.sleep(0.2)
 
     async def _call(self, route: str, op: int, enc: int, payload: bytes) -> bytes:
-        gw = self.controller.gateway
+        gw = self.gateway
         p = gw.submit(route, op, enc, payload, internal=True)
         status, _enc, data, _m = await gw.wait(p)
         if status != P.ST_OK:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from gshare.profiles import ProfileError, ProfileTable
 from gshare.runtime.control.configs import DEFAULT_BUSY_MS_PER_REQUEST, DEFAULT_SHARE
+from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.stages import StageFunction, StageInstance, measured_table
 from gshare.runtime.messages import LiveState
 from gshare.workflows.shares import QUOTA_STEP_PCT, ShareFunction, quotas_of
@@ -43,15 +44,16 @@ TABLE_TTL_S = 5.0
 class ControllerStageHost:
     """``StageHost`` over one ``Controller`` (module doc)."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, gateway: Gateway) -> None:
         self.c = controller
+        self.gateway = gateway
         self._tables: dict[str, tuple[float, ProfileTable | None]] = {}
 
     def device_count(self) -> int:
         return len(self.c.devices)
 
     def _ready(self, function: str | None = None) -> list[LiveInstance]:
-        gw = self.c.gateway
+        gw = self.gateway
         return [
             i
             for i in self.c.instances.values()
@@ -77,7 +79,7 @@ class ControllerStageHost:
         ]
 
     def _table(self, function: str) -> ProfileTable | None:
-        now = self.c.gateway.clock()
+        now = self.gateway.clock()
         hit = self._tables.get(function)
         if hit is None or now - hit[0] > TABLE_TTL_S:
             hit = self._tables[function] = (now, self.c.state.profile_table(function))
@@ -114,7 +116,7 @@ class ControllerStageHost:
                     v100.latency_ms(model, sm, 100.0, 1)
                     share = ShareFunction(function, model, sm, batches, quotas_of(v100, model))
                     return StageFunction(share, v100, "shipped V100 table")
-        route = self.c.gateway.routes.get(function)
+        route = self.gateway.routes.get(function)
         per_item = (
             route.exec_ms_per_item if route is not None else None
         ) or DEFAULT_BUSY_MS_PER_REQUEST

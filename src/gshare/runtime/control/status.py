@@ -22,13 +22,15 @@ from __future__ import annotations
 import time
 
 from gshare.runtime.control.loop import FENCE, Controller
+from gshare.runtime.gateway.router import Gateway
 
 
 def status_view(
-    c: Controller, workflows: list[dict[str, object]] | None = None
+    c: Controller, gateway: Gateway, workflows: list[dict[str, object]] | None = None
 ) -> dict[str, object]:
-    """The document described in the module doc (``workflows``: the workflow runner's
-    ``status()``, none when not given)."""
+    """The document described in the module doc, from the controller's records and its
+    gateway's latencies and queues (``workflows``: the workflow runner's ``status()``, none when
+    not given)."""
     bindings = c.placer.bindings()
     by_instance = {iid: inst for iid, inst in c.instances.items()}
     devices: list[dict[str, object]] = []
@@ -65,7 +67,7 @@ def status_view(
     functions = []
     for name in sorted(c.functions):
         fs = c.functions[name]
-        p50, p99, n = c.gateway.latency_quantiles(name)
+        p50, p99, n = gateway.latency_quantiles(name)
         insts = sorted(
             (i for i in c.instances.values() if i.function == name and not i.profiling),
             key=lambda i: i.instance_id,
@@ -80,7 +82,7 @@ def status_view(
                 "p50_ms": None if p50 is None else round(p50, 2),
                 "p99_ms": None if p99 is None else round(p99, 2),
                 "latency_samples": n,
-                "queued": c.gateway.queued(name),
+                "queued": gateway.queued(name),
                 "instances": [
                     {
                         "id": i.instance_id,
