@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from gshare.policy.autoscale import (
     AUTOSCALERS,
     AutoscaleError,
+    FastHeuristic,
     Instance,
     ScaleConfig,
     ScaleDecision,
@@ -316,7 +317,7 @@ def test_fixed_config_prefers_full_gpu() -> None:
 
 def test_registry() -> None:
     assert set(AUTOSCALERS) == {"fast-heuristic", "target-util", "gshare-burst"}
-    assert get_autoscaler("fast-heuristic") is heuristic_scale
+    assert isinstance(get_autoscaler("fast-heuristic"), FastHeuristic)
     with pytest.raises(AutoscaleError, match="unknown autoscaler 'hpa'.*fast-heuristic"):
         get_autoscaler("hpa")
     # target-util through the registry: fixed config C (highest T); ⌈130/70⌉ = 2.

@@ -16,15 +16,17 @@ from gshare.policy.autoscale import (
     AUTOSCALERS,
     DEFAULT_AUTOSCALER,
     AutoscaleError,
+    Autoscaler,
     BurstAutoscaler,
     DemandSource,
+    FastHeuristic,
     Instance,
     LoadSignals,
     ScaleConfig,
+    ScaleContext,
     ScaleDecision,
     burst_demand,
     get_autoscaler,
-    heuristic_scale,
 )
 from gshare.policy.control import ControlParams, FunctionObservation, control_step
 from gshare.policy.rate import RatePredictor
@@ -145,7 +147,9 @@ def test_decisions(
     add: tuple[ScaleConfig, ...],
     remove: tuple[str, ...],
 ) -> None:
-    d = BurstAutoscaler(headroom=1.5)("f", predicted, running, CONFIGS, signals=signals)
+    d = BurstAutoscaler(headroom=1.5)(
+        ScaleContext("f", predicted, running, CONFIGS, signals=signals)
+    )
     assert d.add == add
     assert d.remove == remove
 
@@ -153,17 +157,19 @@ def test_decisions(
 def test_bounds() -> None:
     scale = BurstAutoscaler(headroom=1.0)
     # max_instances caps additions: demand 400 wants 10 THIN, room for 2
-    d = scale("f", 0.0, [inst("a", THIN)], CONFIGS, max_instances=3, signals=sig(peak=400))
+    d = scale(
+        ScaleContext("f", 0.0, [inst("a", THIN)], CONFIGS, max_instances=3, signals=sig(peak=400))
+    )
     assert d.add == (THIN, THIN)
     assert "max_instances=3" in d.reason
     # min_instances undoes removals first, then adds p_ideal for a cold function
     running = [inst("m", MID), inst("t", THIN)]
-    d = scale("f", 0.0, running, CONFIGS, min_instances=1, signals=sig())
+    d = scale(ScaleContext("f", 0.0, running, CONFIGS, min_instances=1, signals=sig()))
     assert d.remove == ("m",)
-    d = scale("f", 0.0, [], CONFIGS, min_instances=2, signals=sig(peak=10))
+    d = scale(ScaleContext("f", 0.0, [], CONFIGS, min_instances=2, signals=sig(peak=10)))
     assert d.add == (THIN, THIN)  # one p_ideal (THIN for 10) and one more (p_eff = THIN)
     with pytest.raises(AutoscaleError, match="no candidate configs"):
-        scale("f", 0.0, [], (), signals=sig(peak=10))
+        scale(ScaleContext("f", 0.0, [], (), signals=sig(peak=10)))
     with pytest.raises(AutoscaleError, match="headroom"):
         BurstAutoscaler(headroom=0.5)
 
@@ -187,12 +193,12 @@ def test_registry_and_default() -> None:
     assert DEFAULT_AUTOSCALER == "gshare-burst"
     burst = get_autoscaler("gshare-burst")
     assert isinstance(burst, BurstAutoscaler) and "gshare-burst" in AUTOSCALERS
-    # one call signature for all: every registered autoscaler takes signals= (the burst
-    # autoscaler reads them; Algorithm 1 and target-util size for the predicted rate alone)
+    # one call signature for all: every registered autoscaler takes a ScaleContext (the burst
+    # autoscaler reads its signals; Algorithm 1 and target-util size for the predicted rate)
     sig = LoadSignals(period_s=1.0, last_rps=50.0, peak_rps=80.0, outstanding=3)
     for name, scaler in AUTOSCALERS.items():
-        with_signals = scaler("f", 10.0, [], CONFIGS, min_instances=1, signals=sig)
-        without = scaler("f", 10.0, [], CONFIGS, min_instances=1)
+        with_signals = scaler(ScaleContext("f", 10.0, [], CONFIGS, min_instances=1, signals=sig))
+        without = scaler(ScaleContext("f", 10.0, [], CONFIGS, min_instances=1))
         if name == "gshare-burst":
             assert sum(c.throughput_rps for c in with_signals.add) >= 80.0  # the peak, held
         else:
@@ -216,7 +222,7 @@ def test_properties(
     ]
     s = sig(last=last, peak=peak, outstanding=outstanding)
     scale = BurstAutoscaler(headroom=1.5)
-    d = scale("f", predicted, running, CONFIGS, signals=s)
+    d = scale(ScaleContext("f", predicted, running, CONFIGS, signals=s))
     demand = burst_demand(predicted, running, s, 1.5).demand_rps
     # coverage: the fleet after the decision covers the demand
     assert capacity(running, d) >= demand - 1e-6
@@ -234,7 +240,7 @@ def test_properties(
     assert not (d.add and d.remove)
     shuffled = list(running)
     random.Random(seed).shuffle(shuffled)
-    d2 = scale("f", predicted, shuffled, tuple(reversed(CONFIGS)), signals=s)
+    d2 = scale(ScaleContext("f", predicted, shuffled, tuple(reversed(CONFIGS)), signals=s))
     assert (d2.add, d2.remove) == (d.add, d.remove)
 
 
@@ -244,7 +250,7 @@ ONE = ScaleConfig(sm_pct=50, quota_pct=50, batch=1, throughput_rps=10, latency_m
 """One config of 10 rps: R maps to ⌈R / 10⌉ instances."""
 
 
-def _replay(autoscaler: object, arrivals: list[int], params: ControlParams) -> list[int]:
+def _replay(autoscaler: Autoscaler, arrivals: list[int], params: ControlParams) -> list[int]:
     """Instances after each 1 s step (clock t = 1, 2, ...) applying every decision."""
     state = params.fresh_state()
     running: list[Instance] = []
@@ -261,7 +267,7 @@ def _replay(autoscaler: object, arrivals: list[int], params: ControlParams) -> l
             running=tuple(running),
             configs=(ONE,),
         )
-        dec, state = control_step(o, state, float(k), autoscaler, params)  # type: ignore[arg-type]
+        dec, state = control_step(o, state, float(k), autoscaler, params)
         running = [i for i in running if i.instance_id not in set(dec.remove)]
         for c in dec.add:
             next_id += 1
@@ -290,7 +296,7 @@ def test_hold_vs_algorithm1(
 ) -> None:
     params = ControlParams(hold_window=5)
     assert _replay(BurstAutoscaler(headroom=1.5), arrivals, params) == burst_counts
-    assert _replay(heuristic_scale, arrivals, params) == algorithm1_counts
+    assert _replay(FastHeuristic(), arrivals, params) == algorithm1_counts
 
 
 def test_predictor_hold_signals() -> None:

@@ -52,14 +52,9 @@ from gshare.experiments.results import ExperimentResult
 from gshare.policy.autoscale import (
     Autoscaler,
     BurstAutoscaler,
-    Instance,
-    LoadSignals,
-    ScaleConfig,
-    ScaleDecision,
+    FastHeuristic,
+    TargetUtil,
     candidate_configs,
-    fixed_config,
-    heuristic_scale,
-    target_utilisation_scale,
 )
 from gshare.policy.control import ControlParams
 from gshare.profiles import ProfileTable
@@ -113,38 +108,12 @@ QUICK: dict[str, Any] = {
 AUTOSCALER_NAMES = ("fast-heuristic", "target-util", "gshare-burst")
 
 
-def _target_util(target: float) -> Autoscaler:
-    """The ``target-util`` baseline at ``target`` (the registry's entry fixes 0.7)."""
-
-    def scale(
-        function: str,
-        predicted_rps: float,
-        running: Sequence[Instance],
-        configs: Sequence[ScaleConfig],
-        *,
-        min_instances: int = 0,
-        max_instances: int | None = None,
-        signals: LoadSignals | None = None,
-    ) -> ScaleDecision:
-        return target_utilisation_scale(
-            function,
-            predicted_rps,
-            running,
-            fixed_config(configs),
-            target,
-            min_instances=min_instances,
-            max_instances=max_instances,
-        )
-
-    return scale
-
-
 def _policy(name: str, knob: float) -> tuple[Autoscaler, ControlParams]:
     """The autoscaler ``name`` at ``knob`` and the controller parameters it runs with."""
     if name == "fast-heuristic":
-        return heuristic_scale, ControlParams(headroom=knob)
+        return FastHeuristic(), ControlParams(headroom=knob)
     if name == "target-util":
-        return _target_util(knob), ControlParams(headroom=1.0)
+        return TargetUtil(knob), ControlParams(headroom=1.0)
     if name == "gshare-burst":
         return BurstAutoscaler(headroom=knob), ControlParams()
     raise ValueError(f"unknown autoscaler {name!r}")

@@ -40,6 +40,7 @@ from gshare.policy.autoscale import (
     Instance,
     LoadSignals,
     ScaleConfig,
+    ScaleContext,
     ScaleDecision,
 )
 from gshare.policy.prewarm import keep_alive_deadline_ms
@@ -225,13 +226,16 @@ def control_step(
         outstanding=obs.outstanding,
     )
     scale = autoscaler(
-        obs.function,
-        predicted,
-        obs.running,
-        obs.configs,
-        min_instances=min_eff,
-        max_instances=obs.max_instances,
-        signals=signals,
+        ScaleContext(
+            obs.function,
+            predicted,
+            obs.running,
+            obs.configs,
+            min_instances=min_eff,
+            max_instances=obs.max_instances,
+            signals=signals,
+            now_s=now_s,
+        )
     )
     add = scale.add if now_s >= state.backoff_until_s else ()
     decision = ControlDecision(

@@ -7,15 +7,18 @@ nudge), for every function, with the predicted request rate (``policy.rate.RateP
 after keep-alive and the queued-demand floor), the instances the function runs and the floor
 ``min_instances``. The policy answers with a ``ScaleDecision`` (configs to start, instance ids
 to stop); the controller then places the new instances (``policy.placement``) and drains the
-removed ones. The policy reads no clock, does no I/O and keeps no state: everything
-it needs is in its arguments.
+removed ones. Every autoscaler has one signature (``Autoscaler``): a ``ScaleContext`` (the
+function, its predicted rate, ``LoadSignals``, the current fleet, the candidate configs, the
+bounds and the controller's time) in, a ``ScaleDecision`` out. The policy reads no clock, does
+no I/O and keeps no state: everything it needs is in its context.
 
 Policies (registry ``AUTOSCALERS``, shared by the CLI, the simulator and the runtime):
 
 * ``"fast-heuristic"`` — FaST-GShare's Heuristic Scaling Algorithm (§3.4.1,
-  Algorithm 1): ``heuristic_scale``;
+  Algorithm 1): ``FastHeuristic`` over ``heuristic_scale``;
 * ``"target-util"`` — a Kubernetes-HPA-style baseline: one fixed config, as many replicas as
-  keep each at ``target_util`` of its throughput: ``target_utilisation_scale``;
+  keep each at ``target_util`` of its throughput: ``TargetUtil`` over
+  ``target_utilisation_scale``;
 * ``"gshare-burst"`` — gshare's default (``DEFAULT_AUTOSCALER``): Algorithm 1's configs sized
   for a burst-aware demand (peak hold, backlog) with a homogeneous fleet: ``BurstAutoscaler``.
 
@@ -34,12 +37,12 @@ per second (``_rps``); latencies milliseconds (``_ms``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from gshare.policy.autoscale.baselines import (
+    TargetUtil,
     fixed_config,
-    target_util_autoscaler,
     target_utilisation_scale,
 )
 from gshare.policy.autoscale.burst import (
@@ -58,16 +61,22 @@ from gshare.policy.autoscale.core import (
     Instance,
     LoadSignals,
     ScaleConfig,
+    ScaleContext,
     ScaleDecision,
     candidate_configs,
 )
-from gshare.policy.autoscale.heuristic import heuristic_scale, ideal_for, most_efficient
+from gshare.policy.autoscale.heuristic import (
+    FastHeuristic,
+    heuristic_scale,
+    ideal_for,
+    most_efficient,
+)
 
 # -- registry and the multi-function wrapper ---------------------------------------------------
 
 AUTOSCALERS: Final[Mapping[str, Autoscaler]] = {
-    "fast-heuristic": heuristic_scale,
-    "target-util": target_util_autoscaler,
+    "fast-heuristic": FastHeuristic(),
+    "target-util": TargetUtil(),
     "gshare-burst": BurstAutoscaler(),
 }
 """Named autoscalers shared by the CLI, the simulator and the runtime."""
@@ -99,20 +108,20 @@ def scale_all(
     ``configs_by_function`` has no candidates (fine unless it must grow). The bounds apply to
     every function alike.
     """
-    policy: Callable[..., ScaleDecision] = (
-        get_autoscaler(autoscaler) if isinstance(autoscaler, str) else autoscaler
-    )
+    policy = get_autoscaler(autoscaler) if isinstance(autoscaler, str) else autoscaler
     by_function: dict[str, list[Instance]] = {}
     for inst in running:
         by_function.setdefault(inst.function, []).append(inst)
     return [
         policy(
-            fn,
-            predicted[fn],
-            by_function.get(fn, []),
-            configs_by_function.get(fn, ()),
-            min_instances=min_instances,
-            max_instances=max_instances,
+            ScaleContext(
+                fn,
+                predicted[fn],
+                by_function.get(fn, []),
+                configs_by_function.get(fn, ()),
+                min_instances=min_instances,
+                max_instances=max_instances,
+            )
         )
         for fn in sorted(predicted)
     ]
@@ -132,7 +141,7 @@ def heuristic_scale_all(
         predicted,
         running,
         configs_by_function,
-        autoscaler=heuristic_scale,
+        autoscaler=FastHeuristic(),
         min_instances=min_instances,
         max_instances=max_instances,
     )
@@ -162,6 +171,8 @@ __all__ = [
     "ideal_for",
     "most_efficient",
     "scale_all",
-    "target_util_autoscaler",
+    "FastHeuristic",
+    "ScaleContext",
+    "TargetUtil",
     "target_utilisation_scale",
 ]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gshare.policy.autoscale.core import (
     AutoscaleError,
     Instance,
-    LoadSignals,
     ScaleConfig,
+    ScaleContext,
     ScaleDecision,
 )
 from gshare.policy.autoscale.heuristic import _check_inputs
@@ -84,23 +85,20 @@ def fixed_config(configs: Sequence[ScaleConfig]) -> ScaleConfig:
     )
 
 
-def target_util_autoscaler(
-    function: str,
-    predicted_rps: float,
-    running: Sequence[Instance],
-    configs: Sequence[ScaleConfig],
-    *,
-    min_instances: int = 0,
-    max_instances: int | None = None,
-    signals: LoadSignals | None = None,
-) -> ScaleDecision:
-    """``target_utilisation_scale`` at ``target_util=0.7`` on ``fixed_config(configs)``, with the
-    common ``Autoscaler`` signature."""
-    return target_utilisation_scale(
-        function,
-        predicted_rps,
-        running,
-        fixed_config(configs),
-        min_instances=min_instances,
-        max_instances=max_instances,
-    )
+@dataclass(frozen=True, slots=True)
+class TargetUtil:
+    """``target-util``: ``target_utilisation_scale`` at ``target_util`` (the registry's entry:
+    0.7) on ``fixed_config`` of the candidates, with the common ``Autoscaler`` signature."""
+
+    target_util: float = 0.7
+
+    def __call__(self, ctx: ScaleContext) -> ScaleDecision:
+        return target_utilisation_scale(
+            ctx.function,
+            ctx.predicted_rps,
+            ctx.running,
+            fixed_config(ctx.configs),
+            self.target_util,
+            min_instances=ctx.min_instances,
+            max_instances=ctx.max_instances,
+        )

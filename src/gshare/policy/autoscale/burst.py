@@ -16,6 +16,7 @@ from gshare.policy.autoscale.core import (
     Instance,
     LoadSignals,
     ScaleConfig,
+    ScaleContext,
     ScaleDecision,
 )
 from gshare.policy.autoscale.heuristic import (
@@ -109,17 +110,14 @@ class BurstAutoscaler:
         if not (self.headroom >= 1.0 and math.isfinite(self.headroom)):
             raise AutoscaleError(f"headroom must be finite and >= 1, got {self.headroom}")
 
-    def __call__(
-        self,
-        function: str,
-        predicted_rps: float,
-        running: Sequence[Instance],
-        configs: Sequence[ScaleConfig],
-        *,
-        min_instances: int = 0,
-        max_instances: int | None = None,
-        signals: LoadSignals | None = None,
-    ) -> ScaleDecision:
+    def __call__(self, ctx: ScaleContext) -> ScaleDecision:
+        function, predicted_rps, running, configs = (
+            ctx.function,
+            ctx.predicted_rps,
+            ctx.running,
+            ctx.configs,
+        )
+        min_instances, max_instances, signals = ctx.min_instances, ctx.max_instances, ctx.signals
         _check_inputs(function, predicted_rps, running, min_instances, max_instances)
         want = burst_demand(predicted_rps, running, signals, self.headroom)
         demand = want.demand_rps

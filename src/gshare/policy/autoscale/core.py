@@ -180,22 +180,41 @@ class LoadSignals:
             raise AutoscaleError(f"outstanding must be >= 0, got {self.outstanding}")
 
 
-class Autoscaler(Protocol):
-    """The common signature of every registered autoscaler (see ``AUTOSCALERS``): one call,
-    the same keywords for all; ``signals`` (None: a caller that has none) is read by those
-    that use it and ignored by the others."""
+@dataclass(frozen=True, slots=True)
+class ScaleContext:
+    """Everything an autoscaler may read about one function at one reconcile step: the time,
+    the rates, the load signals, the current fleet and the operator's bounds (as Ray Serve's
+    policies take their ``AutoscalingContext``).
 
-    def __call__(
-        self,
-        function: str,
-        predicted_rps: float,
-        running: Sequence[Instance],
-        configs: Sequence[ScaleConfig],
-        *,
-        min_instances: int = 0,
-        max_instances: int | None = None,
-        signals: LoadSignals | None = None,
-    ) -> ScaleDecision: ...
+    Built by ``policy.control.control_step`` (both worlds' controllers) and by ``scale_all``.
+    ``running`` holds only instances of ``function``, with distinct ids (each autoscaler
+    checks). An autoscaler reads what it needs and ignores the rest: ``signals`` is read by
+    ``gshare-burst`` only; none reads ``now_s`` today (a policy with a memory of its own
+    decisions, such as a cool-down, would)."""
+
+    function: str
+    predicted_rps: float
+    """The rate to provision for (``policy.rate``, after keep-alive and the queued-demand
+    floor), requests/s."""
+    running: Sequence[Instance]
+    """The function's instances that serve or will serve it (starting ones included), oldest
+    first."""
+    configs: Sequence[ScaleConfig]
+    """Its candidate configurations (``candidate_configs``); may be empty."""
+    min_instances: int = 0
+    max_instances: int | None = None
+    signals: LoadSignals | None = None
+    """Burst signals beyond the predicted rate (None: a caller that has none)."""
+    now_s: float = 0.0
+    """The controller's clock at this step, seconds."""
+
+
+class Autoscaler(Protocol):
+    """The one signature of every registered autoscaler (see ``AUTOSCALERS``): a
+    ``ScaleContext`` in, a ``ScaleDecision`` out. Pure: no clock, no I/O, no state kept
+    between calls (knobs are fields of the autoscaler object)."""
+
+    def __call__(self, ctx: ScaleContext) -> ScaleDecision: ...
 
 
 # -- candidate configurations ------------------------------------------------------------------

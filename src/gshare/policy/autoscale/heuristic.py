@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from gshare.policy.autoscale.core import (
     _EPS_RPS,
     AutoscaleError,
     Instance,
-    LoadSignals,
     ScaleConfig,
+    ScaleContext,
     ScaleDecision,
 )
 
@@ -159,14 +160,14 @@ def heuristic_scale(
     *,
     min_instances: int = 0,
     max_instances: int | None = None,
-    signals: LoadSignals | None = None,
 ) -> ScaleDecision:
     """FaST-GShare Algorithm 1 for one function (see the NOTE above).
 
-    Who calls it: ``policy.control.control_step`` (the reconcile step of both worlds' controllers),
-    every reconcile period, with ``predicted_rps`` from ``policy.rate``, the function's running
-    (and starting) instances, and its ``candidate_configs``. ``running`` must only hold instances of
-    ``function`` with distinct ids.
+    Who calls it: ``FastHeuristic`` (the registry's ``fast-heuristic``, which
+    ``policy.control.control_step`` calls every reconcile period in both worlds), with
+    ``predicted_rps`` from ``policy.rate``, the function's running (and starting) instances,
+    and its ``candidate_configs``. ``running`` must only hold instances of ``function`` with
+    distinct ids.
 
     What must hold after the controller applies the decision: Σ T ≥ R (coverage, unless
     ``max_instances`` capped the additions) and, on scale-down, removing the next instance the
@@ -230,3 +231,19 @@ def heuristic_scale(
         delta_rps=delta_rps,
         reason="; ".join(notes),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class FastHeuristic:
+    """``fast-heuristic``: Algorithm 1 (``heuristic_scale``) with the common ``Autoscaler``
+    signature (it reads the rate, the fleet, the configs and the bounds)."""
+
+    def __call__(self, ctx: ScaleContext) -> ScaleDecision:
+        return heuristic_scale(
+            ctx.function,
+            ctx.predicted_rps,
+            ctx.running,
+            ctx.configs,
+            min_instances=ctx.min_instances,
+            max_instances=ctx.max_instances,
+        )
