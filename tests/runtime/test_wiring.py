@@ -23,7 +23,10 @@ def test_the_objects_share_one_controller_and_one_scheduler(tmp_path: Path) -> N
         assert objs.controller.gateway is objs.gateway
         assert objs.controller.gateway_node_id == "local-node"
         assert objs.control_api.c is objs.controller
-        assert objs.controller.profiler is objs.profiler
+        assert objs.control_api.profiler is objs.profiler
+        assert objs.profiler.controller is objs.controller
+        assert objs.controller.metrics is objs.gateway.metrics  # one registry for /metrics
+        assert objs.control_api.gateway is objs.gateway and objs.profiler.gateway is objs.gateway
         assert objs.stage_scheduler is not None
         assert objs.control_api.workflows.scheduler is objs.stage_scheduler
         assert objs.oip.gw is objs.gateway and objs.oip.control is objs.control_api

@@ -46,8 +46,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Generator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -65,71 +64,22 @@ from gshare.runtime.backends import (
 from gshare.runtime.instance.oscap import SESSION_ENV, remove_session_cgroups
 from gshare.runtime.instance.sandbox import HIDE_ENV
 from gshare.runtime.instance.walls import UID_BASE, UID_SPAN, kill_session
+from gshare.runtime.options import DEFAULT_HOST, DEFAULT_PORT, ServeOptions
 
 if TYPE_CHECKING:  # the server's objects are built (and their modules imported) at ``serve``
     import uvicorn
 
-    from gshare.policy.workflow.schedulers import WorkflowPolicy
     from gshare.runtime.control.state import StateStore
     from gshare.runtime.gateway.grpc_server import GrpcServer
     from gshare.runtime.gateway.oip_service import OipService
     from gshare.runtime.wiring import ServerObjects
-    from gshare.workflows.shares import SharePerf
 
 log = logging.getLogger("gshare.server")
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8080
 SERVER_FILE = "server.json"
-"""How often the server looks for Ray nodes without an agent (nodes that joined)."""
-
-
-@dataclass
-class ServeOptions:
-    address: str | None = None
-    """Join this Ray cluster (``RayBackend``); None: one machine."""
-    cluster: str | None = None
-    """``local`` (embedded, no Ray), ``ray`` (a local Ray instance, on purpose), or None:
-    ``ray`` when ``address`` or ``launcher="ray"`` asks for it, else ``local``
-    (``cluster_backend``)."""
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    state: str | None = None
-    max_body_mb: float = 16.0
-    request_timeout_s: float = 120.0
-    placer: str = "mra"
-    autoscaler: str = "gshare-burst"  # policy.autoscale.DEFAULT_AUTOSCALER
-    period_s: float = 1.0
-    num_cpus: int | None = None
-    object_store_mb: int = 256
-    log_level: str = "info"
-    launcher: str = "fork"
-    """How instance processes start (``launcher.LAUNCHERS``): forked from a pre-imported
-    template per node, or one Ray actor each."""
-    device_mem_mb: float | None = None
-    """Memory of each node's CPU device for instances' memory limits (None: 90 % of RAM)."""
-    priority_sharing: str = "fikit"
-    """How a device combines functions of different priority (``node.agent.PRIORITY_SHARING``):
-    ``fikit`` (FIKIT across priority classes, tokens within one) or ``tokens``."""
-    read_timeout_s: float = 30.0
-    """Longest a request's headers and body may take to arrive (``gateway.http_protocol``)."""
-    max_connections: int = 4096
-    """Most HTTP connections open at once; more are closed at once (``gateway.http_protocol``)."""
-    max_connections_per_client: int | None = None
-    """Most of them from one client address (None: a quarter of ``max_connections``)."""
-    write_timeout_s: float = 30.0
-    """Longest a response may wait for its client to read it (then the connection is cut)."""
-    max_wait_slo_factor: float = 0.75
-    """A request of a function with an SLO is shed with 429 when its predicted latency exceeds
-    this many SLOs (``policy.admission``; 0: never shed before the queue cap)."""
-    workflow_policy: str = "esg"
-    """The live workflow scheduler (``gateway.stages``): esg, fast-gshare, infless, orion,
-    aquatope, or direct (no scheduler)."""
-    workflow_policy_factory: Callable[[SharePerf], WorkflowPolicy] | None = None
-    """Its factory when the name alone cannot build it (Aquatope's optimiser, from the CLI)."""
-    grpc_port: int | None = None
-    """Also serve the KServe v2 / Triton gRPC API (``gateway.grpc_server``) on this port of
-    ``host`` (0: any free port, written to ``server.json`` as ``grpc``); None: no gRPC."""
+"""In the state directory while a server runs: its URL, pid, session, run directory, model
+store and cluster backend (and ``grpc``, its gRPC address); ``gshare`` commands find the server
+by it, and the next start reclaims what a killed one left (``reclaim_stale_server``)."""
 
 
 def reclaim_stale_server(state_dir: Path) -> None:

@@ -44,7 +44,7 @@ from gshare.runtime.metrics import Metrics
 if TYPE_CHECKING:
     from gshare.policy.workflow.schedulers import WorkflowPolicy
     from gshare.runtime.control.state import StateStore
-    from gshare.runtime.server import ServeOptions
+    from gshare.runtime.options import ServeOptions
     from gshare.workflows.shares import SharePerf
 
 
@@ -120,7 +120,7 @@ def build_server_objects(
     scheduler = stage_scheduler(
         controller, gateway, opts.workflow_policy, opts.workflow_policy_factory
     )
-    control_api = ControlApi(controller, gateway, scheduler)
+    control_api = ControlApi(controller, gateway, scheduler, profiler)
     oip = OipService(gateway, control_api)
     return ServerObjects(gateway, controller, profiler, scheduler, control_api, oip)
 

@@ -14,6 +14,7 @@ from typing import Any
 from gshare import __version__
 from gshare.documents import DocumentError, load_json, load_yaml
 from gshare.runtime.control.loop import Controller
+from gshare.runtime.control.profiler import LiveProfiler
 from gshare.runtime.control.records import FunctionState, LiveInstance
 from gshare.runtime.control.status import status_view
 from gshare.runtime.gateway.app import ControlPlane
@@ -34,14 +35,20 @@ class ControlApi(ControlPlane):
     """The control API of one server (module doc)."""
 
     def __init__(
-        self, controller: Controller, gateway: Gateway, stage_scheduler: StageScheduler | None
+        self,
+        controller: Controller,
+        gateway: Gateway,
+        stage_scheduler: StageScheduler | None,
+        profiler: LiveProfiler | None = None,
     ) -> None:
         """``gateway``: the controller's (requests drained on delete, queue lengths);
+        ``profiler``: ``gshare profile``'s jobs on the controller (None: profiling answers 503);
         ``stage_scheduler``: the live workflow scheduler the server was started with
         (``runtime.wiring`` builds it; None: ``direct``, each stage through its function's own
         queue)."""
         self.c = controller
         self.gateway = gateway
+        self.profiler = profiler
         self._locks: dict[str, asyncio.Lock] = {}
         self.workflows = WorkflowRunner(gateway, scheduler=stage_scheduler)
         for name, spec, version in controller.state.list_workflows():
@@ -186,8 +193,8 @@ class ControlApi(ControlPlane):
             await asyncio.sleep(0.05)
         c.unregister(name)
         c.state.delete_function(name)
-        if c.profiler is not None:
-            c.profiler.cancel(name)
+        if self.profiler is not None:
+            self.profiler.cancel(name)
         await asyncio.gather(
             *(
                 c.stop_instance(i.instance_id, log_event=False)
@@ -244,9 +251,9 @@ class ControlApi(ControlPlane):
     async def start_profile(self, name: str, params: dict[str, object]) -> dict[str, object]:
         if name not in self.c.functions:
             raise HttpError(404, f"function {name!r} is not deployed")
-        if self.c.profiler is None:
+        if self.profiler is None:
             raise HttpError(503, "the profiler is not available")
-        result: dict[str, object] = await self.c.profiler.start(name, params)
+        result: dict[str, object] = await self.profiler.start(name, params)
         return result
 
     def profile_status(self, name: str) -> dict[str, object]:
@@ -263,9 +270,9 @@ class ControlApi(ControlPlane):
             for p in self.c.state.profile_rows(name)
         ]
         result: dict[str, object] = {"function": name, "state": "none"}
-        if self.c.profiler is not None:
+        if self.profiler is not None:
             try:
-                result = self.c.profiler.status(name)
+                result = self.profiler.status(name)
             except HttpError:
                 if not table:
                     raise

@@ -37,7 +37,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gshare.policy import autoscale
 from gshare.policy.control import (
@@ -83,9 +83,6 @@ from gshare.runtime.instance.launch import InstanceLaunch
 from gshare.runtime.messages import AgentGone, AgentHandle, LiveState, NodeInfo
 from gshare.runtime.metrics import Metrics
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
-
-if TYPE_CHECKING:  # the profiler is built on a controller (it imports this module)
-    from gshare.runtime.control.profiler import LiveProfiler
 
 log = logging.getLogger("gshare.controller")
 
@@ -140,8 +137,6 @@ class Controller:
         self._stopping = False
         self._last_observe = clock()
         self._started = False
-        self.profiler: LiveProfiler | None = None
-        """``gshare profile``'s jobs (set by ``LiveProfiler``)."""
         gateway.on_cold = self._on_cold
 
     # -- setup -----------------------------------------------------------------------------------

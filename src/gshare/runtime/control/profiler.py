@@ -118,7 +118,6 @@ class LiveProfiler:
         self.controller = controller
         self.gateway = gateway
         self.jobs: dict[str, ProfileJob] = {}
-        controller.profiler = self
 
     async def start(self, name: str, params: dict[str, object]) -> dict[str, object]:
         c = self.controller
