@@ -24,7 +24,7 @@ class InstanceLaunch:
 
     instance_id: str
     function: str
-    spec: dict[str, Any]
+    spec: dict[str, object]
     """The function spec (``FunctionSpec.model_dump(mode="json")``)."""
     sm_pct: float
     quota_request: float
@@ -68,12 +68,13 @@ class InstanceLaunch:
     extra_sys_path: tuple[str, ...] = ()
     """Folders to put on ``sys.path`` before importing a ``handler: module:Class``."""
     env: dict[str, str] = field(default_factory=dict)
-    kernel_profile: dict[str, Any] | None = None
+    kernel_profile: dict[str, object] | None = None
     """The function's FIKIT kernel profile from the state database (``KernelProfile.to_records``;
     None: the instance measures its first batches, ``instance.fikit``)."""
 
 
 def launch_to_dict(launch: InstanceLaunch) -> dict[str, Any]:
+    """The launch as ``InstanceLaunch(**d)`` takes it back (its values are its fields' types)."""
     return asdict(launch)
 
 
