@@ -14,7 +14,7 @@ instance runtime.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,22 @@ class InstanceLaunch:
     None: the instance measures its first batches, ``instance.fikit``)."""
 
 
+class InstanceInfo(TypedDict, total=False):
+    """What an instance reports once it is ready (``InstanceServer.info``; JSON in its
+    ``.ready`` file); the agent's copy is empty until then."""
+
+    pid: int
+    uds_path: str
+    tcp_port: int | None
+    cores: list[int]
+    inputs: list[dict[str, Any]]
+    """``oip.header.input_spec_dicts`` of the handler's ``input_spec()`` (OIP metadata)."""
+    incarnation: int
+
+
 def launch_to_dict(launch: InstanceLaunch) -> dict[str, Any]:
     """The launch as ``InstanceLaunch(**d)`` takes it back (its values are its fields' types)."""
     return asdict(launch)
 
 
-__all__ = ["InstanceLaunch", "launch_to_dict"]
+__all__ = ["InstanceInfo", "InstanceLaunch", "launch_to_dict"]

@@ -53,29 +53,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Any
 
 from gshare.policy.batching import keep_token_for_next_batch, next_batch
 from gshare.policy.memory import MemoryPlan
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.errors import encode_error, input_error
 from gshare.runtime.instance.gate import DeviceGate
-from gshare.runtime.instance.launch import InstanceLaunch
+from gshare.runtime.instance.launch import InstanceInfo, InstanceLaunch
 from gshare.runtime.instance.startup import cold_start
 from gshare.runtime.instance.wire import Conn, DataPath, Item, json_default
-
-
-class InstanceInfo(TypedDict, total=False):
-    """What an instance reports once it is ready (``InstanceServer.info``; JSON in its
-    ``.ready`` file); the agent's copy is empty until then."""
-
-    pid: int
-    uds_path: str
-    tcp_port: int | None
-    cores: list[int]
-    inputs: list[dict[str, Any]]
-    """``oip.header.input_spec_dicts`` of the handler's ``input_spec()`` (OIP metadata)."""
-    incarnation: int
 
 
 class InstanceServer:
@@ -457,4 +444,4 @@ class InstanceActor:
         self.server.stop()
 
 
-__all__ = ["InstanceActor", "InstanceInfo", "InstanceServer"]
+__all__ = ["InstanceActor", "InstanceServer"]
