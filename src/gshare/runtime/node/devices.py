@@ -9,6 +9,7 @@ import os
 
 import psutil
 
+from gshare.runtime.native import instance_env
 from gshare.runtime.node.partition import cores_for
 from gshare.runtime.node.partition import cuda_env as mps_env
 
@@ -59,8 +60,7 @@ def instance_device_env(
     launch's): on CUDA the MPS thread percentage and the GPU frontend's deployment; on a CPU,
     thread pools sized to its cores and passive waits."""
     if device.startswith("cuda"):
-        from gshare.runtime.native import instance_env  # LD_PRELOAD/shim for a Ray actor
-
+        # the GPU frontend's deployment (LD_PRELOAD or the shim), also for a Ray actor
         return {**(mps_env(sm_pct) if mps else {}), **instance_env(epoch_s, cuda_env)}
     n = str(cores_for(sm_pct, cpu_count))
     # Threads of a process waiting for its token must not spin on the cores another instance's
