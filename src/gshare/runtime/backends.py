@@ -14,12 +14,17 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
+import subprocess
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gshare.runtime.messages import NodeInfo
+from gshare.runtime.control.agents import ProcessAgentHandle, RayAgentHandle
+from gshare.runtime.messages import AgentGone, NodeInfo
+from gshare.runtime.node.agent_process import spawn_agent
 
 if TYPE_CHECKING:
+    from gshare.runtime.control.loop import Controller
     from gshare.runtime.server import ServeOptions, _Runtime
 
 log = logging.getLogger("gshare.server")
@@ -43,7 +48,7 @@ def _enable_ray_token_auth(token: str) -> None:
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = token
     try:
-        from ray._raylet import Config  # type: ignore[attr-defined]
+        from ray._raylet import Config  # type: ignore[attr-defined]  # lazy: Ray is optional
 
         Config.initialize("")
     except Exception as e:  # a Ray without token auth: run as before, and say so
@@ -66,9 +71,9 @@ class ClusterBackend(Protocol):
 
     def gateway_node_id(self) -> str: ...
 
-    async def start_agents(self, controller: Any) -> int: ...
+    async def start_agents(self, controller: Controller) -> int: ...
 
-    async def watch(self, controller: Any) -> None: ...
+    async def watch(self, controller: Controller) -> None: ...
 
     async def stop_agents(self) -> None: ...
 
@@ -92,12 +97,12 @@ class LocalBackend:
     def __init__(self, rt: _Runtime) -> None:
         self.rt = rt
         self.node_id = f"local-{rt.session}-{uuid.uuid4().hex[:8]}"
-        self.handle: Any = None
-        self._spawned: Any = None
-        self._gone: asyncio.Queue[Any] | None = None
+        self.handle: ProcessAgentHandle | None = None
+        self._spawned: tuple[subprocess.Popen[bytes], socket.socket] | None = None
+        self._gone: asyncio.Queue[ProcessAgentHandle] | None = None
         self._stopping = False
 
-    def _init_args(self) -> dict[str, Any]:
+    def _init_args(self) -> dict[str, object]:
         o = self.rt.opts
         return {
             "node_id": self.node_id,
@@ -110,17 +115,12 @@ class LocalBackend:
         }
 
     def start(self) -> None:
-        from gshare.runtime.node.agent_process import spawn_agent
-
         self._spawned = spawn_agent(self._init_args())
 
     def gateway_node_id(self) -> str:
         return self.node_id
 
-    async def _open(self, timeout_s: float) -> Any:
-        from gshare.runtime.control.agents import ProcessAgentHandle
-        from gshare.runtime.node.agent_process import spawn_agent
-
+    async def _open(self, timeout_s: float) -> tuple[ProcessAgentHandle, NodeInfo]:
         proc, sock = self._spawned or spawn_agent(self._init_args())  # the main thread
         self._spawned = None
         assert self._gone is not None
@@ -133,15 +133,13 @@ class LocalBackend:
             raise
         return handle, info
 
-    async def start_agents(self, controller: Any) -> int:
+    async def start_agents(self, controller: Controller) -> int:
         self._gone = asyncio.Queue()
         handle, info = await self._open(timeout_s=120)
         controller.add_agent(handle, info)
         return 1
 
-    async def watch(self, controller: Any) -> None:
-        from gshare.runtime.messages import AgentGone
-
+    async def watch(self, controller: Controller) -> None:
         assert self._gone is not None
         while True:
             dead = await self._gone.get()
@@ -192,11 +190,11 @@ class RayBackend:
 
     def __init__(self, rt: _Runtime) -> None:
         self.rt = rt
-        self.agents: dict[str, Any] = {}
+        self.agents: dict[str, Any] = {}  # Ray actor handles of NodeAgent
         self.started = False
 
     def start(self) -> None:
-        import ray
+        import ray  # lazy: Ray is an optional dependency
 
         opts = self.rt.opts
         kwargs: dict[str, Any] = {
@@ -228,17 +226,17 @@ class RayBackend:
         self.started = True
 
     def gateway_node_id(self) -> str:
-        import ray
+        import ray  # lazy: Ray is an optional dependency
 
         return str(ray.get_runtime_context().get_node_id())
 
     def new_agents(self, timeout_s: float = 60) -> dict[str, NodeInfo]:
         """Start an agent on every alive Ray node that has none; return their infos (blocking:
         called in a worker thread)."""
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        import ray  # lazy: Ray is an optional dependency
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # lazy: Ray
 
-        from gshare.runtime.node.agent import NodeAgent
+        from gshare.runtime.node.agent import NodeAgent  # lazy: only Ray runs it in this process
 
         o = self.rt.opts
         cls = ray.remote(NodeAgent)
@@ -268,18 +266,14 @@ class RayBackend:
         self.agents.update(started)
         return dict(zip(started, infos, strict=True))
 
-    async def start_agents(self, controller: Any) -> int:
-        from gshare.runtime.control.agents import RayAgentHandle
-
+    async def start_agents(self, controller: Controller) -> int:
         infos = await asyncio.to_thread(self.new_agents, 120)
         for nid, info in infos.items():
             controller.add_agent(RayAgentHandle(nid, self.agents[nid]), info)
         return len(infos)
 
-    async def watch(self, controller: Any) -> None:
-        import ray
-
-        from gshare.runtime.control.agents import RayAgentHandle
+    async def watch(self, controller: Controller) -> None:
+        import ray  # lazy: Ray is an optional dependency
 
         while True:
             await asyncio.sleep(NODE_SCAN_S)
@@ -300,7 +294,7 @@ class RayBackend:
         await asyncio.to_thread(self._stop_agents)
 
     def _stop_agents(self) -> None:
-        import ray
+        import ray  # lazy: Ray is an optional dependency
 
         refs = []
         for a in self.agents.values():
@@ -316,7 +310,7 @@ class RayBackend:
     def close(self) -> None:
         if not self.started:
             return
-        import ray
+        import ray  # lazy: Ray is an optional dependency
 
         if self.agents:  # the loop never stopped them (a failed start)
             self._stop_agents()

@@ -31,25 +31,33 @@ import nothing heavy, so an instance of them starts fast.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import subprocess
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from gshare.runtime.instance.models import TensorSpec
 
 
 class Echo:
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
+    def predict(self, inputs: list[object]) -> list[object]:
         return inputs
 
-    def example_input(self) -> Any:
+    def example_input(self) -> object:
         return {"hello": "gshare"}
 
 
-def _field(payload: Any, key: str, default: float) -> float:
+def _field(payload: object, key: str, default: float) -> float:
     if isinstance(payload, Mapping) and key in payload:
         v = payload[key]
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
@@ -59,25 +67,25 @@ def _field(payload: Any, key: str, default: float) -> float:
 
 
 class Sleep:
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
+    def predict(self, inputs: list[object]) -> list[object]:
         longest = max(_field(x, "sleep_ms", 20.0) for x in inputs)
         time.sleep(longest / 1000.0)
         return [{"slept_ms": longest, "pid": os.getpid()} for _ in inputs]
 
-    def example_input(self) -> Any:
+    def example_input(self) -> object:
         return {"sleep_ms": 5}
 
 
 class Wrap:
     """Answers ``{"in": input}`` (tests of workflows: each stage adds one level)."""
 
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
+    def predict(self, inputs: list[object]) -> list[object]:
         return [{"in": x} for x in inputs]
 
 
@@ -88,10 +96,10 @@ class Counted:
     def __init__(self) -> None:
         self.runs = 0
 
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
+    def predict(self, inputs: list[object]) -> list[object]:
         time.sleep(max(_field(x, "sleep_ms", 20.0) for x in inputs) / 1000.0)
         self.runs += len(inputs)
         return [{"runs": self.runs} for _ in inputs]
@@ -100,10 +108,10 @@ class Counted:
 class Failing:
     """Raises a ``RuntimeError`` deep in its own code for every request."""
 
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
+    def predict(self, inputs: list[object]) -> list[object]:
         raise RuntimeError("the model is broken")
 
 
@@ -111,18 +119,16 @@ class FileProbe:
     """Tries to read ``path`` and to write a temporary file; answers what happened (tests of
     the instance sandbox)."""
 
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
-        import tempfile
-
-        out = []
+    def predict(self, inputs: list[object]) -> list[object]:
+        out: list[object] = []
         for x in inputs:
             path = str(x.get("path", "")) if isinstance(x, Mapping) else ""
             try:
                 with open(path, "rb") as f:
-                    read: Any = len(f.read())
+                    read: int | str = len(f.read())
             except OSError as e:
                 read = f"{type(e).__name__}: {e.strerror}"
             with tempfile.NamedTemporaryFile() as t:
@@ -134,11 +140,11 @@ class FileProbe:
 
 
 class Spin:
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
-        out = []
+    def predict(self, inputs: list[object]) -> list[object]:
+        out: list[object] = []
         for x in inputs:
             ms = _field(x, "spin_ms", 10.0)
             end = time.perf_counter() + ms / 1000.0
@@ -148,7 +154,7 @@ class Spin:
             out.append({"spun_ms": ms, "loops": n})
         return out
 
-    def example_input(self) -> Any:
+    def example_input(self) -> object:
         return {"spin_ms": 5}
 
 
@@ -156,11 +162,11 @@ class MemoryHog:
     def __init__(self) -> None:
         self.held: list[bytearray] = []
 
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
-        out = []
+    def predict(self, inputs: list[object]) -> list[object]:
+        out: list[object] = []
         for x in inputs:
             mb = int(_field(x, "hold_mb", 64.0))
             block = bytearray(mb << 20)
@@ -175,17 +181,18 @@ class MemoryHog:
 class Activations:
     LAYER_MB = 4
 
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
-        import torch
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
+        import torch  # lazy: torch is heavy and only instances that run a model need it
 
         self.torch = torch
         self.layer = torch.nn.Identity()
 
-    def example_input(self) -> Any:
+    def example_input(self) -> object:
         return {"mb": 16, "hold_ms": 50}
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
-        torch, out = self.torch, []
+    def predict(self, inputs: list[object]) -> list[object]:
+        torch = self.torch
+        out: list[object] = []
         for x in inputs:
             mb = int(_field(x, "mb", 16.0))
             hold_s = _field(x, "hold_ms", 300.0) / 1000.0
@@ -204,23 +211,25 @@ class Activations:
 class AddSub:
     WIDTH = 16
 
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
 
-    def input_spec(self) -> list[Any]:
-        from gshare.runtime.instance.models import TensorSpec
+    def input_spec(self) -> list[TensorSpec]:
+        from gshare.runtime.instance.models import TensorSpec  # lazy: it imports torch
 
         return [TensorSpec(n, (-1, self.WIDTH), "FP32") for n in ("INPUT0", "INPUT1")]
 
-    def output_spec(self) -> list[Any]:
-        from gshare.runtime.instance.models import TensorSpec
+    def output_spec(self) -> list[TensorSpec]:
+        from gshare.runtime.instance.models import TensorSpec  # lazy: it imports torch
 
         return [TensorSpec(n, (-1, self.WIDTH), "FP32") for n in ("OUTPUT0", "OUTPUT1")]
 
     def predict(
-        self, inputs: list[Any], parameters: list[dict[str, Any]] | None = None
-    ) -> list[Any]:
-        out = []
+        self,
+        inputs: list[Mapping[str, torch.Tensor]],
+        parameters: list[dict[str, object]] | None = None,
+    ) -> list[object]:
+        out: list[object] = []
         for x, p in zip(inputs, parameters or [{}] * len(inputs), strict=True):
             scale = p.get("scale", 1)
             if isinstance(scale, bool) or not isinstance(scale, int | float):
@@ -229,18 +238,18 @@ class AddSub:
             out.append({"OUTPUT0": (a + b) * scale, "OUTPUT1": (a - b) * scale})
         return out
 
-    def example_input(self) -> Any:
-        import torch
+    def example_input(self) -> object:
+        import torch  # lazy: torch is heavy and only instances that run a model need it
 
         return {"INPUT0": torch.ones(1, self.WIDTH), "INPUT1": torch.ones(1, self.WIDTH)}
 
 
 class Kernels:
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
-        import torch
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
+        import torch  # lazy: torch is heavy and only instances that run a model need it
 
         class Busy(torch.nn.Module):
-            def forward(self, x: Any, ms: float) -> Any:
+            def forward(self, x: torch.Tensor, ms: float) -> torch.Tensor:
                 end = time.perf_counter() + ms / 1000.0
                 while time.perf_counter() < end:
                     pass
@@ -250,11 +259,11 @@ class Kernels:
         self.op = Busy()
         self.x = torch.zeros(1)
 
-    def example_input(self) -> Any:
+    def example_input(self) -> object:
         return {"kernels": 4, "kernel_ms": 1}
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
-        out = []
+    def predict(self, inputs: list[object]) -> list[object]:
+        out: list[object] = []
         for x in inputs:
             n = int(_field(x, "kernels", 10.0))
             kernel_ms = _field(x, "kernel_ms", 2.0)
@@ -269,10 +278,10 @@ class Kernels:
 
 
 class Gate:
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
+    def predict(self, inputs: list[object]) -> list[object]:
         held: list[tuple[Path, str]] = []
         timeout_s = 120.0
         for x in inputs:
@@ -308,9 +317,9 @@ class TenantProbe:
     and answers what happened (``"ok"`` or the error). Its ``input_spec`` reports the uid and
     whether the control token could be read at deploy time (``describe``)."""
 
-    weights: dict[str, Any] = {}
+    weights: dict[str, torch.Tensor] = {}
 
-    def load(self, weights: Mapping[str, Any] | None, device: str) -> None:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         self.weights = dict(weights or {})
 
     @staticmethod
@@ -323,25 +332,23 @@ class TenantProbe:
                 pass
         return False
 
-    def input_spec(self) -> list[dict[str, Any]]:
+    def input_spec(self) -> list[dict[str, object]]:
         read = "read" if self._token_read() else "denied"
         return [{"name": f"uid{os.getuid()}-{read}", "datatype": "BYTES", "shape": [-1]}]
 
-    def initial_weights(self) -> dict[str, Any]:
+    def initial_weights(self) -> dict[str, torch.Tensor]:
         """Built at deploy, before any instance: records who built them."""
-        import torch
+        import torch  # lazy: torch is heavy and only instances that run a model need it
 
         probe = [float(os.getuid()), 1.0 if self._token_read() else 0.0]
         return {"probe": torch.tensor(probe, dtype=torch.float64)}
 
-    def predict(self, inputs: list[Any]) -> list[Any]:
+    def predict(self, inputs: list[object]) -> list[object]:
         return [self._one(x) for x in inputs]
 
-    def _one(self, x: Any) -> Any:  # noqa: PLR0911 -- one branch per attack
-        import ctypes
-        import subprocess
-
-        a = x.get("attack") if isinstance(x, Mapping) else None
+    def _one(self, payload: object) -> object:  # noqa: PLR0911 -- one branch per attack
+        x: Mapping[str, str | int] = payload if isinstance(payload, Mapping) else {}
+        a = x.get("attack")
         try:
             if a == "weights":
                 return [float(v) for v in self.weights["probe"].tolist()]

@@ -138,7 +138,7 @@ class ResNet50Handler(_ImageClassifier):
     model_name = "resnet50"
 
     def config(self) -> Any:
-        from transformers import ResNetConfig
+        from transformers import ResNetConfig  # lazy: transformers is heavy
 
         if self.tiny:
             kw: dict[str, Any] = {
@@ -157,7 +157,7 @@ class ResNet50Handler(_ImageClassifier):
         return 32 if self.tiny else 224
 
     def build(self) -> nn.Module:
-        from transformers import ResNetForImageClassification
+        from transformers import ResNetForImageClassification  # lazy: transformers is heavy
 
         return ResNetForImageClassification(self.cfg)
 
@@ -166,7 +166,7 @@ class ViTBaseHandler(_ImageClassifier):
     model_name = "vit-base"
 
     def config(self) -> Any:
-        from transformers import ViTConfig
+        from transformers import ViTConfig  # lazy: transformers is heavy
 
         if self.tiny:
             kw: dict[str, Any] = {
@@ -187,7 +187,7 @@ class ViTBaseHandler(_ImageClassifier):
         return int(self.cfg.image_size)
 
     def build(self) -> nn.Module:
-        from transformers import ViTForImageClassification
+        from transformers import ViTForImageClassification  # lazy: transformers is heavy
 
         return ViTForImageClassification(self.cfg)
 
@@ -229,7 +229,7 @@ class BertHandler(TorchClassifier):
     large = False
 
     def config(self) -> Any:
-        from transformers import BertConfig
+        from transformers import BertConfig  # lazy: transformers is heavy
 
         kw: dict[str, Any] = {"num_labels": 2}  # defaults: BERT-base 12x768, vocab 30522, 512 pos
         if self.tiny:
@@ -251,7 +251,7 @@ class BertHandler(TorchClassifier):
         return BertConfig(**kw)
 
     def build(self) -> nn.Module:
-        from transformers import BertForSequenceClassification
+        from transformers import BertForSequenceClassification  # lazy: transformers is heavy
 
         return BertForSequenceClassification(self.cfg)
 

@@ -25,7 +25,7 @@ log = logging.getLogger("gshare.runtime.instance.server")
 
 def input_error(e: Exception) -> str:
     """The message of a request whose payload cannot be decoded."""
-    from gshare.runtime.oip.header import OipError
+    from gshare.runtime.oip.header import OipError  # lazy: numpy, for OIP requests only
 
     if isinstance(e, OipError):
         return str(e)
@@ -37,7 +37,7 @@ def input_error(e: Exception) -> str:
 def encode_error(e: Exception) -> tuple[int, int, bytes]:
     """The (status, encoding, message) of an output that cannot be encoded: a bad request when
     the request asked for what the handler did not give (``OipError``), else a 5xx."""
-    from gshare.runtime.oip.header import OipError
+    from gshare.runtime.oip.header import OipError  # lazy: numpy, for OIP requests only
 
     if isinstance(e, OipError):
         return P.ST_BAD_INPUT, P.ENC_RAW, str(e).encode()

@@ -40,7 +40,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from gshare.policy.priority import (
     FikitConfig,
@@ -83,6 +83,10 @@ from gshare.runtime.tokens.board import (
     TopTask,
 )
 
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.hooks import RemovableHandle
+
 log = logging.getLogger(__name__)
 
 FILL_POLL_S = 0.0002
@@ -95,9 +99,11 @@ return into the op, with margin. A late wake-up is not charged: the rest of the 
 measured when the claim is made (docs/journal/priority.md, "Live")."""
 
 _Key = tuple[int, tuple[tuple[int, ...], ...]]
+_Stamp: TypeAlias = "float | torch.cuda.Event"
+"""When a measured op started or ended: ms into the run (CPU), or a recorded event (CUDA)."""
 
 
-def _is_leaf(module: Any) -> bool:
+def _is_leaf(module: torch.nn.Module) -> bool:
     return not module._modules
 
 
@@ -109,7 +115,7 @@ class FikitHost:
         self,
         board: BoardClient,
         function: str,
-        profile: Mapping[str, Any] | None = None,
+        profile: Mapping[str, object] | None = None,
         *,
         device: str = "cpu",
         config: FikitConfig = FikitConfig(),
@@ -117,7 +123,7 @@ class FikitHost:
         poll_s: float = FILL_POLL_S,
         pid: int = 0,
     ) -> None:
-        import torch
+        import torch  # lazy: torch is heavy; a FIKIT host exists only where a handler uses it
 
         self._torch = torch
         self.board = board
@@ -143,14 +149,14 @@ class FikitHost:
         self.publishing = False
         """Sharing phase with fillable kernels: the post-hook publishes gaps."""
         self._gap_open = False
-        self._post: Any = None
+        self._post: RemovableHandle | None = None
         # the measured run
-        self._spans: list[tuple[KernelId, Any, Any]] = []
-        self._stack: list[tuple[Any, KernelId, Any]] = []
+        self._spans: list[tuple[KernelId, _Stamp, _Stamp]] = []
+        self._stack: list[tuple[torch.nn.Module, KernelId, _Stamp]] = []
         self._run_t0 = 0.0
         self._held_s = 0.0
         self._run_ok = True
-        self._cuda_base: Any = None
+        self._cuda_base: torch.cuda.Event | None = None
         board.put(S_PID, pid)
         board.put(S_STATE, STATE_IDLE)
         self._enter_phase()
@@ -183,6 +189,7 @@ class FikitHost:
 
     def _set_post_hook(self, on: bool) -> None:
         if on and self._post is None:
+            # lazy: torch is heavy (see __init__)
             from torch.nn.modules.module import register_module_forward_hook
 
             self._post = register_module_forward_hook(self.after_op)
@@ -259,12 +266,14 @@ class FikitHost:
     def _finish_spans(self) -> list[KernelSpan]:
         if self.cuda:
             self._torch.cuda.synchronize()
-            base = self._cuda_base
+            base = cast("torch.cuda.Event", self._cuda_base)  # recorded by begin_batch
+            events = cast("list[tuple[KernelId, torch.cuda.Event, torch.cuda.Event]]", self._spans)
             return [
                 KernelSpan(k, max(0.0, base.elapsed_time(s)), max(0.0, base.elapsed_time(e)))
-                for k, s, e in self._spans
+                for k, s, e in events
             ]
-        return [KernelSpan(k, s, e) for k, s, e in self._spans]
+        times_ms = cast("list[tuple[KernelId, float, float]]", self._spans)
+        return [KernelSpan(k, s, e) for k, s, e in times_ms]
 
     # -- preemption points -------------------------------------------------------------------------
 
@@ -273,7 +282,7 @@ class FikitHost:
         top = int(self._q[H_TOP])
         return must_yield(None if top < 0 else top, self.priority)
 
-    def before_op(self, module: Any, args: Any) -> None:
+    def before_op(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         """Just before a module runs (after any hold): close an open gap (runtime feedback);
         in the measurement phase, a leaf op's start."""
         if self._gap_open:
@@ -283,7 +292,7 @@ class FikitHost:
             start = self._event() if self.cuda else self._run_ms()
             self._stack.append((module, self._kernel_id(module, args), start))
 
-    def after_op(self, module: Any, args: Any, output: Any) -> None:
+    def after_op(self, module: torch.nn.Module, args: tuple[object, ...], output: object) -> None:
         """The global forward hook (installed only while measuring or publishing gaps)."""
         if threading.get_ident() != self.worker_ident or not _is_leaf(module):
             return
@@ -312,7 +321,9 @@ class FikitHost:
             self._gap_open = True
             self.board.add(S_GAPS)
 
-    def hold(self, module: Any, args: Any, acquire: Callable[[], object]) -> bool:
+    def hold(
+        self, module: torch.nn.Module, args: tuple[object, ...], acquire: Callable[[], object]
+    ) -> bool:
         """Task switching: hold this op while a higher class is active. Returns True when it is
         dispatched as a fill (no token: run it now), False once ``acquire`` returned a token (its
         class may run). The caller gave its token back first."""
@@ -384,26 +395,26 @@ class FikitHost:
     def _run_ms(self) -> float:
         return (time.perf_counter() - self._run_t0 - self._held_s) * 1000.0
 
-    def _event(self) -> Any:
+    def _event(self) -> torch.cuda.Event:
         ev = self._torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         ev.record()
         return ev
 
-    def _shapes(self, args: Any) -> tuple[tuple[int, ...], ...]:
+    def _shapes(self, args: tuple[object, ...]) -> tuple[tuple[int, ...], ...]:
         tensor = self._torch.Tensor
         return tuple(tuple(a.shape) for a in args if isinstance(a, tensor))
 
-    def _key(self, module: Any, args: Any) -> _Key:
+    def _key(self, module: torch.nn.Module, args: tuple[object, ...]) -> _Key:
         return (id(module), self._shapes(args))
 
-    def _kernel_id(self, module: Any, args: Any) -> KernelId:
+    def _kernel_id(self, module: torch.nn.Module, args: tuple[object, ...]) -> KernelId:
         return KernelId.cpu(type(module).__name__, self._shapes(args))
 
     # -- reports ---------------------------------------------------------------------------------
 
-    def report(self, with_profile: bool = False) -> dict[str, Any]:
+    def report(self, with_profile: bool = False) -> dict[str, object]:
         """The instance's FIKIT state for the controller (``OP_CONTROL`` ``kernel_profile``)."""
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "phase": self.phase.value,
             "runs": self.profile.runs,
             "kernels": len(self.profile),

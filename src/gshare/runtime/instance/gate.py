@@ -41,19 +41,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gshare.policy.memory import MemoryPlan
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.errors import function_error
+from gshare.runtime.instance.fikit import FikitHost
 from gshare.runtime.instance.launch import InstanceLaunch
 from gshare.runtime.instance.memory import MemoryGovernor, MemoryLimitExceeded
 from gshare.runtime.instance.oscap import SLACK_MB, is_memory_error
+from gshare.runtime.native import NativeTokens
+from gshare.runtime.tokens import MemoryChannel, TokenClient, TokenRuntimeError
+from gshare.runtime.tokens.board import open_board
 
 if TYPE_CHECKING:
+    import torch
+
     from gshare.runtime.instance.oscap import MemoryCap
-    from gshare.runtime.native import NativeTokens
-    from gshare.runtime.tokens import TokenClient
 
 
 class DeviceGate:
@@ -62,9 +66,6 @@ class DeviceGate:
     def __init__(
         self, launch: InstanceLaunch, native_tokens: bool, os_cap: MemoryCap | None = None
     ) -> None:
-        from gshare.runtime.native import NativeTokens
-        from gshare.runtime.tokens import TokenClient
-
         self.launch = launch
         self.os_cap = os_cap
         """The kernel's hard memory cap (``instance.oscap``), None when there is none."""
@@ -78,15 +79,16 @@ class DeviceGate:
         self._in_burst = False
         self._worker_ident = -1
         self._seg_start = self._busy_s = self._rewait_s = 0.0
-        self.fikit: Any = None
+        self.fikit: FikitHost | None = None
         """The ``FikitHost`` when the device's board is in FIKIT mode, else None."""
         self._fikit_filling = False
         self.mem: MemoryGovernor | None = None
         """The memory governor (``start_memory``), None without a limit of the instance's own."""
         self._batch_mem: MemoryGovernor | None = None
-        self._mem_channel: Any = None
+        self._mem_channel: MemoryChannel | None = None
         self._mem_aborted = False
         if "torch" in sys.modules and not native_tokens:
+            # lazy: torch is heavy, and hooked only when the handler imported it
             from torch.nn.modules.module import register_module_forward_pre_hook
 
             self._hook = register_module_forward_pre_hook(self._token_hook)
@@ -128,7 +130,7 @@ class DeviceGate:
         if fk is not None:
             fk.begin_batch()
         give_way = fk is not None and fk.must_yield()  # FIKIT: a higher class is active
-        if give_way and fk.fills_possible():
+        if give_way and fk is not None and fk.fills_possible():
             # give the token back now; the first preemption point holds the first op (a gap
             # fill, or the token once this class may run)
             self.tokens.release_if_held(completed=False)
@@ -200,15 +202,13 @@ class DeviceGate:
 
     def idle_tokens(self) -> None:
         """Release the held token, if any (the batch queue is empty: token reuse ends)."""
-        from gshare.runtime.tokens import TokenRuntimeError
-
         # A failure closes the client; the next ``_acquire`` reconnects.
         with contextlib.suppress(TokenRuntimeError, ConnectionError, TimeoutError, ValueError):
             if self.tokens.in_burst:
                 self.tokens.end_burst()
             self.tokens.idle()
 
-    def _token_hook(self, module: Any, args: Any) -> None:
+    def _token_hook(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         """Global torch forward pre-hook: the frontend's preemption point (module doc)."""
         if not self._in_burst or threading.get_ident() != self._worker_ident:
             return
@@ -239,7 +239,7 @@ class DeviceGate:
         if fk is not None:
             fk.held(t1 - now)
 
-    def _fikit_hold(self, fk: Any, module: Any, args: Any) -> None:
+    def _fikit_hold(self, fk: FikitHost, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         """A higher class is active: give the token back and hold this op (``FikitHost.hold``)
         until it is dispatched as a gap fill or this class may run again (a token)."""
         now = time.perf_counter()
@@ -255,8 +255,6 @@ class DeviceGate:
     def _acquire(self) -> float:
         """``TokenClient.acquire``; when the agent re-registered this client (a quota change:
         the profiler's sweep) or the token server restarted, reconnect and ask again."""
-        from gshare.runtime.tokens import TokenClient, TokenRuntimeError
-
         try:
             return self.tokens.acquire()
         except (TokenRuntimeError, ConnectionError):
@@ -281,8 +279,6 @@ class DeviceGate:
 
     def _ask_memory(self, limit_mb: float, steps: int) -> tuple[bool, float, str]:
         """Ask the device's memory ledger for a new limit (the memory watchdog's thread)."""
-        from gshare.runtime.tokens import MemoryChannel
-
         for attempt in range(2):
             try:
                 if self._mem_channel is None:
@@ -294,8 +290,9 @@ class DeviceGate:
                 r = self._mem_channel.resize(limit_mb, steps)
                 return r.granted, r.limit_mb, r.refusal
             except Exception as e:  # the agent re-registered us, or its server restarted
-                with contextlib.suppress(Exception):
-                    self._mem_channel.close()
+                if self._mem_channel is not None:
+                    with contextlib.suppress(Exception):
+                        self._mem_channel.close()
                 self._mem_channel = None
                 if attempt:
                     return False, limit_mb, f"the node's memory ledger is unreachable ({e})"
@@ -321,17 +318,13 @@ class DeviceGate:
             self.tokens.close()
 
 
-def open_fikit(launch: InstanceLaunch) -> Any:
+def open_fikit(launch: InstanceLaunch) -> FikitHost | None:
     """The instance's ``FikitHost`` when its device's board is in FIKIT mode, else None (token
     sharing alone; also when the board cannot be used: a warning says why)."""
     try:
-        from gshare.runtime.tokens.board import open_board
-
         board = open_board(launch.token_socket, launch.instance_id)
         if board is None:
             return None
-        from gshare.runtime.instance.fikit import FikitHost
-
         return FikitHost(
             board, launch.function, launch.kernel_profile, device=launch.device, pid=os.getpid()
         )

@@ -215,7 +215,7 @@ class Swin2SRHandler(ImageModel):
     output_decimals = IMAGE_DECIMALS
 
     def config(self) -> Any:
-        from transformers import Swin2SRConfig
+        from transformers import Swin2SRConfig  # lazy: transformers is heavy
 
         # The published lightweight x2 model's width (embed 60, 6 heads, window 8, MLP ratio 2,
         # pixel-shuffle-direct upsampler) at half its depth: 2 stages of 4 blocks, not 4 of 6.
@@ -243,7 +243,7 @@ class Swin2SRHandler(ImageModel):
         return (3, s, s)
 
     def build(self) -> nn.Module:
-        from transformers import Swin2SRForImageSuperResolution
+        from transformers import Swin2SRForImageSuperResolution  # lazy: transformers is heavy
 
         return Swin2SRForImageSuperResolution(self.cfg)
 
@@ -261,7 +261,7 @@ class SegformerHandler(ImageModel):
     output_datatype = "INT64"
 
     def config(self) -> Any:
-        from transformers import SegformerConfig
+        from transformers import SegformerConfig  # lazy: transformers is heavy
 
         if self.tiny:
             kw: dict[str, Any] = {
@@ -289,7 +289,7 @@ class SegformerHandler(ImageModel):
         return (self.image_size, self.image_size)
 
     def build(self) -> nn.Module:
-        from transformers import SegformerForSemanticSegmentation
+        from transformers import SegformerForSemanticSegmentation  # lazy: transformers is heavy
 
         return SegformerForSemanticSegmentation(self.cfg)
 
@@ -309,7 +309,7 @@ class DPTHandler(ImageModel):
     output_name = "depth"
 
     def config(self) -> Any:
-        from transformers import DPTConfig
+        from transformers import DPTConfig  # lazy: transformers is heavy
 
         if self.tiny:
             kw: dict[str, Any] = {
@@ -346,7 +346,7 @@ class DPTHandler(ImageModel):
         return (self.image_size, self.image_size)
 
     def build(self) -> nn.Module:
-        from transformers import DPTForDepthEstimation
+        from transformers import DPTForDepthEstimation  # lazy: transformers is heavy
 
         return DPTForDepthEstimation(self.cfg)
 

@@ -14,7 +14,7 @@ instance runtime.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class InstanceLaunch:
 
     instance_id: str
     function: str
-    spec: dict[str, Any]
+    spec: dict[str, object]
     """The function spec (``FunctionSpec.model_dump(mode="json")``)."""
     sm_pct: float
     quota_request: float
@@ -68,13 +68,27 @@ class InstanceLaunch:
     extra_sys_path: tuple[str, ...] = ()
     """Folders to put on ``sys.path`` before importing a ``handler: module:Class``."""
     env: dict[str, str] = field(default_factory=dict)
-    kernel_profile: dict[str, Any] | None = None
+    kernel_profile: dict[str, object] | None = None
     """The function's FIKIT kernel profile from the state database (``KernelProfile.to_records``;
     None: the instance measures its first batches, ``instance.fikit``)."""
 
 
+class InstanceInfo(TypedDict, total=False):
+    """What an instance reports once it is ready (``InstanceServer.info``; JSON in its
+    ``.ready`` file); the agent's copy is empty until then."""
+
+    pid: int
+    uds_path: str
+    tcp_port: int | None
+    cores: list[int]
+    inputs: list[dict[str, Any]]
+    """``oip.header.input_spec_dicts`` of the handler's ``input_spec()`` (OIP metadata)."""
+    incarnation: int
+
+
 def launch_to_dict(launch: InstanceLaunch) -> dict[str, Any]:
+    """The launch as ``InstanceLaunch(**d)`` takes it back (its values are its fields' types)."""
     return asdict(launch)
 
 
-__all__ = ["InstanceLaunch", "launch_to_dict"]
+__all__ = ["InstanceInfo", "InstanceLaunch", "launch_to_dict"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
 from gshare.runtime.instance.builtin_models import BUILTIN_HANDLERS, TorchClassifier
 from gshare.runtime.instance.models import Handler, resolve_device, seed_of, tiny_models
@@ -76,8 +77,6 @@ def make_handler(spec: FunctionSpec, *, tiny: bool | None = None) -> Handler:
 
 
 def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     if not Path(path).is_file():
         raise FileNotFoundError(f"weights file {path!r} does not exist")
     return load_file(path, device="cpu")

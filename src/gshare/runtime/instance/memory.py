@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable
 
 from gshare.policy.memory import MemoryPlan, grow_limit, idle_limit
+from gshare.runtime.node.partition import set_cuda_memory_fraction
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,7 @@ class CudaMemory:
         *,
         ask: Callable[[float, int], tuple[bool, float, str]],
     ) -> None:
-        import torch
+        import torch  # lazy: torch is heavy; only a CUDA instance's governor needs it
 
         self.torch = torch
         self.device = device
@@ -297,8 +298,6 @@ class CudaMemory:
             open(history_path, "wb").close()
 
     def _apply(self) -> None:
-        from gshare.runtime.node.partition import set_cuda_memory_fraction
-
         set_cuda_memory_fraction(min(1.0, max(self.limit_mb, 1.0) / self.total_mb), self.device)
 
     def begin_batch(self) -> None:

@@ -46,7 +46,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    import asyncio
 
 REQ_HEADER: Final = struct.Struct("<IQBB")
 """length, request id, op, encoding."""
@@ -179,8 +182,6 @@ def call_once(
     channel secret, sent first when given); returns ``(status, payload)``. For tools, benches
     and tests (the gateway multiplexes instead). Raises ``ProtocolError`` when the instance
     closes the connection without an answer."""
-    import socket
-
     closed = "the instance closed the connection without an answer"
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(timeout_s)
@@ -201,7 +202,7 @@ def call_once(
             raise ProtocolError(closed) from None
 
 
-def set_nodelay(transport: Any) -> None:
+def set_nodelay(transport: asyncio.BaseTransport) -> None:
     """Turn Nagle off on a TCP transport (both ends of a gateway ↔ instance connection send
     small frames that must not wait); Unix sockets are left alone."""
     sock = transport.get_extra_info("socket")

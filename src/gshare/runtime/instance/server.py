@@ -52,6 +52,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from gshare.policy.batching import keep_token_for_next_batch, next_batch
@@ -59,7 +60,7 @@ from gshare.policy.memory import MemoryPlan
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.errors import encode_error, input_error
 from gshare.runtime.instance.gate import DeviceGate
-from gshare.runtime.instance.launch import InstanceLaunch
+from gshare.runtime.instance.launch import InstanceInfo, InstanceLaunch
 from gshare.runtime.instance.startup import cold_start
 from gshare.runtime.instance.wire import Conn, DataPath, Item, json_default
 
@@ -89,7 +90,7 @@ class InstanceServer:
         self.os_cap = cs.os_cap
         self.sandbox = cs.sandbox
         self.spec = cs.spec
-        self.handler: Any = cs.handler
+        self.handler = cs.handler
         self.input_spec = cs.input_spec
         self.output_spec = cs.output_spec
         self._takes_parameters = cs.takes_parameters
@@ -114,9 +115,9 @@ class InstanceServer:
         """The TCP listener's port (None: no listener, or not bound yet)."""
         return self._wire.tcp_port
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> InstanceInfo:
         """What the agent reports once the instance is ready."""
-        from gshare.runtime.oip.header import input_spec_dicts
+        from gshare.runtime.oip.header import input_spec_dicts  # lazy: numpy, for OIP only
 
         return {
             "pid": os.getpid(),
@@ -154,7 +155,7 @@ class InstanceServer:
                     self.max_batch = max(1, int(cmd.get("max_batch", self.max_batch)))
                     self.max_wait_s = max(0.0, float(cmd.get("max_wait_ms", 0.0))) / 1000.0
                     self._cond.notify()
-                reply: dict[str, Any] = {"ok": True}
+                reply: dict[str, object] = {"ok": True}
             elif name == "set_memory":
                 if self.gate.mem is None:
                     raise ValueError("the instance has no memory limit")
@@ -223,7 +224,7 @@ class InstanceServer:
             self.max_wait_s * 1000.0,
         )
 
-    def _decode(self, item: Item) -> Any:
+    def _decode(self, item: Item) -> object:
         if item.op == P.OP_EXAMPLE:
             if not hasattr(self.handler, "example_input"):
                 raise ValueError("the handler has no example_input()")
@@ -233,31 +234,33 @@ class InstanceServer:
         if item.enc == P.ENC_JSON:
             return json.loads(item.payload)
         if item.enc == P.ENC_OIP:
-            from gshare.runtime.oip.payload import decode_request
+            from gshare.runtime.oip.payload import decode_request  # lazy: numpy, for OIP only
 
             item.ctx, payload = decode_request(item.payload, self.input_spec, self.output_spec)
             return payload
         raise ValueError(f"unknown payload encoding {item.enc}")
 
-    def _encode(self, item: Item, output: Any) -> tuple[int, bytes]:
+    def _encode(self, item: Item, output: object) -> tuple[int, bytes]:
         if item.enc == P.ENC_OIP:
-            from gshare.runtime.oip.payload import encode_response
+            from gshare.runtime.oip.payload import encode_response  # lazy: numpy, for OIP only
 
+            assert item.ctx is not None  # set by _decode
             return encode_response(item.ctx, self.launch.function, output)
         if isinstance(output, bytes | bytearray | memoryview):
             return P.ENC_RAW, bytes(output)
         return P.ENC_JSON, json.dumps(output, default=json_default).encode()
 
-    def _predict(self, inputs: list[Any], items: list[Item]) -> Any:
+    def _predict(self, inputs: list[object], items: list[Item]) -> list[object]:
         """``handler.predict``, with each request's OIP ``parameters`` (``{}`` for other
         encodings) when the handler takes a ``parameters`` argument (``models.Handler``); the
         predict watchdog times it (``_watch_predict``)."""
         self._predict_since = time.monotonic()
         try:
+            predict: Callable[..., list[object]] = self.handler.predict
             if not self._takes_parameters:
-                return self.handler.predict(inputs)
+                return predict(inputs)
             params = [dict(it.ctx.header.parameters) if it.ctx is not None else {} for it in items]
-            return self.handler.predict(inputs, parameters=params)
+            return predict(inputs, parameters=params)
         finally:
             self._predict_since = None
 
@@ -304,7 +307,7 @@ class InstanceServer:
 
     def _run_batch(self, batch: list[Item]) -> None:
         out: list[tuple[Conn, bytes]] = []
-        inputs: list[Any] = []
+        inputs: list[object] = []
         good: list[Item] = []
         for it in batch:
             try:
@@ -324,7 +327,7 @@ class InstanceServer:
         gate = self.gate
         t_ask = time.perf_counter()
         t0 = gate.begin_batch()
-        results: list[tuple[bool, Any]] = []
+        results: list[tuple[bool, Any]] = []  # (True, output) or (False, failure response)
         first_ok = False
         try:
             try:
@@ -434,7 +437,7 @@ class InstanceActor:
     def __init__(self, launch: dict[str, Any]) -> None:
         self.server = InstanceServer(InstanceLaunch(**launch))
 
-    def ready(self) -> dict[str, Any]:
+    def ready(self) -> InstanceInfo:
         return self.server.info()
 
     def stop(self) -> None:

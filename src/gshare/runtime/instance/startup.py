@@ -25,12 +25,19 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gshare.policy.memory import MemoryPlan
 from gshare.runtime.instance.launch import InstanceLaunch
+from gshare.runtime.instance.oscap import apply_memory_cap
+from gshare.runtime.instance.sandbox import HIDE_ENV, SandboxState, hide_paths, tmp_dir
+from gshare.runtime.native import configure_interposer
+from gshare.runtime.node.partition import apply_cpu_partition, set_cuda_memory_fraction
 
 if TYPE_CHECKING:
+    import psutil
+
+    from gshare.runtime.instance.models import Handler, TensorSpec
     from gshare.runtime.instance.oscap import MemoryCap
     from gshare.runtime.instance.sandbox import Sandbox
     from gshare.spec import FunctionSpec
@@ -53,9 +60,9 @@ class ColdStart:
     os_cap: MemoryCap | None
     sandbox: Sandbox
     spec: FunctionSpec
-    handler: Any
-    input_spec: list[Any]
-    output_spec: list[Any]
+    handler: Handler
+    input_spec: list[TensorSpec]
+    output_spec: list[TensorSpec]
     takes_parameters: bool
     """``handler.predict`` takes the requests' OIP ``parameters`` (``takes_parameters``)."""
 
@@ -71,67 +78,58 @@ def cold_start(launch: InstanceLaunch) -> ColdStart:
     # 1. spatial partition, before torch creates its thread pools.
     cores: list[int] = []
     if launch.device == "cpu":
-        from gshare.runtime.node.partition import apply_cpu_partition
-
         cores = list(apply_cpu_partition(launch.sm_pct, sm_offset_pct=launch.sm_offset_pct))
     # 1b. the GPU frontend: the driver-API interposer, when the agent preloaded it, gates
     # every kernel launch on this instance's tokens and caps its memory (runtime.native).
     native_tokens = False
     if launch.device.startswith("cuda"):
-        from gshare.runtime.native import configure_interposer
-
         cap_mb = launch.mem_mb if launch.mem_step_mb <= 0 else launch.mem_max_mb
         native_tokens = configure_interposer(
             launch.token_socket, launch.instance_id, launch.token_secret, cap_mb
         )
     # 2. model.
+    # lazy: loading imports torch, which must come after the partition (step 1)
     from gshare.runtime.instance.loading import make_handler
-    from gshare.spec import load_function_spec
+    from gshare.spec import load_function_spec  # lazy: pydantic, after the partition too
 
     baseline_mb = 0.0
     governed = (launch.mem_mb > 0 or launch.mem_step_mb > 0) and launch.device == "cpu"
     if governed:
-        import psutil
+        import psutil  # lazy: only a governed instance measures its baseline
 
         baseline_mb = _private_rss_mb(psutil.Process())  # torch is imported now
     # the kernel's hard cap under the governor's soft limit (instance.oscap)
     os_cap: MemoryCap | None = None
     plan = MemoryPlan(launch.mem_mb, launch.mem_step_mb, launch.mem_max_mb)
     if governed and math.isfinite(plan.cap_mb):
-        from gshare.runtime.instance.oscap import apply_memory_cap
-
         os_cap = apply_memory_cap(plan.cap_mb)
         if os_cap.detail:
             log.warning("memory cap: %s", os_cap.detail)
     # the handler may not read the server's state (its control token): instance.sandbox
-    from gshare.runtime.instance.sandbox import HIDE_ENV, SandboxState, hide_paths, tmp_dir
-
     hide = [p for p in os.environ.get(HIDE_ENV, "").split(os.pathsep) if p]
     sandbox = hide_paths(hide, tmp_dir(os.path.dirname(launch.uds_path) or "."))
     if sandbox.state is SandboxState.UNAVAILABLE:
         log.warning("the state directory is not hidden: %s", sandbox.detail)
 
     spec = load_function_spec(launch.spec)
-    handler: Any = make_handler(spec)
+    handler = make_handler(spec)
     weights = None
     if launch.model_key:
-        from gshare.runtime.node.model_store import ModelStore
+        from gshare.runtime.node.model_store import ModelStore  # lazy: imports torch
 
         store = ModelStore(launch.store_root) if launch.store_root else ModelStore()
         weights = store.get(launch.model_key, device=launch.device)
     if launch.device.startswith("cuda") and launch.mem_mb > 0:
-        import torch
-
-        from gshare.runtime.node.partition import set_cuda_memory_fraction
+        import torch  # lazy: after the partition (step 1); loading imported it by now
 
         total_mb = torch.cuda.get_device_properties(launch.device).total_memory / (1 << 20)
         set_cuda_memory_fraction(min(1.0, launch.mem_mb / total_mb))
     handler.load(weights, launch.device)
-    input_spec: list[Any] = []
+    input_spec: list[TensorSpec] = []
     if hasattr(handler, "input_spec"):
         with contextlib.suppress(Exception):
             input_spec = list(handler.input_spec() or [])
-    output_spec: list[Any] = []
+    output_spec: list[TensorSpec] = []
     if hasattr(handler, "output_spec"):
         with contextlib.suppress(Exception):
             output_spec = list(handler.output_spec() or [])
@@ -150,13 +148,13 @@ def cold_start(launch: InstanceLaunch) -> ColdStart:
     )
 
 
-def _private_rss_mb(proc: Any) -> float:
+def _private_rss_mb(proc: psutil.Process) -> float:
     mi = proc.memory_info()
     shared = int(getattr(mi, "shared", 0))
     return float(max(0, int(mi.rss) - shared)) / (1 << 20)
 
 
-def takes_parameters(handler: Any) -> bool:
+def takes_parameters(handler: Handler) -> bool:
     """Whether ``handler.predict`` has a ``parameters`` argument (it then gets the requests'
     OIP parameters)."""
     try:

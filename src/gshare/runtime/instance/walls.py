@@ -49,8 +49,10 @@ import platform
 import re
 import signal
 import struct
+import sys
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,11 +101,11 @@ class Walls:
     reach_rw: tuple[str, ...] = ()
     """Paths it must write through closed directories: its token socket, the device's board."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> Walls:
+    def from_dict(d: Mapping[str, Any]) -> Walls:
         return Walls(**{k: d[k] for k in Walls.__dataclass_fields__ if k in d})
 
 
@@ -248,8 +250,6 @@ def degraded() -> str:
 
 def _needed(w: Walls) -> list[str]:
     """What the tenant must read: the interpreter, its import path, ``w.reach``."""
-    import sys
-
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
     return [*roots, *(p for p in sys.path if p and os.path.exists(p)), *w.reach]
 

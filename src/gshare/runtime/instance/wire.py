@@ -25,10 +25,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.launch import InstanceLaunch
+
+if TYPE_CHECKING:
+    from gshare.runtime.oip.payload import OipCall
 
 log = logging.getLogger("gshare.runtime.instance.server")
 """The instance server's logger (its parts log under the server's name)."""
@@ -54,7 +57,7 @@ class Item:
     payload: bytes
     writer: Conn
     arrived: float
-    ctx: Any = None
+    ctx: OipCall | None = None
     """An OIP request's context (``oip.payload.OipCall``), from ``_decode`` to ``_encode``."""
 
 
@@ -116,7 +119,7 @@ class Conn(asyncio.Protocol):
             self.transport.write(data)
 
 
-def json_default(o: Any) -> Any:
+def json_default(o: object) -> object:
     """``json.dumps``' ``default`` for a handler's output (arrays, bytes, sets, tuples)."""
     if hasattr(o, "tolist"):
         return o.tolist()
@@ -195,7 +198,7 @@ class DataPath:
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(write_all)
 
-    def call_soon(self, fn: Callable[[], Any]) -> None:
+    def call_soon(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` on the IO thread (``RuntimeError`` when the loop is closed)."""
         self.loop.call_soon_threadsafe(fn)
 

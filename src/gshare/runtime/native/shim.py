@@ -39,6 +39,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gshare.runtime.native.toolchain import (
+    LIBRARY_NAME,
+    NATIVE_DIR,
+    build_skip_reason,
+    cuda_include_dir,
+)
+
 SHIM_NAME = "libcuda.so.1"
 MANIFEST = "gshare_shim.json"
 OWN_SYMBOL = "gshare_cuda_configure"
@@ -209,8 +216,6 @@ def shim_skip_reason() -> str | None:
             f"the libcuda.so.1 shim's forwarders are x86-64 assembly; this machine is {machine}: "
             "use the preload deployment"
         )
-    from gshare.runtime.native.toolchain import build_skip_reason
-
     return build_skip_reason()
 
 
@@ -263,8 +268,6 @@ def build_shim(real_libcuda: Path, out_dir: Path) -> Path:
     absolute path to the real driver). Returns ``out_dir``. Raises ``ShimError`` (one line)
     when it cannot: not x86-64, no gcc or ``cuda.h``, the real library missing, not an x86-64
     ELF shared library, or itself a gshare library."""
-    from gshare.runtime.native.toolchain import NATIVE_DIR, cuda_include_dir
-
     reason = shim_skip_reason()
     if reason is not None:
         raise ShimError(f"cannot build the libcuda.so.1 shim: {reason}")
@@ -331,8 +334,6 @@ def shim_env(
     ``shim_dir`` first (its other entries kept, after it) and ``GSHARE_REAL_LIBCUDA``. The
     interposer is not preloaded as well: ``LD_PRELOAD`` (when ``base``, default ``os.environ``,
     has one) is returned without ``libgshare_cuda.so``."""
-    from gshare.runtime.native.toolchain import LIBRARY_NAME
-
     env = os.environ if base is None else base
     d = str(Path(shim_dir).resolve())
     old = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p and p != d]

@@ -62,15 +62,20 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
+import psutil
+
+from gshare.policy.memory import Reservation
 from gshare.policy.tokens import ClientSpec
-from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
+from gshare.runtime.instance.launch import InstanceInfo, InstanceLaunch, launch_to_dict
 from gshare.runtime.instance.memory import read_samples
 from gshare.runtime.instance.walls import WALLS_ENV
 from gshare.runtime.messages import (
@@ -82,17 +87,26 @@ from gshare.runtime.messages import (
     NodeStatus,
     TokenUsage,
 )
+from gshare.runtime.native import cuda_deployment_env, deployment_kind, preload_env
 from gshare.runtime.node import tasks as node_tasks
 from gshare.runtime.node.devices import detect_devices, device_memory_mb, instance_device_env
 from gshare.runtime.node.files import DEFAULT_STORE_ROOT, ensure_private_dir, store_dir
 from gshare.runtime.node.launcher import LAUNCHERS, Launcher
+from gshare.runtime.node.partition import mps_available, start_mps_daemon
 from gshare.runtime.node.tenancy import (
     build_weights_walled,
     instance_walls,
     tenant_walls,
     write_launch_secrets,
 )
+from gshare.runtime.tokens import LIVE_TOKEN_CONFIG, TokenServer
 from gshare.runtime.tokens.board import board_path
+
+if TYPE_CHECKING:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from gshare.runtime.node.model_store import ModelStore
+    from gshare.runtime.node.tasks import HandlerDescription
 
 log = logging.getLogger("gshare.agent")
 
@@ -125,16 +139,17 @@ def _last_line(e: BaseException) -> str:
 class _Managed:
     launch: InstanceLaunch
     actor: Any = None
+    """The instance's Ray actor (``launcher="ray"``), and the reference to its ``ready()``."""
     ready_ref: Any = None
     state: InstanceState = InstanceState.STARTING
-    info: dict[str, Any] = field(default_factory=dict)
+    info: InstanceInfo = field(default_factory=InstanceInfo)
     error: str | None = None
     started_s: float = field(default_factory=time.monotonic)
     restarts: list[float] = field(default_factory=list)
     total_restarts: int = 0
     last_exit: str | None = None
     rss_mb: float = 0.0
-    proc: Any = None
+    proc: psutil.Process | None = None
     pid: int | None = None
     """The instance's pid when forked from the template (``launcher="fork"``)."""
     mem_offset: int = 0
@@ -145,17 +160,17 @@ class _Managed:
     mem_total: int = 0
 
 
-def _ray() -> Any:
+def _ray() -> ModuleType:
     """Ray, imported on first use: only an agent that runs under Ray (a Ray node, or
     ``launcher="ray"``) gets here; the embedded default never imports it."""
-    import ray
+    import ray  # lazy: Ray is an optional dependency (module doc)
 
     return ray
 
 
-def _pinned(node_id: str) -> Any:
+def _pinned(node_id: str) -> NodeAffinitySchedulingStrategy:
     """A Ray scheduling strategy that keeps a task or actor on ``node_id``."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # lazy: Ray
 
     return NodeAffinitySchedulingStrategy(node_id, soft=False)
 
@@ -202,8 +217,6 @@ class NodeAgent:
         # interposer in LD_PRELOAD, the default) or "shim" (a libcuda.so.1 built from the
         # interposer and the node's driver, first on LD_LIBRARY_PATH); cuda_deployment, else
         # GSHARE_CUDA_DEPLOYMENT. A shim that cannot be made fails the agent, loudly.
-        from gshare.runtime.native import cuda_deployment_env, deployment_kind
-
         self.cuda_deployment = deployment_kind(cuda_deployment)
         self._cuda_env: dict[str, str] | None = None  # None: preload_env() at each use
         if self.cuda_deployment == "shim" and any(d.startswith("cuda") for d in self.devices):
@@ -211,21 +224,17 @@ class NodeAgent:
             log.info("CUDA instances on node %s load the libcuda.so.1 shim", node_id[:8])
         self.mps = False
         if any(d.startswith("cuda") for d in self.devices):
-            from gshare.runtime.node.partition import mps_available, start_mps_daemon
-
             self.mps = mps_available() or start_mps_daemon()
             if not self.mps:
                 log.warning(
                     "no MPS daemon on node %s: GPU shares are time-only (sm_pct not enforced)",
                     node_id[:8],
                 )
-        from gshare.runtime.tokens import LIVE_TOKEN_CONFIG, TokenServer
-
         cfg = replace(LIVE_TOKEN_CONFIG, **(token_config or {}))
         if priority_sharing == "fikit":  # a quota is guaranteed against the same class and below
             cfg = replace(cfg, reserve_for_lower_priority=False)
         self.device_memory_mb = [device_memory_mb(d, device_mem_mb) for d in self.devices]
-        self.token_servers = []
+        self.token_servers: list[TokenServer] = []
         for i, _ in enumerate(self.devices):
             sock = str(self.run_dir / f"tokens{i}.sock")
             ts = TokenServer(
@@ -243,20 +252,20 @@ class NodeAgent:
         self._model_keys: set[str] = set()
         self._built_keys: dict[str, str | None] = {}
         """A user handler's spec (JSON) -> the key its walled ``build_weights`` gave (or None)."""
-        self._model_store: Any = None
+        self._model_store: ModelStore | None = None
         self._key_locks: dict[str, threading.Lock] = {}
         self._stop = threading.Event()
         self.launcher_kind = launcher
         self._actor_cls: Any = None
+        """``ray.remote(InstanceActor)`` (``launcher="ray"``)."""
         if launcher == "ray":
+            # lazy: the instance runtime, which only launcher="ray" imports into the agent
             from gshare.runtime.instance.server import InstanceActor
 
             self._actor_cls = _ray().remote(InstanceActor)
         self._launcher: Launcher | None = None
         self._launcher_lock = threading.Lock()
         if launcher == "fork":  # import the runtime now, not at the first deployment
-            from gshare.runtime.native import preload_env  # the GPU frontend's interposer
-
             cuda = any(d.startswith("cuda") for d in self.devices)
             cuda_env = preload_env() if self._cuda_env is None else self._cuda_env
             self._launcher = Launcher(env=cuda_env if cuda else None)
@@ -290,7 +299,7 @@ class NodeAgent:
             },
         )
 
-    def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
+    def describe(self, spec: dict[str, object], extra_sys_path: list[str]) -> HandlerDescription:
         try:
             # the handler's import is tenant code: inside its walls
             walls = (
@@ -298,10 +307,8 @@ class NodeAgent:
                 if self.walls
                 else None
             )
-            result: dict[str, Any] = self._node_task(
-                "describe_handler", [spec, extra_sys_path], 300.0, walls=walls
-            )
-            return result
+            result = self._node_task("describe_handler", [spec, extra_sys_path], 300.0, walls=walls)
+            return cast("HandlerDescription", result)
         except Exception as e:
             return {"ok": False, "error": _last_line(e)}
 
@@ -319,8 +326,12 @@ class NodeAgent:
         return self._launcher
 
     def _node_task(
-        self, name: str, args: list[Any], timeout_s: float, walls: dict[str, Any] | None = None
-    ) -> Any:
+        self,
+        name: str,
+        args: list[object],
+        timeout_s: float,
+        walls: dict[str, object] | None = None,
+    ) -> object:
         """Run ``node.tasks.NAME(*args)`` in a throw-away process on this node (inside
         ``walls``, ``instance.walls``, when given: a task that imports a tenant's code)."""
         if self._launcher is not None:
@@ -331,7 +342,8 @@ class NodeAgent:
         task = ray.remote(getattr(node_tasks, name)).options(
             num_cpus=0, scheduling_strategy=_pinned(self.node_id)
         )
-        return ray.get(task.remote(*args), timeout=timeout_s)
+        result: object = ray.get(task.remote(*args), timeout=timeout_s)
+        return result
 
     def status(self) -> NodeStatus:
         ledgers = [ts.memory_snapshot() for ts in self.token_servers]
@@ -381,7 +393,9 @@ class NodeAgent:
         )
 
     @staticmethod
-    def _memory_usage(iid: str, m: _Managed, ledgers: list[Any]) -> MemoryUsage | None:
+    def _memory_usage(
+        iid: str, m: _Managed, ledgers: list[tuple[float, dict[str, Reservation]]]
+    ) -> MemoryUsage | None:
         idx = m.launch.device_index
         held = ledgers[idx][1].get(iid) if idx < len(ledgers) else None
         if held is None:
@@ -498,8 +512,6 @@ class NodeAgent:
 
     def _fork_instance(self, m: _Managed, launch: InstanceLaunch) -> None:
         """``launcher="fork"``: fork the instance from the node's template (``_start``'s end)."""
-        import psutil
-
         data = launch_to_dict(launch)
         secrets_path = write_launch_secrets(data, os.path.dirname(launch.uds_path))
         pid = self._launcher_started().launch(
@@ -524,17 +536,17 @@ class NodeAgent:
         spec = launch.spec
         user_code = not spec.get("model") and not spec.get("weights")
         if not (self.walls and user_code):
-            key: str | None = self._node_task(
+            key = self._node_task(
                 "put_weights", [self.store_root, spec, sorted(self._model_keys)], START_TIMEOUT_S
             )
-            return key
+            return cast("str | None", key)
         ident = json.dumps(spec, sort_keys=True, default=str)
         if ident in self._built_keys:  # built for an earlier instance: its tenant code ran once
             return self._built_keys[ident]
         build = self.run_dir / f"w-{launch.instance_id}"
-        key = build_weights_walled(self._node_task, launch, build, START_TIMEOUT_S)
-        self._built_keys[ident] = key
-        return key
+        built = build_weights_walled(self._node_task, launch, build, START_TIMEOUT_S)
+        self._built_keys[ident] = built
+        return built
 
     def _kill(self, m: _Managed) -> None:
         """Kill the instance's process (either launcher); the caller holds the lock. A forked
@@ -545,8 +557,6 @@ class NodeAgent:
         elif m.pid is not None and (
             self._launcher is None or self._launcher.exit_code(m.pid) is None
         ):
-            import signal
-
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(m.pid, signal.SIGKILL)
 
@@ -574,10 +584,10 @@ class NodeAgent:
             ts = self.token_servers[m.launch.device_index]
         ts.set_quota(instance_id, quota_request, quota_limit)
 
-    def _store(self) -> Any:
+    def _store(self) -> ModelStore:
         """This agent's ``ModelStore`` (created on first use: it imports torch)."""
         if self._model_store is None:
-            from gshare.runtime.node.model_store import ModelStore
+            from gshare.runtime.node.model_store import ModelStore  # lazy: torch (docstring)
 
             self._model_store = ModelStore(self.store_root) if self.store_root else ModelStore()
         return self._model_store
@@ -607,8 +617,6 @@ class NodeAgent:
     # -- monitor ---------------------------------------------------------------------------------
 
     def _monitor_loop(self) -> None:
-        import psutil
-
         while not self._stop.wait(MONITOR_PERIOD_S):
             with self._lock:
                 items = list(self._instances.items())
@@ -618,7 +626,7 @@ class NodeAgent:
                 except Exception as e:  # keep monitoring the others
                     log.warning("monitor: %s", e)
 
-    def _check(self, m: _Managed, psutil: Any) -> None:
+    def _check(self, m: _Managed, psutil: ModuleType) -> None:
         if (
             m.state is InstanceState.STARTING and m.pid is not None
         ):  # forked: its .ready file says when
@@ -676,7 +684,7 @@ class NodeAgent:
         m.mem_samples.extend(new)
         m.mem_total += len(new)
 
-    def _alive(self, m: _Managed, psutil: Any) -> bool:
+    def _alive(self, m: _Managed, psutil: ModuleType) -> bool:
         if (
             m.pid is not None
             and self._launcher is not None

@@ -44,7 +44,10 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
+
+if TYPE_CHECKING:
+    from gshare.runtime.node.agent import NodeAgent
 
 FRAME = struct.Struct("!I")
 """A frame's header: the length of the pickle that follows."""
@@ -54,8 +57,11 @@ WORKERS = 32
 """Requests an agent runs at once (what the Ray actor's ``max_concurrency`` was)."""
 PR_SET_PDEATHSIG = 1
 
+_Request: TypeAlias = "tuple[int, str, tuple[Any, ...]]"
+"""``(id, method, args)``: ``NodeAgent.method(*args)``, with that method's own arguments."""
 
-def encode(msg: Any) -> bytes:
+
+def encode(msg: object) -> bytes:
     """One frame: header and pickle."""
     body = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     return FRAME.pack(len(body)) + body
@@ -72,7 +78,7 @@ def answer_error(e: BaseException) -> BaseException:
 
 
 def spawn_agent(
-    init: dict[str, Any], env: dict[str, str] | None = None
+    init: dict[str, object], env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """Start an agent child, send it ``(0, "init", (init,))`` (the ``NodeAgent``'s keyword
     arguments: it builds its node at once, while the caller goes on), and return it with the
@@ -119,7 +125,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def recv(sock: socket.socket) -> Any:
+def recv(sock: socket.socket) -> object:
     """The next frame's message, blocking; None at EOF (the other end closed, or died)."""
     head = _recv_exact(sock, FRAME.size)
     if head is None:
@@ -137,16 +143,16 @@ class _Served:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.lock = threading.Lock()
-        self.agent: Any = None
+        self.agent: NodeAgent | None = None
         self.shut = False
         self.shut_lock = threading.Lock()
 
-    def send(self, msg: Any) -> None:
+    def send(self, msg: object) -> None:
         data = encode(msg)
         with self.lock, contextlib.suppress(OSError):  # the server is gone: EOF ends the loop
             self.sock.sendall(data)
 
-    def run_one(self, rid: int, method: str, args: tuple[Any, ...]) -> None:
+    def run_one(self, rid: int, method: str, args: tuple[object, ...]) -> None:
         try:
             if method == "shutdown":
                 self.shutdown()
@@ -172,10 +178,11 @@ class _Served:
         first = recv(self.sock)
         if first is None:
             return 0
-        rid, method, args = first
+        rid, method, args = cast(_Request, first)
         if method != "init":
             self.send((rid, False, RuntimeError(f"the first request must be init, not {method}")))
             return 1
+        # lazy: the server imports this module (spawn_agent); only the child runs an agent
         from gshare.runtime.node.agent import NodeAgent
 
         try:
@@ -190,7 +197,7 @@ class _Served:
             msg = recv(self.sock)
             if msg is None:
                 break
-            pool.submit(self.run_one, *msg)
+            pool.submit(self.run_one, *cast(_Request, msg))
         with contextlib.suppress(Exception):
             self.shutdown()
         return 0

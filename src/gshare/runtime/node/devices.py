@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import os
 
+import psutil
+
+from gshare.runtime.native import instance_env
+from gshare.runtime.node.partition import cores_for
+from gshare.runtime.node.partition import cuda_env as mps_env
+
 CPU_MEMORY_FRACTION = 0.9
 """Share of the node's RAM that CPU instances' memory limits may reserve by default."""
 
@@ -16,7 +22,7 @@ def detect_devices() -> list[str]:
     torch is not imported otherwise), else ``["cpu"]``."""
     if os.path.exists("/dev/nvidiactl"):
         try:
-            import torch
+            import torch  # lazy: torch is heavy, and only a GPU node needs it (docstring)
 
             n = torch.cuda.device_count()
             if n > 0:
@@ -30,13 +36,11 @@ def device_memory_mb(device: str, configured_mb: float | None) -> float:
     """The memory a device's instances reserve their limits from: the CUDA device's memory,
     or (CPU) ``configured_mb`` / ``CPU_MEMORY_FRACTION`` of the node's RAM."""
     if device.startswith("cuda"):
-        import torch
+        import torch  # lazy: torch is heavy, and only a GPU node needs it
 
         return float(torch.cuda.get_device_properties(device).total_memory) / (1 << 20)
     if configured_mb:
         return float(configured_mb)
-    import psutil
-
     return float(psutil.virtual_memory().total) / (1 << 20) * CPU_MEMORY_FRACTION
 
 
@@ -56,12 +60,8 @@ def instance_device_env(
     launch's): on CUDA the MPS thread percentage and the GPU frontend's deployment; on a CPU,
     thread pools sized to its cores and passive waits."""
     if device.startswith("cuda"):
-        from gshare.runtime.native import instance_env  # LD_PRELOAD/shim for a Ray actor
-        from gshare.runtime.node.partition import cuda_env as mps_env
-
+        # the GPU frontend's deployment (LD_PRELOAD or the shim), also for a Ray actor
         return {**(mps_env(sm_pct) if mps else {}), **instance_env(epoch_s, cuda_env)}
-    from gshare.runtime.node.partition import cores_for
-
     n = str(cores_for(sm_pct, cpu_count))
     # Threads of a process waiting for its token must not spin on the cores another instance's
     # token entitles it to (OpenMP workers spin ~200 ms after each parallel region by default):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 
@@ -56,8 +57,6 @@ def store_dir(root: str) -> Path:
     ``/dev/shm/gshare-<uid>``: ``<uid>`` becomes the user id, ``/dev/shm`` the temporary
     directory where there is none). Light: the node agent asks without importing torch."""
     if "<uid>" in root:
-        import tempfile
-
         base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         root = root.replace("/dev/shm", base, 1).replace("<uid>", str(os.getuid()))
     return Path(root)

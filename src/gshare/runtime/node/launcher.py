@@ -63,8 +63,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import IO, Any
 
+from gshare.runtime.instance.launch import InstanceLaunch
 from gshare.runtime.instance.oscap import SESSION_ENV, remove_cgroup, remove_session_cgroups
-from gshare.runtime.instance.walls import kill_cgroup, kill_session
+from gshare.runtime.instance.walls import Walls, enter, kill_cgroup, kill_session
 
 LAUNCHERS = ("fork", "ray")
 """How instance processes start (``gshare serve --launcher``): ``fork`` — forked from the
@@ -362,8 +363,6 @@ def _enter_walls(walls: dict[str, Any] | None) -> None:
     """(In a forked child, before any tenant code) ``instance.walls.enter``; logs what stands."""
     if not walls:
         return
-    from gshare.runtime.instance.walls import Walls, enter
-
     report = enter(Walls.from_dict(walls))
     print(report.summary(), file=sys.stderr, flush=True)
 
@@ -382,8 +381,6 @@ def run_instance(
     launch: dict[str, Any], walls: dict[str, Any] | None = None, secrets_path: str = ""
 ) -> None:
     """(In a forked child) Serve one instance until SIGTERM; never returns."""
-    from gshare.runtime.instance.launch import InstanceLaunch
-
     try:
         launch = _read_secrets(launch, secrets_path)
         _enter_walls(walls)
@@ -392,6 +389,7 @@ def run_instance(
         with contextlib.suppress(OSError):
             _write_atomic(str(launch.get("uds_path")) + ".exit", f"the walls failed: {e}"[:500])
         os._exit(1)
+    # lazy: the instance runtime; the template preloads it, the agent must not import it
     from gshare.runtime.instance.server import InstanceServer
 
     il = InstanceLaunch(**launch)

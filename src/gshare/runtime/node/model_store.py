@@ -409,6 +409,7 @@ class ModelStore:
         instances use the memory. Idempotent per (key, device) in a process."""
         if not torch.cuda.is_available():
             raise RuntimeError("export_cuda needs a CUDA device; this process sees none")
+        # lazy: torch.multiprocessing is needed only by the CUDA IPC path
         from torch.multiprocessing.reductions import reduce_tensor
 
         dev = _cuda_device(device)
@@ -486,6 +487,7 @@ class ModelStore:
             raise StoreError(f"{path}: unknown CUDA handle format")
         if payload["pid"] == os.getpid():
             raise StoreError(f"{path}: exported by this process through another store object")
+        # lazy: torch.multiprocessing is needed only by the CUDA IPC path
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
         # cudaIpcOpenMemHandle (once per allocation and process; PyTorch caches it):

@@ -129,7 +129,7 @@ def apply_cpu_partition(
     os.environ["OMP_NUM_THREADS"] = n
     os.environ["MKL_NUM_THREADS"] = n
     try:
-        import torch
+        import torch  # lazy: torch is heavy; the agent imports this module without it
     except ImportError:  # pragma: no cover - torch is a runtime dependency
         return cores
     torch.set_num_threads(len(cores))
@@ -241,7 +241,7 @@ def set_cuda_memory_fraction(fraction: float, device: int | str | None = None) -
     (``torch.cuda.set_per_process_memory_fraction``). False (nothing done) without CUDA."""
     if not (isinstance(fraction, int | float) and 0.0 < fraction <= 1.0):
         raise ValueError(f"fraction: must be a number in (0, 1], got {fraction!r}")
-    import torch
+    import torch  # lazy: torch is heavy; the agent imports this module without it
 
     if not torch.cuda.is_available():
         return False

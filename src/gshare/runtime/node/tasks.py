@@ -13,18 +13,32 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NotRequired, TypedDict
+
+
+class HandlerDescription(TypedDict):
+    """``describe_handler``'s answer (JSON): ``ok`` and the handler's OIP inputs and outputs,
+    or ``error``."""
+
+    ok: bool
+    error: NotRequired[str]
+    inputs: NotRequired[list[dict[str, Any]]]
+    """``oip.header.spec_dicts`` of ``input_spec()`` (open: OIP metadata)."""
+    outputs: NotRequired[list[dict[str, Any]]]
+    example: NotRequired[bool]
 
 
 def put_weights(
-    store_root: str | None, spec: dict[str, Any], verified: list[str] | None = None
+    store_root: str | None, spec: Mapping[str, object], verified: list[str] | None = None
 ) -> str | None:
     """Build the function's weights and put them in the node's store once; return their key
     (``instance.loading.weights_key``: functions of the same built-in, or of the same weights file,
     share one copy per node), or None when there are none to share."""
+    # lazy: both import torch, which this module's forked children import only when needed
     from gshare.runtime.instance.loading import state_dict_for, weights_key
     from gshare.runtime.node.model_store import ModelStore
-    from gshare.spec import load_function_spec
+    from gshare.spec import load_function_spec  # lazy: pydantic; the agent imports this module
 
     fspec = load_function_spec(spec)
     key = weights_key(fspec)
@@ -40,15 +54,16 @@ def put_weights(
     return key
 
 
-def build_weights(spec: dict[str, Any], out_path: str) -> bool:
+def build_weights(spec: Mapping[str, object], out_path: str) -> bool:
     """(Inside the tenant's walls: ``instance.walls``) a user handler's ``initial_weights()``,
     written to ``out_path`` as a .safetensors file; False when it has none. Its code runs as
     the tenant; ``store_weights`` then reads the file — a format that holds data, never code —
     and puts it in the store, which the tenant may not write."""
+    # lazy: torch (safetensors.torch, loading) is heavy; see the module doc
     from safetensors.torch import save_file
 
     from gshare.runtime.instance.loading import state_dict_for
-    from gshare.spec import load_function_spec
+    from gshare.spec import load_function_spec  # lazy: pydantic; the agent imports this module
 
     state = state_dict_for(load_function_spec(spec))
     if not state:
@@ -57,14 +72,15 @@ def build_weights(spec: dict[str, Any], out_path: str) -> bool:
     return True
 
 
-def store_weights(store_root: str | None, spec: dict[str, Any], path: str) -> str:
+def store_weights(store_root: str | None, spec: Mapping[str, object], path: str) -> str:
     """Put the weights ``build_weights`` wrote at ``path`` in the node's store (as root);
     return their key. The file is removed."""
+    # lazy: torch (safetensors.torch, loading, the store) is heavy; see the module doc
     from safetensors.torch import load_file
 
     from gshare.runtime.instance.loading import weights_key
     from gshare.runtime.node.model_store import ModelStore
-    from gshare.spec import load_function_spec
+    from gshare.spec import load_function_spec  # lazy: pydantic; the agent imports this module
 
     key = weights_key(load_function_spec(spec))
     store = ModelStore(store_root) if store_root else ModelStore()
@@ -79,7 +95,7 @@ def store_weights(store_root: str | None, spec: dict[str, Any], path: str) -> st
     return key
 
 
-def describe_handler(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]:
+def describe_handler(spec: Mapping[str, object], extra_sys_path: list[str]) -> HandlerDescription:
     """Import the handler and report its OIP inputs and outputs (``input_spec()``,
     ``output_spec()``), or the import error (a bad ``handler`` fails the deployment, not the
     first call)."""
@@ -87,6 +103,7 @@ def describe_handler(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[st
         if p not in sys.path:
             sys.path.insert(0, p)
     try:
+        # lazy: inside the try (a failed import is the answer), and loading imports torch
         from gshare.runtime.instance.loading import make_handler
         from gshare.runtime.oip.header import spec_dicts
         from gshare.spec import load_function_spec
@@ -102,9 +119,20 @@ def describe_handler(spec: dict[str, Any], extra_sys_path: list[str]) -> dict[st
             if hasattr(handler, method):
                 with contextlib.suppress(Exception):
                     io[key] = spec_dicts(getattr(handler, method)())
-        return {"ok": True, **io, "example": hasattr(handler, "example_input")}
+        return {
+            "ok": True,
+            "inputs": io["inputs"],
+            "outputs": io["outputs"],
+            "example": hasattr(handler, "example_input"),
+        }
     except Exception as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
 
 
-__all__ = ["build_weights", "describe_handler", "put_weights", "store_weights"]
+__all__ = [
+    "HandlerDescription",
+    "build_weights",
+    "describe_handler",
+    "put_weights",
+    "store_weights",
+]

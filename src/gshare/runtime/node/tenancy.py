@@ -12,9 +12,9 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from gshare.policy.memory import MemoryPlan
 from gshare.runtime.instance.launch import InstanceLaunch
@@ -22,11 +22,24 @@ from gshare.runtime.instance.oscap import SESSION_ENV
 from gshare.runtime.instance.walls import DEFAULT_MEM_MB, Walls, uid_for
 from gshare.runtime.tokens.board import board_path
 
+
+class RunTask(Protocol):
+    """The agent's ``_node_task``: ``node.tasks.NAME(*args)`` in a throw-away process."""
+
+    def __call__(
+        self,
+        name: str,
+        args: list[object],
+        timeout_s: float,
+        walls: dict[str, object] | None = None,
+    ) -> object: ...
+
+
 SECRET_FIELDS = ("token_secret", "channel_secret")
 """The launch fields that never pass through the fork template (``write_launch_secrets``)."""
 
 
-def tenant_files(spec: dict[str, Any]) -> tuple[str, ...]:
+def tenant_files(spec: Mapping[str, object]) -> tuple[str, ...]:
     """The files of a spec that its tenant's code reads: a ``file.py`` handler, weights."""
     out = []
     path = str(spec.get("handler") or "").rpartition(":")[0]
@@ -38,7 +51,10 @@ def tenant_files(spec: dict[str, Any]) -> tuple[str, ...]:
 
 
 def tenant_walls(
-    function: str, spec: dict[str, Any], extra_sys_path: tuple[str, ...] | list[str], **kw: Any
+    function: str,
+    spec: Mapping[str, object],
+    extra_sys_path: tuple[str, ...] | list[str],
+    **kw: Any,
 ) -> Walls:
     """The walls of a process that runs ``function``'s code: its uid, this session's cgroups,
     its code reachable; ``kw`` the rest (``Walls``' fields)."""
@@ -71,7 +87,7 @@ def instance_walls(launch: InstanceLaunch, store_root: str) -> Walls:
     )
 
 
-def write_launch_secrets(data: dict[str, Any], own_dir: str) -> str:
+def write_launch_secrets(data: dict[str, object], own_dir: str) -> str:
     """Move the secrets out of a launch's ``data`` into a file only root reads in the
     instance's directory (made here); its path. The child reads and removes it before its walls
     go up, so the template, whose memory every instance inherits, never holds them."""
@@ -84,7 +100,7 @@ def write_launch_secrets(data: dict[str, Any], own_dir: str) -> str:
 
 
 def build_weights_walled(
-    run_task: Callable[..., Any], launch: InstanceLaunch, build: Path, timeout_s: float
+    run_task: RunTask, launch: InstanceLaunch, build: Path, timeout_s: float
 ) -> str | None:
     """A user handler's ``initial_weights()`` (tenant code) into the node's store: built inside
     the tenant's walls (``node.tasks.build_weights``, a .safetensors file in ``build``), then
@@ -95,7 +111,7 @@ def build_weights_walled(
     try:
         if not run_task("build_weights", [launch.spec, out], timeout_s, walls=walls.to_dict()):
             return None
-        key: str = run_task("store_weights", [launch.store_root, launch.spec, out], timeout_s)
-        return key
+        key = run_task("store_weights", [launch.store_root, launch.spec, out], timeout_s)
+        return cast(str, key)
     finally:
         shutil.rmtree(build, ignore_errors=True)
