@@ -22,12 +22,25 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gshare.runtime.control.agents import ProcessAgentHandle, RayAgentHandle
 from gshare.runtime.messages import AgentGone, NodeInfo
 from gshare.runtime.node.agent_process import spawn_agent
+from gshare.runtime.options import ServeOptions
 
 if TYPE_CHECKING:
     from gshare.runtime.control.loop import Controller
-    from gshare.runtime.server import ServeOptions, _Runtime
 
 log = logging.getLogger("gshare.server")
+
+
+class BackendHost(Protocol):
+    """What a backend reads of the server that owns it (``runtime.server``'s ``_Runtime``)."""
+
+    opts: ServeOptions
+    session: str
+    """This server's session id (every process it starts carries it)."""
+    run_dir: str
+    """The server's run directory (sockets, instance folders)."""
+    store_root: str | None
+    """Where the node agents keep their shared-memory model stores (None: no /dev/shm)."""
+
 
 NODE_SCAN_S = 5.0
 """How often the Ray backend looks for nodes without an agent."""
@@ -94,7 +107,7 @@ class LocalBackend:
     name = "local"
     RESPAWN_RETRY_S = 1.0
 
-    def __init__(self, rt: _Runtime) -> None:
+    def __init__(self, rt: BackendHost) -> None:
         self.rt = rt
         self.node_id = f"local-{rt.session}-{uuid.uuid4().hex[:8]}"
         self.handle: ProcessAgentHandle | None = None
@@ -188,7 +201,7 @@ class RayBackend:
 
     name = "ray"
 
-    def __init__(self, rt: _Runtime) -> None:
+    def __init__(self, rt: BackendHost) -> None:
         self.rt = rt
         self.agents: dict[str, Any] = {}  # Ray actor handles of NodeAgent
         self.started = False
@@ -350,6 +363,7 @@ def cluster_backend(opts: ServeOptions) -> str:
 
 __all__ = [
     "CLUSTERS",
+    "BackendHost",
     "NODE_SCAN_S",
     "ClusterBackend",
     "LocalBackend",
