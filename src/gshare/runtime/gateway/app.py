@@ -53,7 +53,9 @@ MAX_LOG_TAIL = 100_000
 
 
 class ControlPlane:
-    """What the HTTP layer needs from the controller (implemented by ``ControlApi``)."""
+    """What the HTTP layer needs from the controller (implemented by ``ControlApi``). Its
+    documents are JSON the API answers as they are (``dict[str, object]``); the OIP service
+    reads a function's status as a ``triton_ext.FunctionStatus``."""
 
     async def deploy(
         self, body: bytes, content_type: str, *, update: bool | None

@@ -400,8 +400,7 @@ class InferResponse(TypedDict):
     model_name: str
     model_version: str
     id: NotRequired[str]
-    outputs: NotRequired[list[ResponseTensor]]
-    """Always given; set after ``id``, which keeps the keys in this order."""
+    outputs: list[ResponseTensor]
 
 
 def http_parts(
@@ -422,10 +421,12 @@ def http_parts(
         else:
             entry["data"] = _json_data(name, a, dt)
         outs.append(entry)
-    resp: InferResponse = {"model_name": model_name, "model_version": str(version)}
-    if header.id is not None:
-        resp["id"] = header.id
-    resp["outputs"] = outs
+    v = str(version)
+    resp: InferResponse = (
+        {"model_name": model_name, "model_version": v, "outputs": outs}
+        if header.id is None
+        else {"model_name": model_name, "model_version": v, "id": header.id, "outputs": outs}
+    )
     return orjson.dumps(resp, option=orjson.OPT_SERIALIZE_NUMPY), blobs
 
 
