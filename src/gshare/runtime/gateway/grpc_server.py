@@ -63,6 +63,8 @@ class ModelRequest(Protocol):
 
 
 class RepositoryIndexRequest(Protocol):
+    """``inference.RepositoryIndexRequest``: whether to list only the ready models."""
+
     ready: bool
 
 
