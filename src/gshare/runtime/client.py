@@ -12,7 +12,8 @@ The control API (``/system/...``) needs the server's bearer token: ``token=`` or
 ``token`` file of the state directory (``state_dir=``, ``$GSHARE_STATE``, ``~/.gshare``);
 invocation does not. Every failure raises ``ClientError`` with a one-line message naming the
 problem (the server's own message for HTTP errors) and ``status`` (the HTTP code, or None when
-the server could not be reached).
+the server could not be reached). Answers are the server's JSON documents as decoded
+(``dict[str, Any]``: the caller reads them as it needs).
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from __future__ import annotations
 import builtins
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from gshare.runtime.control.state import read_token, resolve_state_dir
+
+if TYPE_CHECKING:
+    from gshare.spec import FunctionSpec
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -60,7 +64,7 @@ _NUMPY_DATATYPES = {
 """numpy dtype name -> the Open Inference Protocol's datatype."""
 
 
-def _tensor_json(t: Mapping[str, Any]) -> dict[str, Any]:
+def _tensor_json(t: Mapping[str, object]) -> dict[str, object]:
     """An OIP input with its ``data`` made JSON: an array's ``tolist()``, and the array's
     shape and datatype where the input does not give them (``ClientError`` for a dtype the
     protocol has no name for)."""
@@ -130,12 +134,24 @@ class Client:
             )
         return {"authorization": f"Bearer {token}"}
 
-    def _request(self, method: str, path: str, *, auth: bool, **kw: Any) -> httpx.Response:
-        headers = dict(kw.pop("headers", {}) or {})
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        auth: bool,
+        content: str | bytes | None = None,
+        json_body: object = None,
+        params: Mapping[str, str | int] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        headers = dict(headers or {})
         if auth:
             headers.update(self._auth())
         try:
-            r = self._http.request(method, path, headers=headers, **kw)
+            r = self._http.request(
+                method, path, headers=headers, content=content, json=json_body, params=params
+            )
         except httpx.ConnectError as e:
             raise ClientError(
                 f"cannot reach the gshare server at {self.url} ({e}); is `gshare serve` running?"
@@ -150,11 +166,16 @@ class Client:
 
     # -- functions --------------------------------------------------------------------------------
 
-    def deploy(self, spec: Any, *, update: bool = True) -> dict[str, Any]:
+    def deploy(
+        self,
+        spec: FunctionSpec | Mapping[str, object] | str | os.PathLike[str],
+        *,
+        update: bool = True,
+    ) -> dict[str, Any]:
         """Deploy a function (create it, or with ``update`` replace an existing one). ``spec``:
         a ``FunctionSpec``, a mapping, a YAML file path or YAML text; it is validated here first
         (``SpecError`` → ``ClientError``), relative paths resolved against the file's folder."""
-        from gshare.spec import SpecError, load_function_spec
+        from gshare.spec import SpecError, load_function_spec  # lazy: pydantic, for deploy only
 
         try:
             fs = load_function_spec(Path(spec) if isinstance(spec, os.PathLike) else spec)
@@ -226,7 +247,7 @@ class Client:
             headers={"content-type": content_type},
         )  # fmt: skip
 
-    def invoke_workflow(self, name: str, data: Any = None) -> Any:
+    def invoke_workflow(self, name: str, data: object = None) -> Any:
         """Run a workflow with JSON ``data`` (or raw bytes); the last stage's answer."""
         if isinstance(data, bytes | bytearray):
             r = self.invoke_workflow_raw(name, bytes(data))
@@ -260,7 +281,7 @@ class Client:
             headers={"content-type": content_type},
         )
 
-    def invoke(self, name: str, data: Any = None) -> Any:
+    def invoke(self, name: str, data: object = None) -> Any:
         """Invoke with JSON (any JSON-serialisable ``data``) or raw bytes; returns the decoded
         JSON answer, or bytes when the function answered bytes."""
         if isinstance(data, bytes | bytearray):
@@ -272,26 +293,26 @@ class Client:
         return r.content
 
     def infer(
-        self, name: str, inputs: builtins.list[Mapping[str, Any]], request_id: str | None = None
+        self, name: str, inputs: Sequence[Mapping[str, object]], request_id: str | None = None
     ) -> dict[str, Any]:
         """Open Inference Protocol v2 ``infer``: ``inputs`` are ``{name, shape, datatype,
         data}``; ``data`` may be a numpy array (or anything with ``tolist``), whose shape and
         datatype fill in ``shape`` and ``datatype`` when they are not given."""
-        body: dict[str, Any] = {"inputs": [_tensor_json(t) for t in inputs]}
+        body: dict[str, object] = {"inputs": [_tensor_json(t) for t in inputs]}
         if request_id is not None:
             body["id"] = request_id
         out: dict[str, Any] = self._request(
-            "POST", f"/v2/models/{name}/infer", auth=False, json=body
+            "POST", f"/v2/models/{name}/infer", auth=False, json_body=body
         ).json()
         return out
 
     # -- profiling --------------------------------------------------------------------------------
 
-    def start_profile(self, name: str, **grid: Any) -> dict[str, Any]:
+    def start_profile(self, name: str, **grid: object) -> dict[str, Any]:
         """Start the live profiler (``sm_pct``, ``quota_pct``, ``batch``: lists; ``trial_s``)."""
         body = {k: v for k, v in grid.items() if v is not None}
         out: dict[str, Any] = self._request(
-            "POST", f"/system/profile/{name}", auth=True, json=body
+            "POST", f"/system/profile/{name}", auth=True, json_body=body
         ).json()
         return out
 

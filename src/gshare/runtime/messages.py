@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from gshare.runtime.instance.launch import InstanceLaunch
 
@@ -114,7 +114,7 @@ class InstanceStatus:
     pid: int | None = None
     uds_path: str | None = None
     tcp_port: int | None = None
-    inputs: list[dict[str, Any]] | None = None
+    inputs: list[dict[str, object]] | None = None
     """The handler's OIP input description, once loaded."""
     cores: list[int] | None = None
     error: str | None = None
@@ -170,7 +170,7 @@ class NodeInfo:
     device_memory_mb: tuple[float, ...] = ()
     """Memory of each device that instances' limits are reserved from (CPU: the node's RAM
     share, ``gshare serve --device-mem-mb``; CUDA: the device's memory)."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, object] = field(default_factory=dict)
     """Anything else it reports (ip, pid, MPS, run directory, launcher: ``/system/info``)."""
 
 
@@ -191,7 +191,9 @@ class AgentHandle(Protocol):
 
     async def stop_instance(self, instance_id: str) -> None: ...
 
-    async def describe(self, spec: dict[str, Any], extra_sys_path: list[str]) -> dict[str, Any]: ...
+    async def describe(
+        self, spec: dict[str, object], extra_sys_path: list[str]
+    ) -> dict[str, object]: ...
 
     async def set_share(
         self, instance_id: str, quota_request: float, quota_limit: float

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import cast
 
 import orjson
 from fastapi import FastAPI, Request
@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from gshare.runtime.gateway.asgi import (
     header_map,
@@ -40,6 +41,7 @@ from gshare.runtime.gateway.errors import HttpError, error_response, status_of
 from gshare.runtime.gateway.oip_http import infer_target, mount_oip, serve_infer
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.gateway.router import Gateway
+from gshare.runtime.gateway.triton_ext import FunctionStatus
 from gshare.runtime.gateway.ui import mount_status_page
 from gshare.runtime.gateway.workflows import Call as WorkflowCall
 from gshare.runtime.instance import protocol as P
@@ -51,36 +53,39 @@ MAX_LOG_TAIL = 100_000
 
 
 class ControlPlane:
-    """What the HTTP layer needs from the controller (implemented by ``ControlApi``)."""
+    """What the HTTP layer needs from the controller (implemented by ``ControlApi``). Its
+    documents are JSON the API answers as they are (``dict[str, object]``); the OIP service
+    reads a function's status as a ``triton_ext.FunctionStatus``."""
 
     async def deploy(
         self, body: bytes, content_type: str, *, update: bool | None
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         raise NotImplementedError
 
     async def delete(self, name: str) -> None:
         raise NotImplementedError
 
-    def list_functions(self) -> list[dict[str, Any]]:
+    def list_functions(self) -> list[dict[str, object]]:
         raise NotImplementedError
 
-    def function_status(self, name: str) -> dict[str, Any]:
+    def function_status(self, name: str) -> dict[str, object]:
         raise NotImplementedError
 
     def function_version(self, name: str) -> int:
         """The deployed version of ``name`` (asked on every OIP request: keep it cheap)."""
-        return int(self.function_status(name).get("version", 1))
+        status = cast("FunctionStatus", self.function_status(name))
+        return int(status.get("version", 1))
 
     def logs(self, name: str, tail: int) -> list[str]:
         raise NotImplementedError
 
-    async def start_profile(self, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def start_profile(self, name: str, params: dict[str, object]) -> dict[str, object]:
         raise NotImplementedError
 
-    def profile_status(self, name: str) -> dict[str, Any]:
+    def profile_status(self, name: str) -> dict[str, object]:
         raise NotImplementedError
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, object]:
         raise NotImplementedError
 
     def ready(self) -> bool:
@@ -88,13 +93,13 @@ class ControlPlane:
 
     async def deploy_workflow(
         self, body: bytes, content_type: str, *, update: bool
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         raise NotImplementedError
 
     async def delete_workflow(self, name: str) -> None:
         raise NotImplementedError
 
-    def list_workflows(self) -> list[dict[str, Any]]:
+    def list_workflows(self) -> list[dict[str, object]]:
         raise NotImplementedError
 
     async def run_workflow(
@@ -139,9 +144,9 @@ def build_app(
     control: ControlPlane,
     token: str,
     *,
-    lifespan: Any = None,
+    lifespan: Lifespan[FastAPI] | None = None,
     oip: OipService | None = None,
-) -> Any:
+) -> InvokeFastPath:
     """The ASGI app: ``InvokeFastPath`` in front of ``build_fastapi``'s app (module doc);
     ``oip`` is the protocol service the gRPC server shares (one is made when None)."""
     oip = oip or OipService(gw, control)
@@ -153,7 +158,7 @@ def build_fastapi(
     control: ControlPlane,
     token: str,
     *,
-    lifespan: Any = None,
+    lifespan: Lifespan[FastAPI] | None = None,
     oip: OipService | None = None,
 ) -> FastAPI:
     """The FastAPI app behind ``InvokeFastPath``: error handlers, then one ``mount_*`` call
@@ -252,7 +257,7 @@ def mount_control_api(
     """The OpenFaaS-style control API ``/system/...`` (bearer token)."""
 
     @app.get("/system/functions")
-    async def list_functions(request: Request) -> list[dict[str, Any]]:
+    async def list_functions(request: Request) -> list[dict[str, object]]:
         require_token(request)
         return control.list_functions()
 
@@ -291,7 +296,7 @@ def mount_control_api(
         return await delete_function(name)
 
     @app.get("/system/workflows")
-    async def list_workflows(request: Request) -> list[dict[str, Any]]:
+    async def list_workflows(request: Request) -> list[dict[str, object]]:
         require_token(request)
         return control.list_workflows()
 
@@ -325,12 +330,12 @@ def mount_control_api(
         return Response(data, media_type=media)
 
     @app.get("/system/function/{name}")
-    async def function_status(name: str, request: Request) -> dict[str, Any]:
+    async def function_status(name: str, request: Request) -> dict[str, object]:
         require_token(request)
         return control.function_status(name)
 
     @app.get("/system/logs")
-    async def logs(request: Request, name: str = "", tail: int = 100) -> dict[str, Any]:
+    async def logs(request: Request, name: str = "", tail: int = 100) -> dict[str, object]:
         require_token(request)
         if not name:
             raise HttpError(400, "query parameter 'name' is required")
@@ -350,12 +355,12 @@ def mount_control_api(
         return JSONResponse(await control.start_profile(name, params), status_code=202)
 
     @app.get("/system/profile/{name}")
-    async def profile_status(name: str, request: Request) -> dict[str, Any]:
+    async def profile_status(name: str, request: Request) -> dict[str, object]:
         require_token(request)
         return control.profile_status(name)
 
     @app.get("/system/info")
-    async def info(request: Request) -> dict[str, Any]:
+    async def info(request: Request) -> dict[str, object]:
         require_token(request)
         return control.info()
 
@@ -368,12 +373,12 @@ class InvokeFastPath:
 
     PREFIX = "/function/"
 
-    def __init__(self, app: Any, gw: Gateway, oip: OipService) -> None:
+    def __init__(self, app: ASGIApp, gw: Gateway, oip: OipService) -> None:
         self.app = app
         self.gw = gw
         self.oip = oip
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path = scope["path"]
             if path.startswith(self.PREFIX):
@@ -390,7 +395,7 @@ class InvokeFastPath:
                 return
         await self.app(scope, receive, send)
 
-    async def _guard(self, name: str, work: Any, send: Any) -> None:
+    async def _guard(self, name: str, work: Awaitable[None], send: Send) -> None:
         """Run a hot-path request; an ``HttpError`` becomes the error answer (and a request
         rejected before it was queued is still counted in the metrics)."""
         try:
@@ -403,7 +408,7 @@ class InvokeFastPath:
                 extra.append((b"allow", b"POST"))
             await send_error(send, e.status, e.message, extra)
 
-    async def _invoke(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _invoke(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
         name = scope["path"][len(self.PREFIX) :]
         if scope["method"] != "POST":

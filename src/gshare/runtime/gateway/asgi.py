@@ -6,10 +6,9 @@ FastAPI's routing, request and response objects (``read_body``, ``send_response`
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 from fastapi import Request
+from starlette.types import Receive, Scope, Send
 
 from gshare.runtime.gateway.errors import HttpError
 
@@ -36,7 +35,7 @@ async def read_request(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_json(body: bytes) -> Any:
+def parse_json(body: bytes) -> object:
     """The JSON document in ``body``, or ``HttpError`` 400 naming what is malformed."""
     try:
         return orjson.loads(body)
@@ -44,12 +43,12 @@ def parse_json(body: bytes) -> Any:
         raise HttpError(400, f"malformed JSON body: {e}") from None
 
 
-def header_map(scope: dict[str, Any], names: tuple[bytes, ...]) -> dict[bytes, bytes]:
+def header_map(scope: Scope, names: tuple[bytes, ...]) -> dict[bytes, bytes]:
     """The values of the request headers named in ``names`` (lower case) that are present."""
     return {k: v for k, v in scope["headers"] if k in names}
 
 
-async def read_body(receive: Any, limit: int, declared: bytes | None) -> list[bytes] | None:
+async def read_body(receive: Receive, limit: int, declared: bytes | None) -> list[bytes] | None:
     """The request body as its chunks (not joined: the caller joins them with whatever it
     prepends, one copy), ``HttpError`` 413 past ``limit`` bytes (declared or streamed), 400 for
     a bad ``Content-Length``; None when the client disconnected."""
@@ -79,7 +78,7 @@ async def read_body(receive: Any, limit: int, declared: bytes | None) -> list[by
 
 
 async def send_response(
-    send: Any,
+    send: Send,
     status: int,
     body: bytes | memoryview,
     ctype: bytes,
@@ -93,7 +92,7 @@ async def send_response(
 
 
 async def send_error(
-    send: Any, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None
+    send: Send, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     """The gateway's one error shape: ``{"error": message}``."""
     await send_response(send, status, orjson.dumps({"error": message}), b"application/json", extra)

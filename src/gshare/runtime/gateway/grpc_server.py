@@ -20,14 +20,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Final
+from typing import Final, Protocol, TypeVar
 
 import grpc
+from grpc.aio import ServicerContext
 
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.instance import protocol as P
-from gshare.runtime.oip.grpc_messages import SERVICE, from_dict, pb
+from gshare.runtime.oip.grpc_messages import SERVICE, Message, from_dict, pb
 from gshare.runtime.oip.header import TRANSPORT_GRPC, wrap
 
 log = logging.getLogger("gshare.grpc")
@@ -53,38 +54,54 @@ def grpc_code(http_status: int) -> grpc.StatusCode:
     return CODES.get(http_status, grpc.StatusCode.INTERNAL)
 
 
+class ModelRequest(Protocol):
+    """A request naming a model (``ModelReadyRequest``, ``ModelMetadataRequest``,
+    ``ModelConfigRequest``, ``ModelStatisticsRequest``; empty strings: not given)."""
+
+    name: str
+    version: str
+
+
+class RepositoryIndexRequest(Protocol):
+    """``inference.RepositoryIndexRequest``: whether to list only the ready models."""
+
+    ready: bool
+
+
 class GrpcInferenceService:
     """The RPC handlers (module doc), each a coroutine ``(request, context) -> response``."""
 
     def __init__(self, oip: OipService) -> None:
         self.oip = oip
 
-    async def ServerLive(self, req: Any, ctx: Any) -> Any:  # noqa: N802 (the RPC's name)
+    async def ServerLive(self, req: object, ctx: ServicerContext) -> object:  # noqa: N802 (the RPC's name)
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, req: Any, ctx: Any) -> Any:  # noqa: N802
+    async def ServerReady(self, req: object, ctx: ServicerContext) -> object:  # noqa: N802
         return pb.ServerReadyResponse(ready=self.oip.server_ready()[0])
 
-    async def ModelReady(self, req: Any, ctx: Any) -> Any:  # noqa: N802
+    async def ModelReady(self, req: ModelRequest, ctx: ServicerContext) -> object:  # noqa: N802
         ok, _ = self.oip.model_ready(req.name, req.version)
         return pb.ModelReadyResponse(ready=ok)
 
-    async def ServerMetadata(self, req: Any, ctx: Any) -> Any:  # noqa: N802
+    async def ServerMetadata(self, req: object, ctx: ServicerContext) -> object:  # noqa: N802
         return from_dict(self.oip.server_metadata(), pb.ServerMetadataResponse())
 
-    async def ModelMetadata(self, req: Any, ctx: Any) -> Any:  # noqa: N802
+    async def ModelMetadata(self, req: ModelRequest, ctx: ServicerContext) -> object:  # noqa: N802
         return from_dict(self.oip.model_metadata(req.name, req.version), pb.ModelMetadataResponse())
 
-    async def ModelConfig(self, req: Any, ctx: Any) -> Any:  # noqa: N802
+    async def ModelConfig(self, req: ModelRequest, ctx: ServicerContext) -> object:  # noqa: N802
         return from_dict(
             {"config": self.oip.model_config(req.name, req.version)}, pb.ModelConfigResponse()
         )
 
-    async def ModelStatistics(self, req: Any, ctx: Any) -> Any:  # noqa: N802
+    async def ModelStatistics(self, req: ModelRequest, ctx: ServicerContext) -> object:  # noqa: N802
         doc = self.oip.statistics(req.name, req.version)
         return from_dict(doc, pb.ModelStatisticsResponse())
 
-    async def RepositoryIndex(self, req: Any, ctx: Any) -> Any:  # noqa: N802
+    async def RepositoryIndex(  # noqa: N802
+        self, req: RepositoryIndexRequest, ctx: ServicerContext
+    ) -> object:
         return from_dict(
             {"models": self.oip.repository_index(req.ready)}, pb.RepositoryIndexResponse()
         )
@@ -104,15 +121,15 @@ class GrpcInferenceService:
             raise HttpError(500, "the instance did not answer a ModelInferResponse")
         return data
 
-    async def ModelInfer(self, raw: bytes, ctx: Any) -> bytes:  # noqa: N802
+    async def ModelInfer(self, raw: bytes, ctx: ServicerContext) -> bytes:  # noqa: N802
         return await self.infer(raw)
 
     async def ModelStreamInfer(  # noqa: N802
-        self, requests: AsyncIterator[bytes], ctx: Any
-    ) -> AsyncIterator[Any]:
+        self, requests: AsyncIterator[bytes], ctx: ServicerContext
+    ) -> AsyncIterator[object]:
         """Each request of the stream runs as it arrives; answers come as they complete (a
         failed one as ``error_message``)."""
-        out: asyncio.Queue[Any] = asyncio.Queue()
+        out: asyncio.Queue[object | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(raw: bytes) -> None:
@@ -150,10 +167,15 @@ class GrpcInferenceService:
                 t.cancel()
 
 
+Req = TypeVar("Req")
+
+
 def _unary(
-    fn: Callable[[Any, Any], Awaitable[Any]], request: Any, response: Any
+    fn: Callable[[Req, ServicerContext], Awaitable[object]],
+    request: type[Message] | None,
+    response: type[Message] | None,
 ) -> grpc.RpcMethodHandler:
-    async def handle(req: Any, ctx: grpc.aio.ServicerContext) -> Any:
+    async def handle(req: Req, ctx: ServicerContext) -> object | None:
         try:
             return await fn(req, ctx)
         except HttpError as e:
@@ -161,6 +183,7 @@ def _unary(
         except Exception as e:
             log.exception("gRPC handler failed")
             await ctx.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+        return None  # not reached: abort raises
 
     return grpc.unary_unary_rpc_method_handler(
         handle,

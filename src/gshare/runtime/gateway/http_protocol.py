@@ -33,7 +33,6 @@ second cannot keep it alive.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -75,7 +74,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     _write_deadline: asyncio.TimerHandle | None = None
     _counted_as: str | None = None
 
-    def connection_made(self, transport: Any) -> None:
+    def connection_made(  # type: ignore[override]  # narrowed as uvicorn's own
+        self, transport: asyncio.Transport
+    ) -> None:
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             COUNTERS.refused += 1

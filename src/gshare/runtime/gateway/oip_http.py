@@ -18,10 +18,10 @@ model configuration, statistics and repository-index extensions): a front end of
 from __future__ import annotations
 
 import struct
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from gshare.runtime.gateway.asgi import (
     header_map,
@@ -54,7 +54,7 @@ def infer_target(path: str) -> tuple[str, str | None] | None:
 
 
 async def serve_infer(
-    oip: OipService, scope: dict[str, Any], receive: Any, send: Any, name: str, version: str | None
+    oip: OipService, scope: Scope, receive: Receive, send: Send, name: str, version: str | None
 ) -> None:
     """One OIP infer request (module doc); raises ``HttpError`` for the caller to answer."""
     if scope["method"] != "POST":
@@ -106,23 +106,23 @@ def mount_oip(app: FastAPI, oip: OipService) -> None:
     @app.get("/v2/health/ready")
     async def ready() -> JSONResponse:
         ok, why = oip.server_ready()
-        body: dict[str, Any] = {"ready": ok}
+        body: dict[str, object] = {"ready": ok}
         if not ok:
             body["error"] = f"not ready: {why}"
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/v2")
-    async def server_metadata() -> dict[str, Any]:
+    async def server_metadata() -> dict[str, object]:
         return oip.server_metadata()
 
     # /v2/models/stats before /v2/models/{name}: a function may not be named "stats" here.
     @app.get("/v2/models/stats")
-    async def all_stats() -> dict[str, Any]:
+    async def all_stats() -> dict[str, object]:
         return oip.statistics()
 
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
-    async def model_metadata(name: str, version: str | None = None) -> dict[str, Any]:
+    async def model_metadata(name: str, version: str | None = None) -> dict[str, object]:
         return oip.model_metadata(name, version)
 
     @app.get("/v2/models/{name}/ready")
@@ -133,12 +133,12 @@ def mount_oip(app: FastAPI, oip: OipService) -> None:
 
     @app.get("/v2/models/{name}/config")
     @app.get("/v2/models/{name}/versions/{version}/config")
-    async def model_config(name: str, version: str | None = None) -> dict[str, Any]:
+    async def model_config(name: str, version: str | None = None) -> dict[str, object]:
         return oip.model_config(name, version)
 
     @app.get("/v2/models/{name}/stats")
     @app.get("/v2/models/{name}/versions/{version}/stats")
-    async def model_stats(name: str, version: str | None = None) -> dict[str, Any]:
+    async def model_stats(name: str, version: str | None = None) -> dict[str, object]:
         return oip.statistics(name, version)
 
     @app.post("/v2/repository/models/{name}/load")
@@ -152,7 +152,7 @@ def mount_oip(app: FastAPI, oip: OipService) -> None:
         )
 
     @app.post("/v2/repository/index")
-    async def repository_index(request: Request) -> list[dict[str, Any]]:
+    async def repository_index(request: Request) -> list[dict[str, object]]:
         body = await read_request(request, oip.gw.max_body_bytes)
         doc = parse_json(body) if body.strip() else {}
         if not isinstance(doc, dict) or not isinstance(doc.get("ready", False), bool):

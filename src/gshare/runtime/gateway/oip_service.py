@@ -18,17 +18,24 @@ function at a time).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
+from gshare import __version__
 from gshare.runtime.gateway.errors import HttpError, status_of
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.triton_ext import (
+    FunctionStatus,
     InferenceStats,
     model_config,
     readiness,
     repository_index,
 )
 from gshare.runtime.instance import protocol as P
+
+if TYPE_CHECKING:
+    from starlette.types import Receive
+
+    from gshare.runtime.gateway.app import ControlPlane  # app imports this module
 
 EXTENSIONS = ("binary_tensor_data", "parameters", "model_configuration", "statistics")
 """What ``GET /v2`` lists: Triton's names of the extensions gshare implements (the repository
@@ -38,7 +45,9 @@ index is served too, without load/unload)."""
 class OipService:
     """See the module doc. ``control`` is the ``app.ControlPlane`` (function status, readiness)."""
 
-    def __init__(self, gw: Gateway, control: Any, stats: InferenceStats | None = None) -> None:
+    def __init__(
+        self, gw: Gateway, control: ControlPlane, stats: InferenceStats | None = None
+    ) -> None:
         self.gw = gw
         self.control = control
         self.stats = stats or InferenceStats()
@@ -52,23 +61,25 @@ class OipService:
             return False, "the server is shutting down"
         if not self.control.ready():
             return False, "the controller or the node agents are not running yet"
-        for st in self.control.list_functions():
+        for st in self._functions():
             r = readiness(st)
             if not r.ready:
                 return False, f"function {st['name']!r} is not ready: {r.reason}"
         return True, ""
 
-    def server_metadata(self) -> dict[str, Any]:
-        from gshare import __version__
-
+    def server_metadata(self) -> dict[str, object]:
         return {"name": "gshare", "version": __version__, "extensions": list(EXTENSIONS)}
 
-    def status(self, name: str, version: str | None = None) -> dict[str, Any]:
+    def _functions(self) -> list[FunctionStatus]:
+        """The control API's status of every deployed function."""
+        return cast("list[FunctionStatus]", self.control.list_functions())
+
+    def status(self, name: str, version: str | None = None) -> FunctionStatus:
         """The control API's status of function ``name`` (``HttpError`` 404 when it is not
         deployed, or ``version`` is given and is not its version)."""
         if not self.gw.is_public(name):
             raise HttpError(404, f"model {name!r} is not deployed")
-        st: dict[str, Any] = self.control.function_status(name)
+        st = cast("FunctionStatus", self.control.function_status(name))
         if version not in (None, "") and str(version) != str(st["version"]):
             raise HttpError(
                 404,
@@ -76,7 +87,7 @@ class OipService:
             )
         return st
 
-    def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+    def model_metadata(self, name: str, version: str | None = None) -> dict[str, object]:
         st = self.status(name, version)
         spec = st["spec"]
         return {
@@ -87,10 +98,10 @@ class OipService:
             "outputs": st.get("outputs") or [],
         }
 
-    def model_ready(self, name: str, version: str | None = None) -> tuple[bool, dict[str, Any]]:
+    def model_ready(self, name: str, version: str | None = None) -> tuple[bool, dict[str, object]]:
         st = self.status(name, version)
         r = readiness(st)
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "name": name,
             "version": str(st["version"]),
             "ready": r.ready,
@@ -103,23 +114,22 @@ class OipService:
 
     # -- Triton extensions ---------------------------------------------------------------------
 
-    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+    def model_config(self, name: str, version: str | None = None) -> dict[str, object]:
         return model_config(self.status(name, version))
 
-    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, object]:
         """``{"model_stats": [...]}`` of one function, or of all when ``name`` is empty."""
         if name:
             st = self.status(name, version)
             return {"model_stats": [self.stats.model_stats(name, int(st["version"]))]}
         return {
             "model_stats": [
-                self.stats.model_stats(st["name"], int(st["version"]))
-                for st in self.control.list_functions()
+                self.stats.model_stats(st["name"], int(st["version"])) for st in self._functions()
             ]
         }
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        return repository_index(self.control.list_functions(), ready_only)
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, object]]:
+        return repository_index(self._functions(), ready_only)
 
     def forget(self, name: str) -> None:
         """Function ``name`` was deleted (``app``'s delete routes call it)."""
@@ -140,7 +150,7 @@ class OipService:
         return current
 
     async def call(
-        self, function: str, enc: int, payload: bytes, receive: Any = None
+        self, function: str, enc: int, payload: bytes, receive: Receive | None = None
     ) -> tuple[int, bytes, tuple[float, float, float, int]]:
         """Run one request on ``function`` through the gateway's queues (``Gateway.submit``):
         its answer ``(encoding, data, measurements)``, or ``HttpError`` with the status the

@@ -39,9 +39,9 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gshare.policy.admission import (
     DEFAULT_MAX_LATENCY_SLO_FACTOR,
@@ -54,6 +54,10 @@ from gshare.runtime.gateway.channel import InstanceChannel, Pending
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.metrics import Metrics
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Histogram
+    from starlette.types import Receive
 
 log = logging.getLogger("gshare.gateway")
 
@@ -91,7 +95,7 @@ class FunctionRoute:
     last_done_s: float | None = None
     """``Gateway.clock`` at the last answer an instance gave (the function is idle since the later
     of this and ``last_arrival_s``, when nothing is queued or in flight)."""
-    inputs: list[dict[str, Any]] = field(default_factory=list)
+    inputs: list[dict[str, object]] = field(default_factory=list)
     start_error: str | None = None
     """Why the function's last instance start failed (queued requests fail with it)."""
     waiting_reason: str | None = None
@@ -138,7 +142,10 @@ class Gateway:
         self.metrics = metrics if metrics is not None else Metrics()
         """Where it records requests (the server hands the same object to the controller)."""
         self._ids = itertools.count(1)
-        self._children: dict[tuple[str, int], tuple[Any, ...]] = {}
+        self._children: dict[
+            tuple[str, int], tuple[Counter, Histogram, Histogram, Histogram, Histogram, Counter]
+        ] = {}
+        """Per (function, code): the labelled metrics ``record`` updates."""
         self.on_cold: Callable[[str], None] | None = None
         """Called (by the controller) when a function has queued requests and no instance."""
         self.closing = False
@@ -153,7 +160,7 @@ class Gateway:
         name: str,
         slo_ms: float | None,
         max_batch: int,
-        inputs: list[dict[str, Any]] | None = None,
+        inputs: list[dict[str, object]] | None = None,
         *,
         internal: bool = False,
     ) -> None:
@@ -424,7 +431,9 @@ class Gateway:
         ch.send_many(ps)
         return ps
 
-    async def control(self, function: str, instance_id: str, command: dict[str, Any]) -> bytes:
+    async def control(
+        self, function: str, instance_id: str, command: Mapping[str, object]
+    ) -> bytes:
         """Send an ``OP_CONTROL`` command to one connected instance and return its JSON answer;
         ``HttpError`` 404 when it is not connected, 4xx/5xx as the instance answered."""
         r = self.routes.get(function)
@@ -465,7 +474,7 @@ class Gateway:
             ch.send(r.queue.popleft())
 
     async def wait(
-        self, p: Pending, receive: Callable[[], Any] | None = None
+        self, p: Pending, receive: Receive | None = None
     ) -> tuple[int, int, bytes, tuple[float, float, float, int]]:
         """The instance's answer to ``p``; ``HttpError`` 504 after ``request_timeout_s`` (a
         timer, not ``wait_for``: no extra task per request on the hot path). With the ASGI
@@ -492,11 +501,11 @@ class Gateway:
             if p.watcher is not None and not p.watcher.done():
                 p.watcher.cancel()
 
-    def _start_watch(self, p: Pending, receive: Callable[[], Any]) -> None:
+    def _start_watch(self, p: Pending, receive: Receive) -> None:
         if not p.future.done():
             p.watcher = asyncio.get_running_loop().create_task(self._watch(p, receive))
 
-    async def _watch(self, p: Pending, receive: Callable[[], Any]) -> None:
+    async def _watch(self, p: Pending, receive: Receive) -> None:
         while not p.future.done():
             msg = await receive()
             if msg.get("type") == "http.disconnect":

@@ -48,7 +48,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import Counter, Histogram
 
@@ -63,6 +63,7 @@ from gshare.policy.workflow.esg import SHARE_POLICY_NAMES
 from gshare.policy.workflow.queues import AfwJob, AfwKey, AfwQueues, round_robin_pass
 from gshare.policy.workflow.schedulers import StageContext, WorkflowPolicy
 from gshare.profiles import ProfilePoint, ProfileTable
+from gshare.runtime.gateway.channel import InstanceChannel
 from gshare.runtime.gateway.errors import HttpError, status_of
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.metrics import LATENCY_BUCKETS_S
@@ -250,13 +251,13 @@ class StageScheduler:
         self._quota: dict[str, float] = {}
         self._quota_tasks: dict[str, asyncio.Task[None]] = {}
         self._pruned_at = 0.0
-        self._zero_wait: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._zero_wait: weakref.WeakSet[InstanceChannel] = weakref.WeakSet()
         """Channels whose instance's batching wait was set to 0 (weak: a new connection, even at
         a reused address, is set again)."""
         self._perf: SharePerf | None = None
         self._options: dict[str, tuple[ConfigOption, ...]] = {}
         self._sources: dict[str, str] = {}
-        self._perf_key: tuple[Any, ...] | None = None
+        self._perf_key: tuple[tuple[str, ShareFunction, str, int], ...] | None = None
         self._perf_at = -1e18
         self._policy: WorkflowPolicy | None = None
         self._preparing: asyncio.Task[None] | None = None
@@ -675,7 +676,7 @@ class StageScheduler:
         self._policy = policy
         return policy
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> dict[str, object]:
         """What ``gshare list`` and the status show of the scheduler."""
         return {
             "policy": self.policy_name,

@@ -15,7 +15,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypedDict
+
+from gshare.runtime.oip.header import TensorMeta
 
 _TYPES: Final[dict[str, str]] = {
     "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16",
@@ -26,10 +28,26 @@ _TYPES: Final[dict[str, str]] = {
 """OIP datatype → Triton's model-config ``DataType``."""
 
 
+class FunctionStatus(TypedDict):
+    """The control API's status of a function (``ControlPlane.function_status``): the keys
+    the OIP service reads (it has more)."""
+
+    name: str
+    version: int
+    spec: dict[str, Any]
+    """The function spec's JSON form (``gshare.spec.FunctionSpec``), read key by key."""
+    inputs: list[TensorMeta]
+    outputs: list[TensorMeta]
+    available_replicas: int
+    start_error: str | None
+    instances: list[dict[str, object]]
+    """One view per instance (``device``: where it runs)."""
+
+
 # -- model configuration ----------------------------------------------------------------------
 
 
-def _tensor_configs(tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tensor_configs(tensors: list[TensorMeta]) -> list[dict[str, object]]:
     return [
         {
             "name": t["name"],
@@ -40,7 +58,7 @@ def _tensor_configs(tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def instance_kind(spec_device: str, instances: list[dict[str, Any]] | None) -> str:
+def instance_kind(spec_device: str, instances: list[dict[str, object]] | None) -> str:
     """Triton's instance kind: where the function's instances run (``cuda:N`` -> GPU, else
     CPU); before any runs, the spec's device — ``auto`` is ``KIND_AUTO`` (a GPU if the node
     has one), as Triton's own."""
@@ -50,7 +68,7 @@ def instance_kind(spec_device: str, instances: list[dict[str, Any]] | None) -> s
     return {"cpu": "KIND_CPU", "cuda": "KIND_GPU"}.get(spec_device, "KIND_AUTO")
 
 
-def model_config(status: dict[str, Any]) -> dict[str, Any]:
+def model_config(status: FunctionStatus) -> dict[str, object]:
     """Triton's ``ModelConfig`` of a function, from its spec and its handler's tensors
     (``status``: the control API's function status).
 
@@ -64,7 +82,7 @@ def model_config(status: dict[str, Any]) -> dict[str, Any]:
     spec = status["spec"]
     batching = spec.get("batching") or {}
     device = str(spec.get("device", "cpu"))
-    params: dict[str, Any] = {}
+    params: dict[str, object] = {}
     res = spec.get("resources")
     if isinstance(res, dict):
         for k in ("sm_pct", "quota_request", "quota_limit", "mem_mb"):
@@ -181,7 +199,7 @@ class InferenceStats:
         """A deleted function's counters go (a redeployed one starts from zero)."""
         self._by.pop(function, None)
 
-    def model_stats(self, name: str, version: int) -> dict[str, Any]:
+    def model_stats(self, name: str, version: int) -> dict[str, object]:
         """Triton's ``ModelStatistics`` of one function (zeros before its first request)."""
         s = self._by.get(name) or _FunctionStats()
         zero = {"count": 0, "ns": 0}
@@ -227,7 +245,7 @@ class Readiness:
     reason: str = ""
 
 
-def readiness(status: dict[str, Any]) -> Readiness:
+def readiness(status: FunctionStatus) -> Readiness:
     """A function is ready when no start failed and it has a ready instance — or needs none:
     with ``min_instances`` 0 it may scale to zero and a request starts one (serverless)."""
     if status.get("start_error"):
@@ -239,9 +257,9 @@ def readiness(status: dict[str, Any]) -> Readiness:
     return Readiness(False, "LOADING", "no instance is ready yet")
 
 
-def repository_index(statuses: list[dict[str, Any]], ready_only: bool) -> list[dict[str, Any]]:
+def repository_index(statuses: list[FunctionStatus], ready_only: bool) -> list[dict[str, object]]:
     """Triton's repository index: every deployed function, its version and state."""
-    out = []
+    out: list[dict[str, object]] = []
     for st in statuses:
         r = readiness(st)
         if ready_only and not r.ready:
@@ -257,4 +275,11 @@ def repository_index(statuses: list[dict[str, Any]], ready_only: bool) -> list[d
     return out
 
 
-__all__ = ["InferenceStats", "Readiness", "model_config", "readiness", "repository_index"]
+__all__ = [
+    "FunctionStatus",
+    "InferenceStats",
+    "Readiness",
+    "model_config",
+    "readiness",
+    "repository_index",
+]

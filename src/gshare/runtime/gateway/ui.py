@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
@@ -32,7 +31,7 @@ def status_page_html() -> str:
 
 def mount_status_page(
     app: FastAPI,
-    view: Callable[[], dict[str, Any]] | None,
+    view: Callable[[], dict[str, object]] | None,
     require_token: Callable[[Request], None],
 ) -> None:
     """Add ``/ui`` and ``/system/status`` to ``app`` (``view`` None: status is 503)."""
@@ -42,7 +41,7 @@ def mount_status_page(
         return HTMLResponse(status_page_html(), headers={"Cache-Control": "no-cache"})
 
     @app.get("/system/status")
-    async def status(request: Request) -> dict[str, Any]:
+    async def status(request: Request) -> dict[str, object]:
         require_token(request)
         if view is None:
             raise HttpError(503, "this server has no status view")

@@ -36,7 +36,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from prometheus_client import Counter, Histogram
@@ -48,7 +47,7 @@ from gshare.runtime.instance import protocol as P
 from gshare.runtime.metrics import LATENCY_BUCKETS_S
 from gshare.workflows.spec import WorkflowSpec
 
-Call = Callable[[str, int, bytes], Awaitable[tuple[int, bytes, Any]]]
+Call = Callable[[str, int, bytes], Awaitable[tuple[int, bytes, tuple[float, float, float, int]]]]
 """One request to a function: (function, encoding, payload) -> (encoding, output, measurements),
 ``HttpError`` as the function answered (``OipService.call``)."""
 
@@ -84,7 +83,7 @@ class WorkflowStats:
         self.requests += 1
         self.hits += int(hit)
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> dict[str, object]:
         """Requests, SLO hit rate and the recent p50/p99 as the status page shows them."""
         xs = sorted(self.recent_ms)
 
@@ -269,12 +268,12 @@ class WorkflowRunner:
         self.metrics.stage_latency.labels(wf.spec.name, s).observe(time.perf_counter() - t0)
         return renc, data
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[dict[str, object]]:
         """The status page's workflows: ``view()`` plus each one's recent figures."""
         recent = {n: wf.stats.view() for n, wf in self.workflows.items()}
-        return [{**v, **recent[v["name"]]} for v in self.view()]
+        return [{**v, **recent[str(v["name"])]} for v in self.view()]
 
-    def view(self) -> list[dict[str, Any]]:
+    def view(self) -> list[dict[str, object]]:
         """What ``GET /system/workflows`` and ``gshare list`` show."""
         return [
             {
@@ -293,7 +292,7 @@ class WorkflowRunner:
 
 def _join(outputs: Mapping[str, tuple[int, bytes]]) -> bytes:
     """The input of a join (module doc): one JSON object, a member per predecessor."""
-    doc: dict[str, Any] = {}
+    doc: dict[str, object] = {}
     for name, (enc, data) in outputs.items():
         if enc == P.ENC_JSON:
             doc[name] = orjson.loads(data)

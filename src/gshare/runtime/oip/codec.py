@@ -20,8 +20,8 @@ memory, joined once.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Final, NotRequired, TypedDict, cast
 
 import numpy as np
 import orjson
@@ -36,6 +36,14 @@ from gshare.runtime.oip.header import (
     fmt_shape,
     parse_header,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    HandlerTensor = torch.Tensor | list[str | bytes]
+    """One input as ``predict`` gets it: a tensor, or a BYTES input's elements."""
+    HandlerInput = HandlerTensor | dict[str, HandlerTensor]
+    """What ``predict`` gets for one request (``to_handler_input``)."""
 
 _TORCH_DTYPES: Final[dict[str, str]] = {
     "BOOL": "bool", "UINT8": "uint8", "INT8": "int8", "INT16": "int16", "INT32": "int32",
@@ -54,7 +62,7 @@ booleans for numbers, no strings for either)."""
 # -- decoding (instance) -----------------------------------------------------------------------
 
 
-def load_json(body: bytes | memoryview) -> Any:
+def load_json(body: bytes | memoryview) -> object:
     """The JSON body of a request without binary data; ``OipError`` naming what is wrong —
     and, when the body looks like binary tensor data, the header it lacks."""
     try:
@@ -156,6 +164,7 @@ def decode_json_data(t: InputTensor) -> np.ndarray:
     """The input's array from its JSON ``data`` (flat or nested): ``np.asarray`` infers the
     elements' kind, which must fit the datatype; integers must fit its range."""
     where = f"input {t.name!r}"
+    assert t.data is not None  # parse_header: an input without binary data has 'data'
     if t.datatype == "BYTES":
         flat = _flatten_str(t.data, where)
         if len(flat) != t.count:
@@ -181,7 +190,7 @@ def decode_json_data(t: InputTensor) -> np.ndarray:
         bad = _first_bad(t.data, t.datatype)
         raise OipError(f"{where}: element {bad!r} is not a valid {t.datatype} value")
     if dtype.kind in "iu" and a.dtype != dtype:
-        info = np.iinfo(dtype)
+        info = np.iinfo(cast("np.dtype[np.integer]", dtype))
         lo, hi = a.min(), a.max()
         if lo < info.min or hi > info.max:
             bad = lo if lo < info.min else hi
@@ -189,7 +198,7 @@ def decode_json_data(t: InputTensor) -> np.ndarray:
     return a.astype(dtype, copy=False).reshape(t.shape)
 
 
-def _leaves(data: Any) -> Iterator[Any]:
+def _leaves(data: Iterable[object]) -> Iterator[object]:
     """The elements of nested lists, in order, without recursion (depth is the client's)."""
     stack = [iter(data)]
     while stack:
@@ -202,10 +211,10 @@ def _leaves(data: Any) -> Iterator[Any]:
             stack.pop()
 
 
-def _flatten_str(data: Any, where: str) -> list[Any]:
+def _flatten_str(data: list[object] | np.ndarray, where: str) -> list[object]:
     if isinstance(data, np.ndarray):
         return list(data.reshape(-1))
-    out: list[Any] = []
+    out: list[object] = []
     for x in _leaves(data):
         if not isinstance(x, str | bytes):
             raise OipError(f"{where}: element {x!r} is not a valid BYTES value (a string)")
@@ -213,7 +222,7 @@ def _flatten_str(data: Any, where: str) -> list[Any]:
     return out
 
 
-def _first_bad(data: Any, datatype: str) -> Any:
+def _first_bad(data: list[object] | np.ndarray, datatype: str) -> object:
     """The first element of the request's ``data`` that is not a ``datatype`` value (for the
     error message; the error path only)."""
     flat = list(np.asarray(data, dtype=object).reshape(-1)) if isinstance(data, np.ndarray) else []
@@ -233,14 +242,14 @@ def _first_bad(data: Any, datatype: str) -> Any:
     return flat[0] if flat else None
 
 
-def to_handler_input(header: InferHeader, arrays: Mapping[str, np.ndarray]) -> Any:
+def to_handler_input(header: InferHeader, arrays: Mapping[str, np.ndarray]) -> HandlerInput:
     """What ``predict`` gets for one request: a torch tensor when there is one input, else a
     dict name → tensor; a BYTES input is a flat list of ``str`` (``bytes`` for elements that
     are not UTF-8). Numeric tensors share the arrays' memory (unsigned types torch lacks are
     widened: a copy)."""
-    import torch
+    import torch  # lazy: heavy, and the gateway imports this module without it (module doc)
 
-    out: dict[str, Any] = {}
+    out: dict[str, HandlerTensor] = {}
     for t in header.inputs:
         a = arrays[t.name]
         if t.datatype == "BYTES":
@@ -257,7 +266,7 @@ def to_handler_input(header: InferHeader, arrays: Mapping[str, np.ndarray]) -> A
     return next(iter(out.values())) if len(out) == 1 else out
 
 
-def _text(x: Any) -> Any:
+def _text(x: str | bytes) -> str | bytes:
     if isinstance(x, bytes):
         try:
             return x.decode("utf-8")
@@ -275,9 +284,9 @@ _FROM_NP: Final[dict[str, str]] = {
 }  # fmt: skip
 
 
-def _as_array(name: str, value: Any) -> np.ndarray:
+def _as_array(name: str, value: object) -> np.ndarray:
     if type(value).__module__.startswith("torch"):
-        import torch
+        import torch  # lazy: only for a torch value (module doc)
 
         if isinstance(value, torch.Tensor):
             t = value.detach().cpu()
@@ -312,7 +321,7 @@ def datatype_of(name: str, a: np.ndarray) -> str:
     return dt
 
 
-def handler_outputs(output: Any) -> list[tuple[str, np.ndarray]]:
+def handler_outputs(output: object) -> list[tuple[str, np.ndarray]]:
     """The handler's output for one request as named arrays (a dict gives one tensor per key,
     anything else one tensor named ``output0``). Python floats become FP32, ints INT64, strings
     BYTES."""
@@ -352,7 +361,7 @@ def binary_of(name: str, a: np.ndarray, datatype: str) -> bytes | memoryview:
     return c.reshape(-1).view(np.uint8).data  # a view of the array's memory, no copy
 
 
-def _json_data(name: str, a: np.ndarray, datatype: str) -> Any:
+def _json_data(name: str, a: np.ndarray, datatype: str) -> list[str] | np.ndarray:
     if datatype == "BYTES":
         out = []
         for x in a.reshape(-1):
@@ -374,17 +383,37 @@ def _json_data(name: str, a: np.ndarray, datatype: str) -> Any:
     return np.ascontiguousarray(a).reshape(-1)  # orjson writes numpy arrays natively
 
 
+class ResponseTensor(TypedDict):
+    """One output of an HTTP infer response: its data as JSON ``data``, or as binary data
+    after the JSON part (``parameters.binary_data_size``)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    parameters: NotRequired[dict[str, int]]
+    data: NotRequired[list[str] | np.ndarray]
+
+
+class InferResponse(TypedDict):
+    """The JSON part of an HTTP infer response (``http_parts``)."""
+
+    model_name: str
+    model_version: str
+    id: NotRequired[str]
+    outputs: list[ResponseTensor]
+
+
 def http_parts(
-    header: InferHeader, model_name: str, version: int, output: Any
+    header: InferHeader, model_name: str, version: int, output: object
 ) -> tuple[bytes, list[bytes | memoryview]]:
     """The HTTP response for the handler's ``output``: its JSON part and the binary data of
     the outputs asked for as binary (in order; none: the response is JSON alone)."""
     chosen = select_outputs(header, handler_outputs(output), header.binary_output)
-    outs: list[dict[str, Any]] = []
+    outs: list[ResponseTensor] = []
     blobs: list[bytes | memoryview] = []
     for name, a, binary in chosen:
         dt = datatype_of(name, a)
-        entry: dict[str, Any] = {"name": name, "datatype": dt, "shape": list(a.shape)}
+        entry: ResponseTensor = {"name": name, "datatype": dt, "shape": list(a.shape)}
         if binary:
             raw = binary_of(name, a, dt)
             entry["parameters"] = {BINARY_DATA_SIZE: len(raw)}
@@ -392,15 +421,17 @@ def http_parts(
         else:
             entry["data"] = _json_data(name, a, dt)
         outs.append(entry)
-    resp: dict[str, Any] = {"model_name": model_name, "model_version": str(version)}
-    if header.id is not None:
-        resp["id"] = header.id
-    resp["outputs"] = outs
+    v = str(version)
+    resp: InferResponse = (
+        {"model_name": model_name, "model_version": v, "outputs": outs}
+        if header.id is None
+        else {"model_name": model_name, "model_version": v, "id": header.id, "outputs": outs}
+    )
     return orjson.dumps(resp, option=orjson.OPT_SERIALIZE_NUMPY), blobs
 
 
 def encode_http(
-    header: InferHeader, model_name: str, version: int, output: Any
+    header: InferHeader, model_name: str, version: int, output: object
 ) -> tuple[bytes, int]:
     """The HTTP response body for the handler's ``output``, and the length of its JSON part
     (-1: the body is JSON alone; else binary data follows, outputs in order)."""
@@ -411,6 +442,8 @@ def encode_http(
 
 
 __all__ = [
+    "InferResponse",
+    "ResponseTensor",
     "binary_of",
     "datatype_of",
     "decode_binary",

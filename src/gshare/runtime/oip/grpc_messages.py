@@ -19,7 +19,8 @@ which the gateway returns as is.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Final, Protocol, Self, TypeVar
 
 import numpy as np
 from google.protobuf import json_format
@@ -47,13 +48,66 @@ _CONTENTS: Final[dict[str, tuple[str, str]]] = {
 """Datatype → the typed ``InferTensorContents`` field that carries it (FP16: raw only)."""
 
 
-def parameter_value(p: Any) -> Any:
+class Message(Protocol):
+    """A protobuf message (``tritonclient``'s generated classes are untyped)."""
+
+    @classmethod
+    def FromString(cls, data: bytes) -> Self: ...  # noqa: N802 (protobuf's name)
+
+    def SerializeToString(self) -> bytes: ...  # noqa: N802
+
+
+ParameterValue = bool | int | float | str | None
+"""An ``InferParameter``'s value (None: none of its ``oneof`` fields is set)."""
+
+
+class InferParameter(Protocol):
+    """``inference.InferParameter``: one of its ``parameter_choice`` fields is set."""
+
+    bool_param: bool
+    int64_param: int
+    uint64_param: int
+    double_param: float
+    string_param: str
+
+    def WhichOneof(self, group: str) -> str | None: ...  # noqa: N802 (protobuf's name)
+
+
+class InferInputTensor(Protocol):
+    """``ModelInferRequest.InferInputTensor``."""
+
+    name: str
+    datatype: str
+    shape: Sequence[int]
+    parameters: Mapping[str, InferParameter]
+    contents: object
+    """``InferTensorContents``: one repeated field per element type (``_CONTENTS``)."""
+
+
+class InferRequestedOutputTensor(Protocol):
+    """``ModelInferRequest.InferRequestedOutputTensor``."""
+
+    name: str
+    parameters: Mapping[str, InferParameter]
+
+
+class ModelInferRequest(Protocol):
+    """``inference.ModelInferRequest``, the fields ``decode_message`` reads."""
+
+    id: str
+    parameters: Mapping[str, InferParameter]
+    inputs: Sequence[InferInputTensor]
+    outputs: Sequence[InferRequestedOutputTensor]
+    raw_input_contents: Sequence[bytes]
+
+
+def parameter_value(p: InferParameter) -> ParameterValue:
     """The Python value of an ``InferParameter`` (its set ``oneof`` field)."""
     which = p.WhichOneof("parameter_choice")
     return None if which is None else getattr(p, which)
 
 
-def set_parameter(p: Any, value: Any) -> None:
+def set_parameter(p: InferParameter, value: object) -> None:
     if isinstance(value, bool):
         p.bool_param = value
     elif isinstance(value, int):
@@ -67,7 +121,7 @@ def set_parameter(p: Any, value: Any) -> None:
         p.string_param = str(value)
 
 
-def _params(m: Any) -> dict[str, Any]:
+def _params(m: Mapping[str, InferParameter]) -> dict[str, ParameterValue]:
     return {k: parameter_value(v) for k, v in m.items()}
 
 
@@ -81,7 +135,7 @@ def decode_grpc(raw: bytes | memoryview) -> tuple[InferHeader, dict[str, np.ndar
     return decode_message(req)
 
 
-def decode_message(req: Any) -> tuple[InferHeader, dict[str, np.ndarray]]:
+def decode_message(req: ModelInferRequest) -> tuple[InferHeader, dict[str, np.ndarray]]:
     """``decode_grpc`` of a parsed ``ModelInferRequest``."""
     raws = list(req.raw_input_contents)
     if raws and len(raws) != len(req.inputs):
@@ -92,7 +146,7 @@ def decode_message(req: Any) -> tuple[InferHeader, dict[str, np.ndarray]]:
     inputs = []
     for i, t in enumerate(req.inputs):
         params = _params(t.parameters)
-        entry: dict[str, Any] = {"name": t.name, "shape": list(t.shape), "datatype": t.datatype}
+        entry: dict[str, object] = {"name": t.name, "shape": list(t.shape), "datatype": t.datatype}
         if raws:
             params[BINARY_DATA_SIZE] = len(raws[i])
         else:
@@ -110,7 +164,7 @@ def decode_message(req: Any) -> tuple[InferHeader, dict[str, np.ndarray]]:
             )
         entry["parameters"] = params
         inputs.append(entry)
-    doc: dict[str, Any] = {"inputs": inputs, "parameters": _params(req.parameters)}
+    doc: dict[str, object] = {"inputs": inputs, "parameters": _params(req.parameters)}
     if req.id:
         doc["id"] = req.id
     if req.outputs:
@@ -121,13 +175,13 @@ def decode_message(req: Any) -> tuple[InferHeader, dict[str, np.ndarray]]:
     return decode_tensors(header, raws if raws else None)
 
 
-def encode_grpc(header: InferHeader, model_name: str, version: int, output: Any) -> bytes:
+def encode_grpc(header: InferHeader, model_name: str, version: int, output: object) -> bytes:
     """The serialized ``ModelInferResponse`` for the handler's ``output``: the requested
     outputs (or all), each as ``raw_output_contents``."""
     return bytes(encode_message(header, model_name, version, output).SerializeToString())
 
 
-def encode_message(header: InferHeader, model_name: str, version: int, output: Any) -> Any:
+def encode_message(header: InferHeader, model_name: str, version: int, output: object) -> Message:
     """``encode_grpc``'s ``ModelInferResponse``, not serialized."""
     resp = pb.ModelInferResponse(model_name=model_name, model_version=str(version))
     if header.id is not None:
@@ -136,13 +190,18 @@ def encode_message(header: InferHeader, model_name: str, version: int, output: A
         dt = datatype_of(name, a)
         resp.outputs.add(name=name, datatype=dt, shape=list(a.shape))
         resp.raw_output_contents.append(bytes(binary_of(name, a, dt)))
-    return resp
+    out: Message = resp
+    return out
 
 
-def from_dict(doc: Any, message: Any) -> Any:
+M = TypeVar("M", bound=Message)
+
+
+def from_dict(doc: Mapping[str, object], message: M) -> M:
     """``message`` (a protobuf message instance) filled from the JSON form ``doc`` (proto field
     names, as the HTTP API answers them)."""
-    return json_format.ParseDict(doc, message, ignore_unknown_fields=True)
+    json_format.ParseDict(doc, message, ignore_unknown_fields=True)  # fills it, returns it
+    return message
 
 
 __all__ = [

@@ -25,7 +25,7 @@ import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypedDict, TypeGuard
 
 import numpy as np
 
@@ -35,7 +35,7 @@ DATATYPES: Final[tuple[str, ...]] = (
 )  # fmt: skip
 """Tensor datatypes of the Open Inference Protocol v2 (BF16 is not supported)."""
 
-NP_DTYPES: Final[dict[str, np.dtype[Any]]] = {
+NP_DTYPES: Final[dict[str, np.dtype[np.generic]]] = {
     "BOOL": np.dtype(np.bool_), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"),
     "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("<i1"),
     "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
@@ -90,7 +90,7 @@ class InputTensor:
     binary_size: int | None
     """Bytes of its data in the binary part (binary extension, gRPC raw contents); None: its
     data is ``data``."""
-    data: Any = None
+    data: list[object] | np.ndarray | None = None
     """The JSON ``data`` (a flat or nested list), or a numpy array (gRPC typed contents)."""
 
     @property
@@ -120,11 +120,11 @@ class InferHeader:
     """``parameters.binary_data_output``: outputs not asked for otherwise are binary."""
 
 
-def _is_int(x: Any) -> bool:
+def _is_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _parameters(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
+def _parameters(obj: Mapping[str, object], where: str) -> dict[str, object]:
     params = obj.get("parameters", {})
     if params is None:
         return {}
@@ -138,7 +138,7 @@ def fmt_shape(shape: Iterable[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def parse_header(doc: Any, binary_bytes: int | None) -> InferHeader:
+def parse_header(doc: object, binary_bytes: int | None) -> InferHeader:
     """Validate the structure of an infer request (parsed JSON) and return its ``InferHeader``.
 
     ``binary_bytes`` is the size of the binary part after the JSON header (None: the request
@@ -224,7 +224,7 @@ def parse_header(doc: Any, binary_bytes: int | None) -> InferHeader:
     return InferHeader(rid, tuple(parsed), _requested(doc), params, binary_output)
 
 
-def _requested(doc: dict[str, Any]) -> tuple[RequestedOutput, ...] | None:
+def _requested(doc: Mapping[str, object]) -> tuple[RequestedOutput, ...] | None:
     outs = doc.get("outputs")
     if outs is None:
         return None
@@ -255,16 +255,40 @@ def _requested(doc: dict[str, Any]) -> tuple[RequestedOutput, ...] | None:
 # -- the handler's view --------------------------------------------------------------------------
 
 
-def _spec_fields(spec: Any) -> tuple[str, list[int], str]:
+class DeclaredTensor(Protocol):
+    """A tensor as a handler declares it (``input_spec()`` / ``output_spec()``):
+    ``instance.models.TensorSpec`` or anything with these attributes."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> Sequence[int]: ...
+
+    @property
+    def datatype(self) -> str: ...
+
+
+class TensorMeta(TypedDict):
+    """A tensor in OIP metadata (``spec_dicts``); a handler may declare its tensors so too."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+def _spec_fields(spec: DeclaredTensor | TensorMeta) -> tuple[str, list[int], str]:
     if isinstance(spec, Mapping):
         return str(spec["name"]), [int(d) for d in spec["shape"]], str(spec["datatype"])
     return str(spec.name), [int(d) for d in spec.shape], str(spec.datatype)
 
 
-def spec_dicts(specs: Iterable[Any] | None) -> list[dict[str, Any]]:
+def spec_dicts(
+    specs: Iterable[DeclaredTensor | TensorMeta] | None,
+) -> list[dict[str, object]]:
     """A handler's ``input_spec()`` / ``output_spec()`` as OIP metadata (``name``,
     ``datatype``, ``shape``; -1 is a dimension of any size)."""
-    out = []
+    out: list[dict[str, object]] = []
     for s in specs or ():
         name, shape, datatype = _spec_fields(s)
         out.append({"name": name, "datatype": datatype, "shape": shape})
@@ -274,7 +298,11 @@ def spec_dicts(specs: Iterable[Any] | None) -> list[dict[str, Any]]:
 input_spec_dicts = spec_dicts
 
 
-def check_inputs(arrays: Mapping[str, np.ndarray], header: InferHeader, specs: Any) -> None:
+def check_inputs(
+    arrays: Mapping[str, np.ndarray],
+    header: InferHeader,
+    specs: Iterable[DeclaredTensor | TensorMeta] | None,
+) -> None:
     """The inputs against the handler's ``input_spec``: the same names, datatypes, and shapes
     (-1: any size). No spec: anything goes. Raises ``OipError``."""
     if not specs:
@@ -300,7 +328,7 @@ def check_inputs(arrays: Mapping[str, np.ndarray], header: InferHeader, specs: A
             )
 
 
-def check_outputs(header: InferHeader, specs: Any) -> None:
+def check_outputs(header: InferHeader, specs: Iterable[DeclaredTensor | TensorMeta] | None) -> None:
     """Requested outputs against the handler's ``output_spec`` (none declared: checked once
     the handler answered, ``select_outputs``). Raises ``OipError``."""
     if not specs or header.outputs is None:
@@ -316,6 +344,7 @@ __all__ = [
     "BINARY_DATA_OUTPUT",
     "BINARY_DATA_SIZE",
     "DATATYPES",
+    "DeclaredTensor",
     "ENVELOPE",
     "HEADER_LENGTH",
     "NP_DTYPES",
@@ -325,6 +354,7 @@ __all__ = [
     "InputTensor",
     "OipError",
     "RequestedOutput",
+    "TensorMeta",
     "check_inputs",
     "check_outputs",
     "fmt_shape",

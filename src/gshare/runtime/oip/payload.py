@@ -11,17 +11,24 @@ body (``oip.header.wrap`` forwards it untouched).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+from gshare.runtime.instance import protocol as P
 from gshare.runtime.oip.codec import decode_http, http_parts, to_handler_input
 from gshare.runtime.oip.header import (
     TRANSPORT_GRPC,
+    DeclaredTensor,
     InferHeader,
+    TensorMeta,
     check_inputs,
     check_outputs,
     unwrap,
 )
+
+if TYPE_CHECKING:
+    from gshare.runtime.oip.codec import HandlerInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +41,16 @@ class OipCall:
     header: InferHeader
 
 
-def decode_request(payload: bytes, input_spec: Any, output_spec: Any) -> tuple[OipCall, Any]:
+def decode_request(
+    payload: bytes,
+    input_spec: Iterable[DeclaredTensor | TensorMeta] | None,
+    output_spec: Iterable[DeclaredTensor | TensorMeta] | None,
+) -> tuple[OipCall, HandlerInput]:
     """An ``ENC_OIP`` payload → its context and what the handler's ``predict`` gets
     (``to_handler_input``), after checking it against the handler's specs. ``OipError``."""
     transport, header_len, version, body = unwrap(payload)
     if transport == TRANSPORT_GRPC:
+        # lazy: it loads the protobuf classes, on the first gRPC request (module doc)
         from gshare.runtime.oip.grpc_messages import decode_grpc
 
         header, arrays = decode_grpc(body)
@@ -49,13 +61,11 @@ def decode_request(payload: bytes, input_spec: Any, output_spec: Any) -> tuple[O
     return OipCall(transport, version, header), to_handler_input(header, arrays)
 
 
-def encode_response(call: OipCall, model_name: str, output: Any) -> tuple[int, bytes]:
+def encode_response(call: OipCall, model_name: str, output: object) -> tuple[int, bytes]:
     """The handler's output for one request as ``(response encoding, payload)``
     (``instance.protocol``: ``ENC_JSON``, ``ENC_OIP_BINARY`` or ``ENC_PROTOBUF``)."""
-    from gshare.runtime.instance import protocol as P
-
     if call.transport == TRANSPORT_GRPC:
-        from gshare.runtime.oip.grpc_messages import encode_grpc
+        from gshare.runtime.oip.grpc_messages import encode_grpc  # lazy: as in decode_request
 
         return P.ENC_PROTOBUF, encode_grpc(call.header, model_name, call.version, output)
     js, blobs = http_parts(call.header, model_name, call.version, output)

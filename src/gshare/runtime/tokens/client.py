@@ -9,7 +9,7 @@ import math
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TypeVarTuple
 
 from gshare.policy.tokens import (
     DEFAULT_BURST_EWMA_ALPHA,
@@ -40,6 +40,8 @@ from gshare.runtime.tokens.protocol import (
 )
 
 log = logging.getLogger(__name__)
+
+Args = TypeVarTuple("Args")
 
 
 class TokenClient:
@@ -321,7 +323,7 @@ class TokenClient:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _io(self, fn: Callable[..., object], *args: Any) -> None:
+    def _io(self, fn: Callable[[*Args], object], *args: *Args) -> None:
         """``fn(*args)`` on the socket; a timeout or a lost connection closes the client and is
         raised as ``TimeoutError`` / ``ConnectionError`` naming the server."""
         try:
