@@ -339,21 +339,25 @@ def test_the_facade_may_not_import_up_at_run_time() -> None:
     assert bad and "layer 0 (data) imports up into layer 2" in bad[0]
 
 
-def import_cycles(prefix: str) -> list[list[str]]:
+def import_cycles(
+    prefix: str, *, type_only: bool = True, sources: dict[str, str] | None = None
+) -> list[list[str]]:
     """The import cycles among the modules under ``prefix`` (strongly connected components of
     more than one module), counting every import that runs — at module level or in a function
-    — and not the type-only ones under ``if TYPE_CHECKING:``."""
-    modules = source_modules()
-    known = frozenset(modules)
+    — and, with ``type_only``, the type-only ones under ``if TYPE_CHECKING:`` too. ``sources``
+    (module name -> source text) stands in for the package's files (the finder's own tests)."""
+    paths = source_modules()
+    texts = sources or {n: p.read_text() for n, p in paths.items()}
+    packages = {n for n, p in paths.items() if p.name == "__init__.py"} if not sources else set()
+    known = frozenset(texts)
     graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
+    for name, text in texts.items():
         if not name.startswith(prefix):
             continue
-        is_pkg = path.name == "__init__.py"
         graph[name] = {
             i.target
-            for i in imports_of(name, path.read_text(), is_pkg=is_pkg, known=known)
-            if not i.type_only and i.target.startswith(prefix) and i.target != name
+            for i in imports_of(name, text, is_pkg=name in packages, known=known)
+            if (type_only or not i.type_only) and i.target.startswith(prefix) and i.target != name
         }
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -389,6 +393,23 @@ def import_cycles(prefix: str) -> list[list[str]]:
 
 
 def test_the_runtime_has_no_import_cycle() -> None:
-    """A module that needs another's names at run time must not be needed by it: a cycle makes
-    the import order matter and the two impossible to read apart (type-only imports are fine)."""
+    """A module that needs another's names must not be needed by it: a cycle makes the import
+    order matter and the two impossible to read apart. Type-only imports count too: a module
+    that only names another's type for a call back takes a ``Protocol`` of its own (as
+    ``gateway.channel.ChannelOwner`` and ``backends.BackendHost`` do)."""
     assert import_cycles("gshare.runtime") == []
+
+
+def test_the_cycle_finder_counts_type_only_imports_when_told() -> None:
+    sources = {
+        "gshare.runtime.a": "from gshare.runtime.b import B\n",
+        "gshare.runtime.b": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from gshare.runtime.a import A\n"
+        ),
+        "gshare.runtime.c": "def f():\n    from gshare.runtime.a import A\n",
+    }
+    assert import_cycles("gshare.runtime", sources=sources) == [
+        ["gshare.runtime.a", "gshare.runtime.b"]
+    ]
+    assert import_cycles("gshare.runtime", type_only=False, sources=sources) == []

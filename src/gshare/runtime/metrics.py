@@ -196,33 +196,46 @@ class Metrics:
                 g.remove(function, instance)
 
 
+class ConnectionCounts:
+    """What the HTTP protocol (``gateway.http_protocol``) counts: connections refused over the
+    caps and closed by the read and write deadlines. One per process (``CONNECTION_COUNTERS``):
+    uvicorn makes the protocol objects, so they cannot be handed a ``Metrics``."""
+
+    refused = 0
+    refused_per_client = 0
+    read_timeouts = 0
+    write_timeouts = 0
+
+
+CONNECTION_COUNTERS = ConnectionCounts()
+"""The process's connection counts, read by ``/metrics`` at scrape time."""
+
+
 class _ConnectionCounters(Collector):
-    """The HTTP protocol's counters (``gateway.http_protocol.COUNTERS``), read at scrape time:
-    uvicorn makes the protocol objects, so they cannot hold a ``Metrics``."""
+    """``CONNECTION_COUNTERS`` as Prometheus counters, read at scrape time."""
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        from gshare.runtime.gateway.http_protocol import COUNTERS
-
+        c = CONNECTION_COUNTERS
         yield CounterMetricFamily(
             "gshare_connections_refused",
             "HTTP connections closed at once because --max-connections were open",
-            value=COUNTERS.refused,
+            value=c.refused,
         )
         yield CounterMetricFamily(
             "gshare_connections_read_timeouts",
             "HTTP connections closed because a request did not arrive within its deadline",
-            value=COUNTERS.read_timeouts,
+            value=c.read_timeouts,
         )
         yield CounterMetricFamily(
             "gshare_connections_refused_per_client",
             "HTTP connections closed at once because their client address had its cap open",
-            value=COUNTERS.refused_per_client,
+            value=c.refused_per_client,
         )
         yield CounterMetricFamily(
             "gshare_connections_write_timeouts",
             "HTTP connections aborted because their client did not read a response in time",
-            value=COUNTERS.write_timeouts,
+            value=c.write_timeouts,
         )
 
 
-__all__ = ["LATENCY_BUCKETS_S", "Metrics"]
+__all__ = ["CONNECTION_COUNTERS", "LATENCY_BUCKETS_S", "ConnectionCounts", "Metrics"]

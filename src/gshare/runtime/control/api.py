@@ -17,7 +17,7 @@ from gshare.runtime.control.loop import Controller
 from gshare.runtime.control.profiler import LiveProfiler
 from gshare.runtime.control.records import FunctionState, LiveInstance
 from gshare.runtime.control.status import status_view
-from gshare.runtime.gateway.app import ControlPlane
+from gshare.runtime.gateway.control_plane import ControlPlane
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.stages import StageScheduler

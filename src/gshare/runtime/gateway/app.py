@@ -18,7 +18,6 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import cast
 
 import orjson
 from fastapi import FastAPI, Request
@@ -37,75 +36,18 @@ from gshare.runtime.gateway.asgi import (
     send_error,
     send_response,
 )
+from gshare.runtime.gateway.control_plane import ControlPlane
 from gshare.runtime.gateway.errors import HttpError, error_response, status_of
 from gshare.runtime.gateway.oip_http import infer_target, mount_oip, serve_infer
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.gateway.router import Gateway
-from gshare.runtime.gateway.triton_ext import FunctionStatus
 from gshare.runtime.gateway.ui import mount_status_page
-from gshare.runtime.gateway.workflows import Call as WorkflowCall
 from gshare.runtime.instance import protocol as P
 
 log = logging.getLogger("gshare.gateway")
 
 MAX_LOG_TAIL = 100_000
 """Most lines ``/system/logs`` returns at once."""
-
-
-class ControlPlane:
-    """What the HTTP layer needs from the controller (implemented by ``ControlApi``). Its
-    documents are JSON the API answers as they are (``dict[str, object]``); the OIP service
-    reads a function's status as a ``triton_ext.FunctionStatus``."""
-
-    async def deploy(
-        self, body: bytes, content_type: str, *, update: bool | None
-    ) -> dict[str, object]:
-        raise NotImplementedError
-
-    async def delete(self, name: str) -> None:
-        raise NotImplementedError
-
-    def list_functions(self) -> list[dict[str, object]]:
-        raise NotImplementedError
-
-    def function_status(self, name: str) -> dict[str, object]:
-        raise NotImplementedError
-
-    def function_version(self, name: str) -> int:
-        """The deployed version of ``name`` (asked on every OIP request: keep it cheap)."""
-        status = cast("FunctionStatus", self.function_status(name))
-        return int(status.get("version", 1))
-
-    def logs(self, name: str, tail: int) -> list[str]:
-        raise NotImplementedError
-
-    async def start_profile(self, name: str, params: dict[str, object]) -> dict[str, object]:
-        raise NotImplementedError
-
-    def profile_status(self, name: str) -> dict[str, object]:
-        raise NotImplementedError
-
-    def info(self) -> dict[str, object]:
-        raise NotImplementedError
-
-    def ready(self) -> bool:
-        raise NotImplementedError
-
-    async def deploy_workflow(
-        self, body: bytes, content_type: str, *, update: bool
-    ) -> dict[str, object]:
-        raise NotImplementedError
-
-    async def delete_workflow(self, name: str) -> None:
-        raise NotImplementedError
-
-    def list_workflows(self) -> list[dict[str, object]]:
-        raise NotImplementedError
-
-    async def run_workflow(
-        self, name: str, body: bytes, enc: int, call: WorkflowCall
-    ) -> tuple[int, bytes]:
-        raise NotImplementedError
 
 
 def _is_json(content_type: str) -> bool:

@@ -12,12 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gshare.runtime.instance import protocol as P
-
-if TYPE_CHECKING:
-    from gshare.runtime.gateway.router import Gateway
 
 log = logging.getLogger("gshare.gateway")
 
@@ -43,10 +40,30 @@ class Pending:
     """Watches the client's connection once the request waits (``DISCONNECT_WATCH_S``)."""
 
 
+class ChannelOwner(Protocol):
+    """What a channel calls back (``router.Gateway``): request ids, the answers, the loss."""
+
+    def next_id(self) -> int: ...
+
+    def on_response(
+        self,
+        ch: InstanceChannel,
+        p: Pending,
+        status: int,
+        enc: int,
+        payload: bytes,
+        m: tuple[float, float, float, int],
+    ) -> None: ...
+
+    def dispatch(self, function: str) -> None: ...
+
+    def on_channel_lost(self, ch: InstanceChannel, lost: list[Pending]) -> None: ...
+
+
 class InstanceChannel(asyncio.Protocol):
     """The gateway's persistent connection to one instance (incarnation)."""
 
-    def __init__(self, gateway: Gateway, function: str, instance_id: str, cap: int) -> None:
+    def __init__(self, gateway: ChannelOwner, function: str, instance_id: str, cap: int) -> None:
         self.gateway = gateway
         self.function = function
         self.instance_id = instance_id
@@ -120,4 +137,4 @@ class InstanceChannel(asyncio.Protocol):
         self.gateway.on_channel_lost(self, lost)
 
 
-__all__ = ["InstanceChannel", "Pending"]
+__all__ = ["ChannelOwner", "InstanceChannel", "Pending"]

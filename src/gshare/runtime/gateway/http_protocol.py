@@ -36,6 +36,8 @@ import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gshare.runtime.metrics import CONNECTION_COUNTERS as COUNTERS
+
 DEFAULT_READ_TIMEOUT_S = 30.0
 """Longest a request's headers and body may take to arrive (``gshare serve --read-timeout-s``)."""
 DEFAULT_MAX_CONNECTIONS = 4096
@@ -47,17 +49,6 @@ DEFAULT_WRITE_TIMEOUT_S = 30.0
 def default_per_client(max_connections: int) -> int:
     """The per-client cap when none is given: a quarter of the global cap (at least 1)."""
     return max(1, max_connections // 4)
-
-
-class _Counters:
-    refused = 0
-    refused_per_client = 0
-    read_timeouts = 0
-    write_timeouts = 0
-
-
-COUNTERS = _Counters()
-"""Connections refused over the cap and closed by the read deadline (``/metrics``)."""
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):

@@ -35,7 +35,7 @@ from gshare.runtime.instance import protocol as P
 if TYPE_CHECKING:
     from starlette.types import Receive
 
-    from gshare.runtime.gateway.app import ControlPlane  # app imports this module
+    from gshare.runtime.gateway.control_plane import ControlPlane
 
 EXTENSIONS = ("binary_tensor_data", "parameters", "model_configuration", "statistics")
 """What ``GET /v2`` lists: Triton's names of the extensions gshare implements (the repository
