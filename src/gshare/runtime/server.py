@@ -180,7 +180,7 @@ def run_server(opts: ServeOptions) -> None:
         raise ServeError(
             f"unknown autoscaler {opts.autoscaler!r} (known: {', '.join(sorted(AUTOSCALERS))})"
         )
-    from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES
+    from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES  # lazy (run_server)
 
     if opts.workflow_policy not in (*WORKFLOW_POLICY_NAMES, "direct"):
         raise ServeError(
@@ -345,6 +345,7 @@ class _Runtime:
     def build(self, url: str) -> Any:
         """The server's objects (``runtime.wiring``) and its ASGI app, whose lifespan starts
         the agents, the controller and the backend's watch, and stops them in order."""
+        # lazy: FastAPI and the server's modules load to serve (run_server)
         from gshare.runtime.wiring import build_server_objects, http_app
 
         objs = build_server_objects(
@@ -393,6 +394,7 @@ class _Runtime:
     async def start_grpc(self, oip: OipService, max_message_bytes: int) -> GrpcServer:
         """The gRPC server on ``--grpc-port`` (the gateway's loop); its address goes to
         ``server.json`` as ``grpc``."""
+        # lazy: grpc loads only with --grpc-port
         from gshare.runtime.gateway.grpc_server import start_grpc_server
 
         assert self.opts.grpc_port is not None
