@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from gshare.experiments import registry
-from gshare.experiments.packing_scale import MRA_LITERAL, efficient_shares, make_workload
+from gshare.experiments.packing_scale import (
+    MRA_LITERAL,
+    efficient_shares,
+    make_workload,
+    width_pattern_bound,
+)
 from gshare.experiments.results import ExperimentResult, write_result
 from gshare.policy.placement import PLACERS
 from gshare.profiles import ProfileTable
@@ -60,6 +65,11 @@ def test_quick_run_invariants(quick: ExperimentResult, tmp_path: Path) -> None:
         assert s["migrations_per_departure"][label] == row["migrations_per_departure"]
         if label != "mra-defrag":
             assert row["migrations"] == row["drains"] == 0
+    # the row-pattern bound is at least the area bound, and no placer beats it either
+    assert s["pattern_bound_over_area_bound"] >= 1.0
+    for label in labels - {"time-share"}:  # time sharing rejects: no ratio to it
+        assert rows[label]["gpus_over_pattern_bound"] >= 1.0
+        assert rows[label]["gpus_over_pattern_bound"] <= rows[label]["gpus_over_area_bound"]
     d = rows["mra-defrag"]
     # every drain moves at least one instance; moves also count within-GPU re-packs
     assert 0 < d["drains"] <= d["migrations"] <= d["moves"]
@@ -130,3 +140,27 @@ def test_workload_population_and_events() -> None:
         peak = max(peak, live)
     # Little's law: the population tends to 100; after 4 lifetimes it is well above 50
     assert 50 < live < 200 and peak < 250
+
+
+@pytest.mark.parametrize(
+    ("sizes", "gpus"),
+    [
+        ([], 0),
+        ([(100.0, 5.0)], 1),
+        # two quota-90 instances never share an SM row: 50 + 50 rows = one GPU
+        ([(90.0, 50.0), (90.0, 50.0)], 1),
+        # area 9,900 (bound 1), but 50 + 50 + 10 = 110 rows of quota 90 -> 2 GPUs
+        ([(90.0, 50.0), (90.0, 50.0), (90.0, 10.0)], 2),
+        # 80 + 20 share every row: 100 rows = one GPU (area 10,000)
+        ([(80.0, 100.0), (20.0, 100.0)], 1),
+        # 60 + 60 > 100: 100 + 100 rows -> 2 GPUs (area 12,000 -> 2 as well)
+        ([(60.0, 100.0), (60.0, 100.0)], 2),
+        # three 30-wide columns share rows (90 <= 100): 3 x 90 SM = 90 rows x 3 -> one GPU
+        ([(30.0, 90.0), (30.0, 90.0), (30.0, 90.0)], 1),
+        # 70 pairs with a 30 only: 70 x 100 + 30 x 50 -> 100 rows -> 1; a 2nd 70 x 10 -> 2
+        ([(70.0, 100.0), (30.0, 50.0)], 1),
+        ([(70.0, 100.0), (30.0, 50.0), (70.0, 10.0)], 2),
+    ],
+)
+def test_width_pattern_bound_table(sizes: list[tuple[float, float]], gpus: int) -> None:
+    assert width_pattern_bound(sizes) == gpus

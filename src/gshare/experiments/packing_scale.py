@@ -29,6 +29,13 @@ Metrics, per placer:
   is then ~63 % of its limit and still growing to ~90 % at the end); the summary reports the
   mean over those samples, ``gpus_over_area_bound_max`` the maximum. Time sharing allocates
   100 % of the SMs, yet its bound uses the requested area too, so the ratios compare.
+* ``pattern_bound_over_area_bound`` (summary) and ``gpus_over_pattern_bound`` (rows) — a
+  tighter bound, ``width_pattern_bound``: at every SM level of a GPU the quotas of the instances
+  crossing it sum to <= 100 %, so a quota-90 instance never shares its SM rows; relaxing SM
+  shares to fractions gives a small LP over row patterns (multisets of quotas with sum <= 100).
+  It is computed every ``pattern_bound_every`` events after warm-up on the live population (as
+  if no arrival were rejected); a placer's ratio to it is reported only when it rejected none.
+  It shows how much of the gap to the area bound no placement can close.
 * ``decision_us_p50`` / ``_p99`` — wall-clock microseconds of each ``place()`` call (including
   rejected ones), measured here with ``time.perf_counter``: experiments are mechanisms.
 * ``rejected`` — arrivals that no GPU of ``gpus`` could take (``NoCapacity``); a rejected
@@ -62,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.optimize import linprog
 
 from gshare.experiments.registry import register
 from gshare.experiments.results import ExperimentResult
@@ -96,6 +104,7 @@ FULL_PARAMS: dict[str, Any] = {
     "defrag_sparse_pct": DEFAULT_DEFRAG_SPARSE_PCT,
     "defrag_margin_pct": DEFAULT_DEFRAG_MARGIN_PCT,
     "mra_literal_row": True,
+    "pattern_bound_every": 250,
 }
 QUICK_PARAMS: dict[str, Any] = {
     "gpus": 100,
@@ -192,6 +201,44 @@ def make_workload(
     return Workload(shares, events)
 
 
+def width_pattern_bound(sizes: Sequence[tuple[float, float]]) -> int:
+    """GPUs that any placement of ``sizes`` ((quota %, SM %) each) needs at least: the row
+    relaxation of the module doc. Row patterns are the maximal multisets of the distinct quotas
+    with sum <= 100 %; the LP covers every quota's total SM % with pattern rows at least cost
+    (rows / 100 = GPUs); the result is its ceiling (never below the area bound's ⌈Σ area⌉)."""
+    if not sizes:
+        return 0
+    need: dict[float, float] = {}
+    for w, h in sizes:
+        need[w] = need.get(w, 0.0) + h
+    widths = sorted(need)
+    patterns: list[list[int]] = []
+
+    def extend(j: int, room: float, counts: list[int]) -> None:
+        if j == len(widths):
+            if room < widths[0] - 1e-9:  # maximal: not even the narrowest quota fits
+                patterns.append(list(counts))
+            return
+        for n in range(int((room + 1e-9) // widths[j]), -1, -1):
+            counts.append(n)
+            extend(j + 1, room - n * widths[j], counts)
+            counts.pop()
+
+    extend(0, GPU_AREA / 100.0, [])
+    a_ub = -np.asarray(patterns, dtype=float).T  # rows: quotas, columns: patterns
+    res = linprog(
+        np.ones(len(patterns)),
+        A_ub=a_ub,
+        b_ub=-np.asarray([need[w] for w in widths]),
+        bounds=(0, None),
+        method="highs",
+    )
+    area = math.ceil(sum(w * h for w, h in sizes) / GPU_AREA - 1e-9)
+    if not res.success:
+        return max(1, area)
+    return max(1, area, math.ceil(float(res.fun) / 100.0 - 1e-6))
+
+
 # -- one placer ------------------------------------------------------------------------------------
 
 
@@ -285,6 +332,29 @@ def run_placer(name: str, wl: Workload, gpus: int, warmup_arrivals: int, **opts:
     )
 
 
+def pattern_bounds(wl: Workload, warmup_arrivals: int, every: int) -> dict[int, tuple[int, int]]:
+    """Sample k -> (``width_pattern_bound``, area bound) of the live population, for every
+    ``every``-th sample; samples are numbered as ``run_placer`` numbers them (after every event
+    once ``warmup_arrivals`` arrived, while instances live) and every arrival counts as placed,
+    so they match the samples of a placer that rejected none."""
+    live: set[int] = set()
+    arrived = k = 0
+    out: dict[int, tuple[int, int]] = {}
+    for _, kind, i in wl.events:
+        if kind == ARRIVE:
+            arrived += 1
+            live.add(i)
+        else:
+            live.discard(i)
+        if arrived > warmup_arrivals and live:
+            if every > 0 and k % every == 0:
+                sizes = [(wl.shares[j].quota_pct, wl.shares[j].sm_pct) for j in sorted(live)]
+                area = max(1, math.ceil(sum(a * b for a, b in sizes) / GPU_AREA - 1e-9))
+                out[k] = (width_pattern_bound(sizes), area)
+            k += 1
+    return out
+
+
 # -- the experiment ------------------------------------------------------------------------------
 
 
@@ -324,6 +394,7 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         variants.append((name, name, opts))
         if name == "mra" and p["mra_literal_row"]:
             variants.append((MRA_LITERAL, name, {**opts, "merge_on_release": False}))
+    pattern = pattern_bounds(wl, int(p["warmup_arrivals"]), int(p["pattern_bound_every"]))
     runs: list[PlacerRun] = []
     for label, name, opts in variants:
         run_ = run_placer(name, wl, int(p["gpus"]), int(p["warmup_arrivals"]), **opts)
@@ -337,6 +408,11 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
                 "placer": r.placer,
                 "gpus_over_area_bound": float(np.mean(r.ratios)) if r.ratios else math.nan,
                 "gpus_over_area_bound_max": max(r.ratios) if r.ratios else math.nan,
+                "gpus_over_pattern_bound": (
+                    float(np.mean([r.used[k] / pb for k, (pb, _) in pattern.items()]))
+                    if pattern and not r.rejected
+                    else math.nan
+                ),
                 "gpus_used_mean": float(np.mean(r.used)) if r.used else math.nan,
                 "area_bound_mean": float(np.mean(r.bound)) if r.bound else math.nan,
                 "live_instances_mean": r.live_mean,
@@ -362,6 +438,10 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         "decision_us_p50": {n: by[n]["decision_us_p50"] for n in by},
         "migrations_per_departure": {n: by[n]["migrations_per_departure"] for n in by},
         "release_us_p50": {n: by[n]["release_us_p50"] for n in by},
+        "gpus_over_pattern_bound": {n: by[n]["gpus_over_pattern_bound"] for n in by},
+        "pattern_bound_over_area_bound": (
+            float(np.mean([pb / ab for pb, ab in pattern.values()])) if pattern else math.nan
+        ),
         "rejected": {n: by[n]["rejected"] for n in by},
         "events": len(wl.events),
         "mean_share_area": float(np.mean([s.area for s in wl.shares])) if wl.shares else 0.0,
@@ -426,6 +506,7 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
             "placer",
             "gpus_over_area_bound",
             "gpus_over_area_bound_max",
+            "gpus_over_pattern_bound",
             "gpus_used_mean",
             "area_bound_mean",
             "rejected",
