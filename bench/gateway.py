@@ -183,15 +183,19 @@ class Case:
     check: Callable[[bytes, dict[str, str]], None] = lambda body, headers: None
 
 
-def make_cases() -> list[Case]:
+def make_cases(
+    shape: tuple[int, ...] = TENSOR_SHAPE, suffix: str = "", *, echo: bool = True
+) -> list[Case]:
+    """The cases (module doc): ``echo`` (unless ``echo`` is False) and the three OIP cases of
+    one FP32 tensor of ``shape``, named with ``suffix`` (``oip-binary-4mb``)."""
     import tritonclient.http as th
     from tritonclient.grpc import service_pb2 as pb
     from tritonclient.http._utils import _get_inference_request
 
-    x = np.random.default_rng(0).random(TENSOR_SHAPE, dtype=np.float32)
+    x = np.random.default_rng(0).random(shape, dtype=np.float32)
 
     def body_of(binary: bool) -> tuple[bytes, int | None]:
-        i = th.InferInput("INPUT0", list(TENSOR_SHAPE), "FP32")
+        i = th.InferInput("INPUT0", list(shape), "FP32")
         i.set_data_from_numpy(x, binary_data=binary)
         outs = None if binary else [th.InferRequestedOutput("output0", binary_data=False)]
         return _get_inference_request([i], "", outs, 0, False, False, 0, None, None)
@@ -215,20 +219,20 @@ def make_cases() -> list[Case]:
     json_body, _ = body_of(binary=False)
     bin_body, json_len = body_of(binary=True)
     req = pb.ModelInferRequest(model_name="echo")
-    req.inputs.add(name="INPUT0", datatype="FP32", shape=list(TENSOR_SHAPE))
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=list(shape))
     req.raw_input_contents.append(x.tobytes())
     ctype = {"content-type": "application/json"}
-    return [
-        Case("echo", PAYLOAD, "/function/echo", ctype, check=check_echo),
-        Case("oip-json", json_body, INFER, ctype, check=check_http),
+    cases = [Case("echo", PAYLOAD, "/function/echo", ctype, check=check_echo)] if echo else []
+    return cases + [
+        Case(f"oip-json{suffix}", json_body, INFER, ctype, check=check_http),
         Case(
-            "oip-binary",
+            f"oip-binary{suffix}",
             bin_body,
             INFER,
             {"inference-header-content-length": str(json_len)},
             check=check_http,
         ),
-        Case("grpc", req.SerializeToString(), grpc=True, check=check_grpc),
+        Case(f"grpc{suffix}", req.SerializeToString(), grpc=True, check=check_grpc),
     ]
 
 
