@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from gshare.policy.memory import grow_limit, idle_limit
 from gshare.policy.sizing import (
+    TIE_REL,
     WASTE_TOL,
     Demand,
+    History,
     Problem,
     Sizing,
     SizingError,
@@ -311,3 +313,133 @@ def test_realistic_history_is_sized_fast_enough_for_the_controller() -> None:
         assert p.init_max - s.step_mb < s.init_mb <= p.init_max  # 1-MB units: units = MB
     assert literal.step_mb == 1.0
     assert priced.step_mb > 8.0 and priced.expected_steps < literal.expected_steps
+
+
+# -- the fast paths of the exact solver: windows opened by a bound, sort-free waste curve --------
+
+
+def brute_force_grid(history: list[Demand], **kw: float) -> Sizing:
+    """Every (init, step) with init <= init_max and step <= d_max at once (numpy), preferred as
+    ``problem.better`` prefers: least objective within ``TIE_REL``, then fewest steps, smallest
+    init, smallest step. For histories too long for ``brute_force``'s Python loop."""
+    p = Problem.build(
+        history,
+        kw.get("cost_factor", 1.0),
+        kw.get("waste_threshold", 0.1),
+        kw.get("granularity_mb", 1.0),
+        kw.get("step_cost_mb", 0.0),
+    )
+    g = p.granularity_mb
+    inits = np.arange(p.init_max + 1)[:, None, None]
+    steps = np.arange(1, max(1, p.d_max) + 1)[None, :, None]
+    r = p.units[None, None, :] - inits
+    total = np.where(r > 0, (r + steps - 1) // steps, 0).sum(axis=2)
+    f = inits[:, :, 0] * g + (p.cost_factor * g * steps[:, :, 0] + p.step_cost_mb) * total
+    fmin = float(f.min())
+    ii, ss = np.nonzero(f <= fmin + TIE_REL * max(1.0, abs(fmin)))
+    k = np.lexsort((ss, ii, total[ii, ss]))[0]
+    return p.sizing(int(ii[k]), int(ss[k]) + 1)
+
+
+long_histories = (
+    st.integers(20, 120)
+    .flatmap(
+        lambda n: st.tuples(
+            st.lists(st.integers(0, 150), min_size=n, max_size=n),
+            st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=n, max_size=n),
+        )
+    )
+    .map(lambda ht: [Demand(float(h), t) for h, t in zip(*ht, strict=True)])
+)
+"""Many demands over a wide range: ``c·N(init_max) >= 1`` (the windows of case 2) in most draws."""
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_histories, params)
+def test_exact_equals_brute_force_on_long_histories(
+    history: list[Demand], kw: dict[str, float]
+) -> None:
+    s = solve_sizing(history, **kw)
+    assert s == brute_force_grid(history, **kw)
+    check_constraints(history, s, kw)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(histories, long_histories), params)
+def test_history_columns_give_the_same_answer(history: list[Demand], kw: dict[str, float]) -> None:
+    cols = History(
+        np.array([d.demand_mb for d in history]), np.array([d.exec_time_s for d in history])
+    )
+    assert len(cols) == len(history)
+    assert solve_sizing(cols, **kw) == solve_sizing(history, **kw)
+
+
+def test_history_columns_are_checked() -> None:
+    with pytest.raises(SizingError, match="one length"):
+        solve_sizing(History(np.ones(3), np.ones(2)), 1.0, 0.1)
+    with pytest.raises(SizingError, match="empty"):
+        solve_sizing(History(np.ones(0), np.ones(0)), 1.0, 0.1)
+    with pytest.raises(SizingError, match="demand_mb"):
+        solve_sizing(History(np.array([1.0, math.inf]), np.ones(2)), 1.0, 0.1)
+    with pytest.raises(SizingError, match="exec_time_s"):
+        solve_sizing(History(np.ones(2), np.array([1.0, math.nan])), 1.0, 0.1)
+
+
+def sorted_waste_curve(h: np.ndarray, w: np.ndarray, unit_mb: float, d_max: int) -> np.ndarray:
+    """The definition by sorting: demands strictly below ``x = v·unit_mb`` by ``searchsorted``."""
+    order = np.argsort(h, kind="stable")
+    hs, ws = h[order], w[order]
+    cum_w = np.concatenate(([0.0], np.cumsum(ws)))
+    cum_hw = np.concatenate(([0.0], np.cumsum(hs * ws)))
+    x = np.arange(d_max + 1, dtype=np.float64) * unit_mb
+    below = np.searchsorted(hs, x, side="left")
+    num = np.maximum(x * cum_w[below] - cum_hw[below], 0.0)
+    return num / h.sum() if h.sum() > 0 else np.where(num > 0, np.inf, 0.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.integers(0, 60).map(float),  # on a unit boundary for granularity 1
+                st.integers(0, 400).map(lambda k: k * 0.1),  # 0.1·k: float noise at boundaries
+                st.floats(0, 60, allow_nan=False, allow_infinity=False),
+            ),
+            st.floats(0, 3, allow_nan=False, allow_infinity=False),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.sampled_from([0.1, 0.3, 0.5, 1.0, 3.0, 7.0]),
+)
+def test_waste_curve_buckets_equal_the_sorted_definition(
+    pairs: list[tuple[float, float]], unit_mb: float
+) -> None:
+    """The buckets ``b_h`` put every demand on the same side of every ``x_v`` as the sort."""
+    h = np.array([a for a, _ in pairs])
+    w = np.array([b for _, b in pairs])
+    p = Problem.build([Demand(a, b) for a, b in pairs], 1.0, 0.1, unit_mb, 0.0)
+    fast = waste_curve(h, w, unit_mb, p.d_max)
+    ref = sorted_waste_curve(h, w, unit_mb, p.d_max)
+    assert np.array_equal(np.isinf(fast), np.isinf(ref))
+    finite = ~np.isinf(ref)
+    assert np.allclose(fast[finite], ref[finite], rtol=1e-12, atol=1e-15)
+    assert np.array_equal(fast == 0, ref == 0)  # the same inits over-allocate nothing
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(histories, long_histories), params, st.integers(0, 160), st.integers(1, 160))
+def test_total_steps_counts_every_demand(
+    history: list[Demand], kw: dict[str, float], init: int, step: int
+) -> None:
+    """``Problem.total_steps`` (strided sum of ``at_least``) against ``ceil`` per demand."""
+    p = Problem.build(
+        history,
+        kw["cost_factor"],
+        kw["waste_threshold"],
+        kw["granularity_mb"],
+        kw["step_cost_mb"],
+    )
+    direct = sum(max(0, -(-(int(d) - init) // step)) for d in p.units)
+    assert p.total_steps(init, step) == direct

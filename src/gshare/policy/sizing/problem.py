@@ -46,6 +46,31 @@ class Demand:
 
 
 @dataclass(frozen=True, slots=True)
+class History:
+    """A history as two columns (what the simulator and the benches hold already): one
+    ``Demand`` per index. ``solve_sizing`` takes it or a sequence of ``Demand``; the columns
+    skip building (and reading back) one Python object per execution, which at 10,000 demands
+    costs more than solving."""
+
+    demand_mb: FloatArray
+    """Peak demands, MB (>= 0)."""
+    exec_time_s: FloatArray
+    """Execution times, s (>= 0), the same length."""
+
+    def __len__(self) -> int:
+        return int(np.shape(self.demand_mb)[0])
+
+    @staticmethod
+    def of(history: Sequence[Demand]) -> History:
+        """The columns of a sequence of ``Demand``."""
+        n = len(history)
+        return History(
+            np.fromiter((d.demand_mb for d in history), dtype=np.float64, count=n),
+            np.fromiter((d.exec_time_s for d in history), dtype=np.float64, count=n),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Sizing:
     """The answer: start a component with ``init_mb`` and grow it by ``step_mb``.
 
@@ -109,7 +134,7 @@ class Problem:
 
     @staticmethod
     def build(
-        history: Sequence[Demand],
+        history: Sequence[Demand] | History,
         cost_factor: float,
         waste_threshold: float,
         granularity_mb: float,
@@ -122,20 +147,24 @@ class Problem:
         _check("waste_threshold", waste_threshold, allow_zero=True)
         _check("granularity_mb", granularity_mb, allow_zero=False)
         _check("step_cost_mb", step_cost_mb, allow_zero=True)
-        h = np.fromiter((d.demand_mb for d in history), dtype=np.float64, count=len(history))
-        t = np.fromiter((d.exec_time_s for d in history), dtype=np.float64, count=len(history))
-        if not (np.all(np.isfinite(h)) and np.all(h >= 0)):
+        cols = history if isinstance(history, History) else History.of(history)
+        h = np.asarray(cols.demand_mb, dtype=np.float64)
+        t = np.asarray(cols.exec_time_s, dtype=np.float64)
+        if h.shape != t.shape or h.ndim != 1:
+            raise SizingError("demand_mb and exec_time_s must be 1-D arrays of one length")
+        # min >= 0 is False for a NaN, max < inf for an inf: two reductions check everything
+        if not (h.min() >= 0 and h.max() < math.inf):
             raise SizingError("every demand_mb must be a finite number >= 0")
-        if not (np.all(np.isfinite(t)) and np.all(t >= 0)):
+        if not (t.min() >= 0 and t.max() < math.inf):
             raise SizingError("every exec_time_s must be a finite number >= 0")
         mean_t = float(t.mean())
         w = t / mean_t if mean_t > 0 else np.zeros_like(t)
-        units = np.maximum(np.ceil(h / granularity_mb - UNIT_EPS), 0).astype(np.int64)
+        units = _units(h, granularity_mb)
         d_max = int(units.max())
-        count = np.bincount(units, minlength=d_max + 1).astype(np.int64)
+        count = np.bincount(units, minlength=d_max + 1).astype(np.int64, copy=False)
         at_least = np.zeros(d_max + 2, dtype=np.int64)
         at_least[: d_max + 1] = np.cumsum(count[::-1])[::-1]
-        wastes = waste_curve(h, w, granularity_mb, d_max)
+        wastes = waste_curve(h, w, granularity_mb, d_max, units=units)
         feasible = wastes <= waste_threshold + WASTE_TOL
         # waste(0) = 0 always; waste is non-decreasing in init: the feasible inits are 0..k
         init_max = d_max if bool(feasible.all()) else int(np.argmin(feasible)) - 1
@@ -158,9 +187,10 @@ class Problem:
         return waste_of(self.demand_mb, self.weight, init * self.granularity_mb)
 
     def total_steps(self, init: int, step: int) -> int:
-        """``Σ_h k_h``, ``k_h = ceil((D_h - init) / step)`` for ``D_h > init``, else 0."""
-        r = self.units - init
-        return int(np.where(r > 0, (r + step - 1) // step, 0).sum())
+        """``Σ_h k_h``, ``k_h = ceil((D_h - init) / step)`` for ``D_h > init``, else 0: demand
+        ``h`` takes the ``m``-th step (``m >= 0``) when ``D_h >= init + 1 + m·step``, so the sum
+        is ``Σ_{m>=0} at_least[init + 1 + m·step]`` — ``O(d_max / step)``, not ``O(n)``."""
+        return int(self.at_least[init + 1 :: step].sum())
 
     def objective(self, init: int, total_steps: int, step: int) -> float:
         g = self.granularity_mb
@@ -195,17 +225,28 @@ def waste_of(demand_mb: FloatArray, weight: FloatArray, init_mb: float) -> float
 
 
 def waste_curve(
-    demand_mb: FloatArray, weight: FloatArray, unit_mb: float, d_max: int
+    demand_mb: FloatArray,
+    weight: FloatArray,
+    unit_mb: float,
+    d_max: int,
+    *,
+    units: IntArray | None = None,
 ) -> FloatArray:
-    """``waste_of`` for every init ``0..d_max`` units at once (sorted prefix sums)."""
-    order = np.argsort(demand_mb, kind="stable")
-    hs = demand_mb[order]
-    ws = weight[order]
-    cum_w = np.concatenate(([0.0], np.cumsum(ws)))
-    cum_hw = np.concatenate(([0.0], np.cumsum(hs * ws)))
+    """``waste_of`` for every init ``0..d_max`` units at once, in ``O(n + d_max)``.
+
+    ``units`` are the demands' ``D_h`` (``Problem.units``; computed when not given). The init
+    ``v`` over-allocates the demands ``h < x_v = v·unit_mb``; demand ``h`` is below ``x_v``
+    exactly for ``v >= b_h``, where ``b_h = D_h`` when ``h < x_{D_h}`` and ``D_h + 1`` otherwise
+    (``UNIT_EPS`` puts ``h`` in ``(x_{D_h − 1}, x_{D_h + 1})``), so bucketing the weights by
+    ``b_h`` and summing the buckets gives, for every ``v``, the same sets of demands as
+    sorting them would — without the sort (the float sums may differ in the last ulp)."""
+    if units is None:
+        units = _units(demand_mb, unit_mb)
+    first_above = units + (demand_mb >= units * unit_mb)  # b_h, in 1..d_max + 1
+    cum_w = np.cumsum(np.bincount(first_above, weights=weight, minlength=d_max + 2))
+    cum_hw = np.cumsum(np.bincount(first_above, weights=demand_mb * weight, minlength=d_max + 2))
     x = np.arange(d_max + 1, dtype=np.float64) * unit_mb
-    below = np.searchsorted(hs, x, side="left")  # demands strictly below x
-    num = np.maximum(x * cum_w[below] - cum_hw[below], 0.0)
+    num = np.maximum(x * cum_w[: d_max + 1] - cum_hw[: d_max + 1], 0.0)
     den = float(demand_mb.sum())
     out: FloatArray = num / den if den > 0 else np.where(num > 0, np.inf, 0.0)
     return out
@@ -222,6 +263,13 @@ def better(a: Sizing, b: Sizing | None) -> bool:
     if a.objective_mb > b.objective_mb + tol:
         return False
     return a.key[1:] < b.key[1:]
+
+
+def _units(demand_mb: FloatArray, granularity_mb: float) -> IntArray:
+    """``D_h = ceil(h / granularity − UNIT_EPS)``, at least 0 (``h / 1.0`` is ``h``: skipped)."""
+    scaled = demand_mb if granularity_mb == 1.0 else demand_mb / granularity_mb
+    out: IntArray = np.maximum(np.ceil(scaled - UNIT_EPS), 0).astype(np.int64)
+    return out
 
 
 def _check(name: str, value: float, *, allow_zero: bool) -> None:
