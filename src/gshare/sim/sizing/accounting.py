@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from gshare.policy.memory import grow_limit
-from gshare.policy.sizing import Demand, Sizing, solve_sizing
+from gshare.policy.sizing import Demand, History, Sizing, solve_sizing
 from gshare.sim.sizing.apps import AppTrace
 
 COVER_EPS_MB = 1e-9
@@ -68,7 +69,7 @@ class PolicySpec:
     def sized(self) -> bool:
         return self.kind in (PolicyKind.BULKX, PolicyKind.BULKX_WINDOW)
 
-    def solve(self, history: list[Demand]) -> Sizing:
+    def solve(self, history: History | Sequence[Demand]) -> Sizing:
         return solve_sizing(
             history,
             self.cost_factor,
@@ -95,11 +96,9 @@ class AppInvocations:
     def n(self) -> int:
         return int(self.start_s.shape[0])
 
-    def history(self, lo: int, hi: int) -> list[Demand]:
-        return [
-            Demand(float(h), float(t))
-            for h, t in zip(self.demand_mb[lo:hi], self.exec_s[lo:hi], strict=True)
-        ]
+    def history(self, lo: int, hi: int) -> History:
+        """Invocations ``lo``..``hi - 1`` as the solver's columns (no object per invocation)."""
+        return History(self.demand_mb[lo:hi], self.exec_s[lo:hi])
 
 
 def draw_invocations(
