@@ -200,6 +200,8 @@ class SharedMemoryRegistry:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             raise HttpError(400, f"{where} does not exist: create it first") from None
+        except IsADirectoryError:
+            raise HttpError(400, f"{where} is not a regular file (a directory)") from None
         except OSError as e:
             why = (
                 "is a symbolic link" if os.path.islink(path) else f"cannot be opened: {e.strerror}"
