@@ -344,7 +344,7 @@ def mentions_shm(chunks: Sequence[bytes], header_len: int) -> bool:
     for c in chunks:
         if seen >= limit:
             break
-        part = c[: limit - seen]
+        part = c if len(c) <= limit - seen else c[: limit - seen]  # no copy of a whole chunk
         if MARKER in part or (tail and MARKER in tail + part[: n - 1]):
             return True
         seen += len(part)
