@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,6 +237,32 @@ def test_shared_memory_mixes_with_ordinary_tensors(
         out = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)]
         r = c.infer("addsub", [i0, j1], outputs=out)
         np.testing.assert_allclose(r.as_numpy("OUTPUT0"), a + b, rtol=1e-6)
+
+
+def test_grpc_stream_requests_use_shared_memory(
+    served: Served, regions: Callable[[str, int], Any]
+) -> None:
+    g = served.grpc
+    h = regions("stream", 64)
+    g.register_system_shared_memory("stream", key("stream"), 64)
+    got: queue.Queue[Any] = queue.Queue()
+    g.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        for k in range(3):  # each writes its own 8 bytes: request k at offset 8k in, 32+8k out
+            x = np.full((1, 2), k, dtype=np.int32)
+            shm.set_shared_memory_region(h, [x], offset=8 * k)
+            i = grpcclient.InferInput("x", [1, 2], "INT32")
+            i.set_shared_memory("stream", 8, offset=8 * k)
+            o = grpcclient.InferRequestedOutput("output0")
+            o.set_shared_memory("stream", 8, offset=32 + 8 * k)
+            g.async_stream_infer("echo", [i], outputs=[o], request_id=str(k))
+        for _ in range(3):
+            result, error = got.get(timeout=60)
+            assert error is None, error
+    finally:
+        g.stop_stream()
+    for k in range(3):
+        assert shm.get_contents_as_numpy(h, np.int32, [1, 2], 32 + 8 * k).tolist() == [[k, k]]
 
 
 # -- status, register, unregister ----------------------------------------------------------
