@@ -188,12 +188,14 @@ class SharedMemoryRegistry:
         if not _is_int(byte_size) or byte_size <= 0:
             raise HttpError(400, f"region {name!r}: 'byte_size' must be an integer > 0")
         base = key.lstrip("/")
-        if "/" in base or base in (".", ".."):
+        if "/" in base or "\0" in base or base in (".", ".."):
             raise HttpError(
                 400,
                 f"region {name!r}: key {key!r} is not a POSIX shared memory name "
                 "('/name', one component)",
             )
+        if len(base.encode()) > 255:
+            raise HttpError(400, f"region {name!r}: the key is longer than 255 bytes (NAME_MAX)")
         path = self.root / base
         where = f"region {name!r}: shared memory object {key!r} ({path})"
         try:
