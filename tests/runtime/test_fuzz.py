@@ -74,6 +74,16 @@ ROUTES: list[tuple[str, str, bool]] = [
     ("POST", "/v2/repository/models/{name}/load", False),
     ("POST", "/v2/repository/models/{name}/unload", False),
     ("POST", "/v2/repository/index", False),
+    ("GET", "/v2/systemsharedmemory/status", False),
+    ("GET", "/v2/systemsharedmemory/region/{name}/status", False),
+    ("POST", "/v2/systemsharedmemory/region/{name}/register", False),
+    ("POST", "/v2/systemsharedmemory/unregister", False),
+    ("POST", "/v2/systemsharedmemory/region/{name}/unregister", False),
+    ("GET", "/v2/cudasharedmemory/status", False),
+    ("GET", "/v2/cudasharedmemory/region/{name}/status", False),
+    ("POST", "/v2/cudasharedmemory/region/{name}/register", False),
+    ("POST", "/v2/cudasharedmemory/unregister", False),
+    ("POST", "/v2/cudasharedmemory/region/{name}/unregister", False),
 ]
 NOT_IMPLEMENTED = ("/v2/repository/models/{name}/load", "/v2/repository/models/{name}/unload")
 

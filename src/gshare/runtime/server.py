@@ -383,6 +383,7 @@ class _Runtime:
                     await grpc_server.stop(5.0)
                 log.info("stopping the controller and every instance")
                 gateway.fail_all(503, "the server is shutting down")
+                objs.oip.close()  # every shared-memory region unmapped
                 for name in list(objs.profiler.jobs):
                     objs.profiler.cancel(name)
                 await controller.stop()

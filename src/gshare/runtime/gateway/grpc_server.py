@@ -6,11 +6,14 @@ HTTP API — ModelInfer takes the same dispatch path as ``POST /v2/models/{name}
 Who starts it: the server's lifespan (``runtime.server``), after the controller, and stops it
 before the controller (``GrpcServer.stop``). The RPCs: ServerLive, ServerReady, ModelReady,
 ServerMetadata, ModelMetadata, ModelInfer, ModelStreamInfer (each request of the stream
-answered as it completes), ModelConfig, ModelStatistics, RepositoryIndex; the others of
-Triton's service (shared memory, trace, logging, repository load/unload) answer
-UNIMPLEMENTED. ModelInfer's request is not deserialized into Python objects beyond its model
-name and version: its bytes go to the instance as they came (``oip.grpc_messages``), and the
-instance's serialized response comes back as it is. Errors carry the HTTP API's messages with
+answered as it completes), ModelConfig, ModelStatistics, RepositoryIndex,
+SystemSharedMemory{Status,Register,Unregister} (``oip.shm``; CudaSharedMemory* answer
+INVALID_ARGUMENT: not supported); the others of Triton's service (trace, logging, repository
+load/unload) answer UNIMPLEMENTED. ModelInfer's request is parsed for its model name and
+version only: its bytes go to the instance as they came (``oip.grpc_messages``), and the
+instance's serialized response comes back as it is — unless a tensor has shared-memory
+parameters (``shm.grpc_mentions_shm``): then ``shm.prepare_grpc`` / ``shm.finish_grpc``
+resolve them in the gateway. Errors carry the HTTP API's messages with
 the matching status code (404 → NOT_FOUND, 400 → INVALID_ARGUMENT, 503 → UNAVAILABLE, ...).
 """
 
@@ -27,6 +30,12 @@ from grpc.aio import ServicerContext
 
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.oip_service import OipService
+from gshare.runtime.gateway.shm import (
+    CUDA_NOT_SUPPORTED,
+    finish_grpc,
+    grpc_mentions_shm,
+    prepare_grpc,
+)
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.oip.grpc_messages import SERVICE, Message, from_dict, pb
 from gshare.runtime.oip.header import TRANSPORT_GRPC, wrap
@@ -66,6 +75,21 @@ class RepositoryIndexRequest(Protocol):
     """``inference.RepositoryIndexRequest``: whether to list only the ready models."""
 
     ready: bool
+
+
+class RegionRequest(Protocol):
+    """``SystemSharedMemoryStatusRequest`` / ``UnregisterRequest`` (empty name: every region)."""
+
+    name: str
+
+
+class RegisterRequest(Protocol):
+    """``inference.SystemSharedMemoryRegisterRequest``."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
 
 
 class GrpcInferenceService:
@@ -113,13 +137,42 @@ class GrpcInferenceService:
             head.ParseFromString(raw)
         except Exception as e:
             raise HttpError(400, f"malformed ModelInferRequest: {e}") from None
-        v = self.oip.version_of(head.model_name, head.model_version)
-        renc, data, _m = await self.oip.call(
-            head.model_name, P.ENC_OIP, wrap(TRANSPORT_GRPC, -1, v, [raw])
-        )
+        name = head.model_name
+        v = self.oip.version_of(name, head.model_version)
+        if grpc_mentions_shm(head):
+            payload, shm_outputs = prepare_grpc(self.oip.shm, head, v)
+            del raw, head
+            renc, data, _m = await self.oip.call(name, P.ENC_OIP, payload)
+            if renc != P.ENC_PROTOBUF:
+                raise HttpError(500, "the instance did not answer a ModelInferResponse")
+            return finish_grpc(data, shm_outputs)
+        del head
+        renc, data, _m = await self.oip.call(name, P.ENC_OIP, wrap(TRANSPORT_GRPC, -1, v, [raw]))
         if renc != P.ENC_PROTOBUF:
             raise HttpError(500, "the instance did not answer a ModelInferResponse")
         return data
+
+    async def SystemSharedMemoryStatus(  # noqa: N802
+        self, req: RegionRequest, ctx: ServicerContext
+    ) -> object:
+        regions = {r["name"]: r for r in self.oip.shm.status(req.name)}
+        return from_dict({"regions": regions}, pb.SystemSharedMemoryStatusResponse())
+
+    async def SystemSharedMemoryRegister(  # noqa: N802
+        self, req: RegisterRequest, ctx: ServicerContext
+    ) -> object:
+        self.oip.shm.register(req.name, req.key, req.offset, req.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(  # noqa: N802
+        self, req: RegionRequest, ctx: ServicerContext
+    ) -> object:
+        self.oip.shm.unregister(req.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemory(self, req: object, ctx: ServicerContext) -> object:  # noqa: N802
+        """CudaSharedMemoryStatus / Register / Unregister: not supported."""
+        raise HttpError(400, CUDA_NOT_SUPPORTED)
 
     async def ModelInfer(self, raw: bytes, ctx: ServicerContext) -> bytes:  # noqa: N802
         return await self.infer(raw)
@@ -212,6 +265,25 @@ def handlers(svc: GrpcInferenceService) -> grpc.GenericRpcHandler:
         "RepositoryIndex": _unary(
             svc.RepositoryIndex, pb.RepositoryIndexRequest, pb.RepositoryIndexResponse
         ),
+        "SystemSharedMemoryStatus": _unary(
+            svc.SystemSharedMemoryStatus,
+            pb.SystemSharedMemoryStatusRequest,
+            pb.SystemSharedMemoryStatusResponse,
+        ),
+        "SystemSharedMemoryRegister": _unary(
+            svc.SystemSharedMemoryRegister,
+            pb.SystemSharedMemoryRegisterRequest,
+            pb.SystemSharedMemoryRegisterResponse,
+        ),
+        "SystemSharedMemoryUnregister": _unary(
+            svc.SystemSharedMemoryUnregister,
+            pb.SystemSharedMemoryUnregisterRequest,
+            pb.SystemSharedMemoryUnregisterResponse,
+        ),
+        **{
+            f"CudaSharedMemory{rpc}": _unary(svc.CudaSharedMemory, None, None)
+            for rpc in ("Status", "Register", "Unregister")
+        },
         "ModelInfer": _unary(svc.ModelInfer, None, None),
         "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
             svc.ModelStreamInfer,

@@ -12,7 +12,14 @@ model configuration, statistics and repository-index extensions): a front end of
   forwards the body untouched to an instance (``oip.header.wrap``), which decodes and validates the
   tensors; the event loop does no per-element work. The answer is JSON, or, when outputs are
   asked for as binary data, the JSON header then the binary data with
-  ``Inference-Header-Content-Length`` (``application/octet-stream``).
+  ``Inference-Header-Content-Length`` (``application/octet-stream``). A body whose JSON part
+  mentions ``shared_memory_`` (a substring search, ``shm.mentions_shm``) is resolved against
+  the registered regions first (``shm.prepare_http`` / ``shm.finish_http``);
+* ``mount_shm(app, oip)`` adds Triton's system shared-memory routes —
+  ``GET /v2/systemsharedmemory[/region/{name}]/status``,
+  ``POST /v2/systemsharedmemory/region/{name}/register`` (``{"key", "offset", "byte_size"}``),
+  ``POST /v2/systemsharedmemory[/region/{name}]/unregister`` — over ``oip.shm``, and answers
+  every ``/v2/cudasharedmemory/...`` route with a 400 (not supported).
 """
 
 from __future__ import annotations
@@ -33,6 +40,12 @@ from gshare.runtime.gateway.asgi import (
 )
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.oip_service import OipService
+from gshare.runtime.gateway.shm import (
+    CUDA_NOT_SUPPORTED,
+    finish_http,
+    mentions_shm,
+    prepare_http,
+)
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.oip.header import HEADER_LENGTH, TRANSPORT_HTTP, wrap
 
@@ -83,9 +96,15 @@ async def serve_infer(
                 f"Inference-Header-Content-Length {raw.decode(errors='replace')!r} must be the "
                 f"length of the body's JSON part: between 1 and the body's {size} bytes",
             )
-    renc, data, m = await oip.call(
-        name, P.ENC_OIP, wrap(TRANSPORT_HTTP, header_len, v, chunks), receive
-    )
+    if mentions_shm(chunks, header_len):
+        payload, shm_outputs = prepare_http(oip.shm, chunks, header_len, v)
+        del chunks
+        renc, data, m = await oip.call(name, P.ENC_OIP, payload, receive)
+        renc, data = finish_http(renc, data, shm_outputs)
+    else:
+        renc, data, m = await oip.call(
+            name, P.ENC_OIP, wrap(TRANSPORT_HTTP, header_len, v, chunks), receive
+        )
     extra = timing_headers(m)
     if renc == P.ENC_OIP_BINARY:
         (json_len,) = struct.unpack_from("<I", data)
@@ -151,6 +170,8 @@ def mount_oip(app: FastAPI, oip: OipService) -> None:
             "not supported",
         )
 
+    mount_shm(app, oip)
+
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> list[dict[str, object]]:
         body = await read_request(request, oip.gw.max_body_bytes)
@@ -160,4 +181,35 @@ def mount_oip(app: FastAPI, oip: OipService) -> None:
         return oip.repository_index(bool(doc.get("ready", False)))
 
 
-__all__ = ["PREFIX", "infer_target", "mount_oip", "serve_infer"]
+def mount_shm(app: FastAPI, oip: OipService) -> None:
+    """Triton's system shared-memory routes, and CUDA shared memory's refusal (module doc)."""
+
+    @app.get("/v2/systemsharedmemory/status")
+    @app.get("/v2/systemsharedmemory/region/{name}/status")
+    async def shm_status(name: str = "") -> list[dict[str, object]]:
+        return [dict(r) for r in oip.shm.status(name)]
+
+    @app.post("/v2/systemsharedmemory/region/{name}/register")
+    async def shm_register(name: str, request: Request) -> dict[str, object]:
+        doc = parse_json(await read_request(request, oip.gw.max_body_bytes))
+        if not isinstance(doc, dict):
+            raise HttpError(400, 'the body must be {"key": "/name", "offset": 0, "byte_size": N}')
+        oip.shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+        return {}
+
+    @app.post("/v2/systemsharedmemory/unregister")
+    @app.post("/v2/systemsharedmemory/region/{name}/unregister")
+    async def shm_unregister(name: str = "") -> dict[str, object]:
+        oip.shm.unregister(name)
+        return {}
+
+    @app.get("/v2/cudasharedmemory/status")
+    @app.get("/v2/cudasharedmemory/region/{name}/status")
+    @app.post("/v2/cudasharedmemory/region/{name}/register")
+    @app.post("/v2/cudasharedmemory/unregister")
+    @app.post("/v2/cudasharedmemory/region/{name}/unregister")
+    async def cuda_shm(name: str = "") -> None:
+        raise HttpError(400, CUDA_NOT_SUPPORTED)
+
+
+__all__ = ["PREFIX", "infer_target", "mount_oip", "mount_shm", "serve_infer"]

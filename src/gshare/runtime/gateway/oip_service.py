@@ -10,6 +10,11 @@ Who builds it: the server (``runtime.server``) builds one per gateway and hands 
 ``HttpError`` (404 unknown model or version, 400 bad request, 503 ...); the gRPC front end maps
 their codes to gRPC status codes.
 
+System shared memory (Triton's extension): ``shm`` holds the regions clients registered; an
+infer request of either transport that references one is resolved by the front end in the
+gateway (``gateway.shm``: inputs read from the mapping into the payload, outputs written from
+the answer into it), so the instance gets an ordinary request.
+
 Model versions: a function's version is the one its spec has in the state store (1 on deploy,
 +1 on every update); a request naming another version is a 404 (gshare serves one version of a
 function at a time).
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING, cast
 from gshare import __version__
 from gshare.runtime.gateway.errors import HttpError, status_of
 from gshare.runtime.gateway.router import Gateway
+from gshare.runtime.gateway.shm import SharedMemoryRegistry
 from gshare.runtime.gateway.triton_ext import (
     FunctionStatus,
     InferenceStats,
@@ -37,20 +43,37 @@ if TYPE_CHECKING:
 
     from gshare.runtime.gateway.control_plane import ControlPlane
 
-EXTENSIONS = ("binary_tensor_data", "parameters", "model_configuration", "statistics")
+EXTENSIONS = (
+    "binary_tensor_data",
+    "parameters",
+    "model_configuration",
+    "statistics",
+    "system_shared_memory",
+)
 """What ``GET /v2`` lists: Triton's names of the extensions gshare implements (the repository
 index is served too, without load/unload)."""
 
 
 class OipService:
-    """See the module doc. ``control`` is the ``app.ControlPlane`` (function status, readiness)."""
+    """See the module doc. ``control`` is the ``app.ControlPlane`` (function status, readiness);
+    ``shm`` the system shared-memory regions both transports' requests may reference
+    (``gateway.shm``; the server's lifespan calls ``close`` at shutdown)."""
 
     def __init__(
-        self, gw: Gateway, control: ControlPlane, stats: InferenceStats | None = None
+        self,
+        gw: Gateway,
+        control: ControlPlane,
+        stats: InferenceStats | None = None,
+        shm: SharedMemoryRegistry | None = None,
     ) -> None:
         self.gw = gw
         self.control = control
         self.stats = stats or InferenceStats()
+        self.shm = shm if shm is not None else SharedMemoryRegistry()
+
+    def close(self) -> None:
+        """The server stops: every shared-memory region is unmapped."""
+        self.shm.close()
 
     # -- health and metadata -------------------------------------------------------------------
 

@@ -64,7 +64,9 @@ TRANSPORT_GRPC: Final[int] = 1
 """The body is a serialized ``inference.ModelInferRequest`` (``oip.grpc_messages``)."""
 
 
-def wrap(transport: int, header_len: int, version: int, body: Sequence[bytes]) -> bytes:
+def wrap(
+    transport: int, header_len: int, version: int, body: Sequence[bytes | memoryview]
+) -> bytes:
     """The payload of an ``ENC_OIP`` frame: the envelope, then the body's parts (one copy)."""
     return b"".join([ENVELOPE.pack(transport, header_len, version), *body])
 
