@@ -228,3 +228,11 @@ def test_grpc_typed_contents_cannot_mix_with_shared_memory(
     req.inputs.add(name="b", datatype="INT32", shape=[1]).contents.int_contents.append(1)
     with pytest.raises(HttpError, match="input 'b': with inputs in shared memory, send the"):
         prepare_grpc(reg, req, 1)
+
+
+def test_a_registry_turned_off_refuses_every_region(tmp_path: Path) -> None:
+    off = SharedMemoryRegistry(root=tmp_path, enabled=False)
+    k = obj(tmp_path, "a", b"\0" * 64)
+    with pytest.raises(HttpError, match="turned off.*--no-shared-memory"):
+        off.register("r", k, 0, 64)
+    assert off.status() == []

@@ -125,6 +125,15 @@ def serve_cmd(
             "this port (0: any free port; default: no gRPC)."
         ),
     ),
+    shared_memory: bool = typer.Option(
+        True,
+        "--shared-memory/--no-shared-memory",
+        help=(
+            "Serve Triton's system shared-memory extension: clients on this host may register "
+            "/dev/shm objects owned by the server's user and send tensors through them. Turn "
+            "it off where the API is reachable by clients you would not let read such objects."
+        ),
+    ),
     priority_sharing: str = typer.Option(
         "fikit",
         "--priority-sharing",
@@ -171,6 +180,7 @@ def serve_cmd(
                 launcher=launcher,
                 device_mem_mb=device_mem_mb,
                 grpc_port=grpc_port,
+                shared_memory=shared_memory,
                 priority_sharing=priority_sharing,
             )
         )

@@ -63,6 +63,9 @@ class ServeOptions:
     aquatope, or direct (no scheduler)."""
     workflow_policy_factory: Callable[[SharePerf], WorkflowPolicy] | None = None
     """Its factory when the name alone cannot build it (Aquatope's optimiser, from the CLI)."""
+    shared_memory: bool = True
+    """Serve the OIP system shared-memory extension (``gateway.shm``); False: registering a
+    region is a 400 saying it is turned off."""
     grpc_port: int | None = None
     """Also serve the KServe v2 / Triton gRPC API (``gateway.grpc_server``) on this port of
     ``host`` (0: any free port, written to ``server.json`` as ``grpc``); None: no gRPC."""

@@ -38,6 +38,7 @@ from gshare.runtime.control.stage_host import ControllerStageHost
 from gshare.runtime.gateway.app import build_app
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.gateway.router import Gateway
+from gshare.runtime.gateway.shm import SharedMemoryRegistry
 from gshare.runtime.gateway.stages import WORKFLOW_POLICY_NAMES, PolicyFactory, StageScheduler
 from gshare.runtime.metrics import Metrics
 
@@ -121,7 +122,7 @@ def build_server_objects(
         controller, gateway, opts.workflow_policy, opts.workflow_policy_factory
     )
     control_api = ControlApi(controller, gateway, scheduler, profiler)
-    oip = OipService(gateway, control_api)
+    oip = OipService(gateway, control_api, shm=SharedMemoryRegistry(enabled=opts.shared_memory))
     return ServerObjects(gateway, controller, profiler, scheduler, control_api, oip)
 
 

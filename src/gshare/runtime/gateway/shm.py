@@ -158,10 +158,12 @@ class Ref:
 
 class SharedMemoryRegistry:
     """The regions registered by name (module doc). ``root``: where shared-memory objects
-    live (tests may point it elsewhere)."""
+    live (tests may point it elsewhere); ``enabled`` False (``gshare serve
+    --no-shared-memory``): every registration is refused, so no request can name a region."""
 
-    def __init__(self, root: Path = SHM_ROOT) -> None:
+    def __init__(self, root: Path = SHM_ROOT, *, enabled: bool = True) -> None:
         self.root = root
+        self.enabled = enabled
         self._regions: dict[str, Region] = {}
 
     # -- the extension's API ------------------------------------------------------------------
@@ -173,6 +175,12 @@ class SharedMemoryRegistry:
         its leading slash, no other slash), not be a symbolic link (opened with
         ``O_NOFOLLOW``), be a regular file owned by the server's own uid, and hold
         ``offset + byte_size`` bytes."""
+        if not self.enabled:
+            raise HttpError(
+                400,
+                "system shared memory is turned off on this server "
+                "(gshare serve --no-shared-memory)",
+            )
         if not name:
             raise HttpError(400, "a shared memory region needs a non-empty name")
         if name in self._regions:
