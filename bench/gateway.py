@@ -406,7 +406,13 @@ def measure(args: Any, http_port: int, grpc_port: int, cases: list[Case]) -> dic
 # -- the two systems -----------------------------------------------------------------------------
 
 
-def run_gshare(args: Any, tmp: Path, cases: list[Case]) -> dict[str, Any]:
+def run_gshare(
+    args: Any,
+    tmp: Path,
+    cases: list[Case],
+    more: Callable[[int], dict[str, dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
+    """gshare's figures per case; ``more(http_port)`` adds cases measured on the same server."""
     spec = tmp / "echo.yaml"
     spec.write_text(ECHO_SPEC)
     # a temporary state directory, any free port (HTTP and gRPC)
@@ -418,7 +424,8 @@ def run_gshare(args: Any, tmp: Path, cases: list[Case]) -> dict[str, Any]:
         assert srv.proc is not None
         wait_http(srv.port, "/function/echo", 120, srv.proc)
         grpc = json.loads((srv.state_dir / "server.json").read_text())["grpc"]
-        return measure(args, srv.port, int(grpc.rsplit(":", 1)[1]), cases)
+        out = measure(args, srv.port, int(grpc.rsplit(":", 1)[1]), cases)
+        return out | (more(srv.port) if more is not None else {})
 
 
 def run_rayserve(args: Any, tmp: Path, cases: list[Case]) -> dict[str, Any]:

@@ -11,6 +11,10 @@ system's best round kept):
 * ``json``, ``binary``, ``grpc`` — one FP32 tensor of 1 MiB echoed over the Open Inference
   Protocol as JSON tensors, HTTP binary tensor data and gRPC ``ModelInfer`` (raw contents);
   ``binary_4mb`` and ``grpc_4mb`` — the same with 4 MiB;
+* ``shm_4mb`` (gshare; KServe's Python server does not serve the extension): the 4 MiB tensor
+  in and out through Triton's system shared memory (``bench/shm.py``'s requests: a region pair
+  per connection), on the same server right after its other cases; ``shm_over_binary_4mb`` =
+  its rps ÷ gshare's ``binary_4mb`` rps;
 
 The systems: gshare (``gshare serve --grpc-port 0``, ``demo_handlers:Echo``, one instance of a
 whole device share, no batching); Ray Serve (one replica, as in ``bench/gateway.py``); KServe
@@ -22,8 +26,8 @@ pins apart from ours); ``--no-kserve`` leaves it out.
 
 Summary: ``throughput_ratio_vs_kserve_<case>`` and ``p99_ratio_vs_kserve_<case>`` (gshare ÷
 KServe; throughput >= 1 and p99 <= 1 is gshare ahead) for ``echo``, ``json``, ``binary``,
-``grpc``, ``binary_4mb``, ``grpc_4mb``; the same ``_vs_rayserve_``; each system's rps / p50 /
-p99 / errors per case; the machine's load.
+``grpc``, ``binary_4mb``, ``grpc_4mb``; the same ``_vs_rayserve_``; ``shm_over_binary_4mb``;
+each system's rps / p50 / p99 / errors per case; the machine's load.
 
 Options: ``--quick`` (one round of 3 s per case, 1 MiB cases only), ``--json PATH``,
 ``--rounds N``, ``--duration-s S``, ``--concurrency N``, ``--no-kserve``, ``--no-rayserve``.
@@ -31,6 +35,7 @@ Options: ``--quick`` (one round of 3 s per case, 1 MiB cases only), ``--json PAT
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -41,7 +46,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import gateway as gw
+import shm as shm_bench
 from _common import bench_parser, machine_load, print_table, write_json
 
 KSERVE_VERSION = "0.21.0"
@@ -91,6 +99,7 @@ SUFFIX = {
     "grpc": "grpc",
     "oip-binary-4mb": "binary_4mb",
     "grpc-4mb": "grpc_4mb",
+    "shm-4mb": "shm_4mb",
 }
 """Case name -> its summary-key suffix."""
 
@@ -140,6 +149,22 @@ def run_kserve(args: Any, tmp: Path, cases: list[gw.Case]) -> dict[str, Any]:
         gw.stop_process(proc)
 
 
+def run_gshare(args: Any, tmp: Path, cases: list[gw.Case]) -> dict[str, Any]:
+    """gshare's cases, then (full run) the 4 MiB tensor through shared memory on the same
+    server."""
+
+    def shm_case(port: int) -> dict[str, dict[str, Any]]:
+        if args.quick:
+            return {}
+        x = np.random.default_rng(0).random(shm_bench.SHAPE, dtype=np.float32)
+        with shm_bench.shm_conns(port, x, args.concurrency) as conns:
+            return {
+                "shm-4mb": asyncio.run(shm_bench.load(port, conns, args.warmup_s, args.duration_s))
+            }
+
+    return gw.run_gshare(args, tmp, cases, more=shm_case)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser(__doc__)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -156,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not args.quick:
         cases += [c for c in gw.make_cases(MB4_SHAPE, "-4mb", echo=False) if "json" not in c.name]
     systems: list[tuple[str, Callable[[Any, Path, list[gw.Case]], dict[str, Any]]]] = [
-        ("gshare", gw.run_gshare)
+        ("gshare", run_gshare)
     ]
     if not args.no_kserve:
         systems.append(("kserve", run_kserve))
@@ -191,6 +216,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 continue
             summary[f"throughput_ratio_vs_{key}_{sfx}"] = ratio(g["rps"], p["rps"])
             summary[f"p99_ratio_vs_{key}_{sfx}"] = ratio(g["p99_ms"], p["p99_ms"])
+    if ("gshare", "shm-4mb") in best and ("gshare", "oip-binary-4mb") in best:
+        summary["shm_over_binary_4mb"] = ratio(
+            best[("gshare", "shm-4mb")]["rps"], best[("gshare", "oip-binary-4mb")]["rps"]
+        )
     for (system, case), b in best.items():
         prefix = system.replace("-", "")
         sfx = SUFFIX[case]
