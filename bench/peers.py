@@ -190,10 +190,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     best: dict[tuple[str, str], dict[str, Any]] = {}
     rounds: list[dict[str, Any]] = []
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="gshare-peers-") as d:
         for r in range(args.rounds):
             for system, fn in systems:
-                for case, res in fn(args, Path(d), cases).items():
+                try:
+                    results = fn(args, Path(d), cases)
+                except SystemExit as e:  # a system that does not start is reported, not fatal
+                    failed[system] = str(e)
+                    print(f"round {r} {system}: failed: {e}", file=sys.stderr)
+                    for log in sorted(Path(d).glob(f"{system.replace('-', '')}*.log")):
+                        print(log.read_text()[-3000:], file=sys.stderr)
+                    continue
+                for case, res in results.items():
                     res.update(system=system, case=case, round=r)
                     rounds.append(res)
                     print(
@@ -230,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             x["errors"] for x in rounds if x["system"] == system and x["case"] == case
         )
     summary.update(machine_load())
+    summary["failed"] = failed
     names = [s for s, _ in systems]
     print_table(
         f"{args.concurrency} connections, {args.duration_s:g} s per round, best of {args.rounds}",
