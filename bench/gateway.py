@@ -55,7 +55,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -452,7 +452,53 @@ def run_rayserve(args: Any, tmp: Path, cases: list[Case]) -> dict[str, Any]:
         stop_process(proc)
 
 
-SYSTEMS = (("gshare", run_gshare), ("ray-serve", run_rayserve))
+System = Callable[[Any, Path, list[Case]], dict[str, Any]]
+"""Runs one system: its server up, every case measured (``measure``), the server down."""
+
+Best = dict[tuple[str, str], dict[str, Any]]
+"""(system, case) -> that system's best round of that case (the most requests/s)."""
+
+
+def alternate_rounds(
+    args: Any, systems: Sequence[tuple[str, System]], cases: list[Case], prefix: str
+) -> tuple[Best, list[dict[str, Any]], dict[str, str]]:
+    """``args.rounds`` rounds, each running every system in turn (never two at once), in a
+    temporary directory named with ``prefix``. Returns each (system, case)'s best round, every
+    round's figures, and the systems that did not start (``SystemExit``: its reason; the
+    server's log is printed), which are left out of that round, not fatal."""
+    best: Best = {}
+    rounds: list[dict[str, Any]] = []
+    failed: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix=prefix) as d:
+        for r in range(args.rounds):
+            for system, fn in systems:
+                try:
+                    results = fn(args, Path(d), cases)
+                except SystemExit as e:
+                    failed[system] = str(e)
+                    print(f"round {r} {system}: failed: {e}", file=sys.stderr)
+                    for log in sorted(Path(d).glob(f"{system.replace('-', '')}*.log")):
+                        print(log.read_text()[-3000:], file=sys.stderr)
+                    continue
+                for case, res in results.items():
+                    res.update(system=system, case=case, round=r)
+                    rounds.append(res)
+                    print(
+                        f"round {r} {system} {case}: {res['rps']:.0f} rps, "
+                        f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, "
+                        f"errors {res['errors']}",
+                        file=sys.stderr,
+                    )
+                    if (system, case) not in best or res["rps"] > best[(system, case)]["rps"]:
+                        best[(system, case)] = res
+    return best, rounds, failed
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+SYSTEMS: tuple[tuple[str, System], ...] = (("gshare", run_gshare), ("ray-serve", run_rayserve))
 SUFFIX = {"echo": "", "oip-json": "_json", "oip-binary": "_binary", "grpc": "_grpc"}
 """Summary-key suffix per case (``echo`` keeps the keys the README cites)."""
 
@@ -473,28 +519,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.rounds = args.rounds or (1 if args.quick else 2)
     cases = make_cases()
 
-    best: dict[tuple[str, str], dict[str, Any]] = {}
-    rounds: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="gshare-bench-") as d:
-        tmp = Path(d)
-        for r in range(args.rounds):
-            for system, fn in SYSTEMS:
-                for case, res in fn(args, tmp, cases).items():
-                    res.update(system=system, case=case, round=r)
-                    rounds.append(res)
-                    print(
-                        f"round {r} {system} {case}: {res['rps']:.0f} rps, "
-                        f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, "
-                        f"errors {res['errors']}",
-                        file=sys.stderr,
-                    )
-                    key = (system, case)
-                    if key not in best or res["rps"] > best[key]["rps"]:
-                        best[key] = res
-
-    def ratio(a: float, b: float) -> float:
-        return a / b if b else float("nan")
-
+    best, rounds, failed = alternate_rounds(args, SYSTEMS, cases, "gshare-bench-")
+    if failed:
+        raise SystemExit(f"a system did not start: {failed}")
     summary: dict[str, Any] = {}
     for case, sfx in SUFFIX.items():
         g, s = best[("gshare", case)], best[("ray-serve", case)]

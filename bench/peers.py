@@ -40,9 +40,7 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,42 +178,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cases = gw.make_cases()
     if not args.quick:
         cases += [c for c in gw.make_cases(MB4_SHAPE, "-4mb", echo=False) if "json" not in c.name]
-    systems: list[tuple[str, Callable[[Any, Path, list[gw.Case]], dict[str, Any]]]] = [
-        ("gshare", run_gshare)
-    ]
+    systems: list[tuple[str, gw.System]] = [("gshare", run_gshare)]
     if not args.no_kserve:
         systems.append(("kserve", run_kserve))
     if not args.no_rayserve:
         systems.append(("ray-serve", gw.run_rayserve))
 
-    best: dict[tuple[str, str], dict[str, Any]] = {}
-    rounds: list[dict[str, Any]] = []
-    failed: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="gshare-peers-") as d:
-        for r in range(args.rounds):
-            for system, fn in systems:
-                try:
-                    results = fn(args, Path(d), cases)
-                except SystemExit as e:  # a system that does not start is reported, not fatal
-                    failed[system] = str(e)
-                    print(f"round {r} {system}: failed: {e}", file=sys.stderr)
-                    for log in sorted(Path(d).glob(f"{system.replace('-', '')}*.log")):
-                        print(log.read_text()[-3000:], file=sys.stderr)
-                    continue
-                for case, res in results.items():
-                    res.update(system=system, case=case, round=r)
-                    rounds.append(res)
-                    print(
-                        f"round {r} {system} {case}: {res['rps']:.0f} rps, "
-                        f"p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, "
-                        f"errors {res['errors']}",
-                        file=sys.stderr,
-                    )
-                    if (system, case) not in best or res["rps"] > best[(system, case)]["rps"]:
-                        best[(system, case)] = res
-
-    def ratio(a: float, b: float) -> float:
-        return a / b if b else float("nan")
+    best, rounds, failed = gw.alternate_rounds(args, systems, cases, "gshare-peers-")
+    ratio = gw.ratio
 
     summary: dict[str, Any] = {}
     for peer, key in (("kserve", "kserve"), ("ray-serve", "rayserve")):
