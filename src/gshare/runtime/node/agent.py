@@ -46,12 +46,13 @@ quota is then guaranteed against the same and lower priority classes only:
 ``reserve_for_lower_priority=False``); ``status`` reports each instance's FIKIT phase and
 counters from the board.
 
-Crash handling: a monitor thread checks the instances' processes every
-``MONITOR_PERIOD_S``. An instance whose process died (killed, crashed, or exited over its
-memory limit — it leaves the reason next to its socket) is restarted in place (same id, same
-socket path, ``incarnation`` + 1) up to ``MAX_RESTARTS`` times per ``RESTART_WINDOW_S``;
-beyond that it is marked failed and the controller replaces it. The gateway sees the
-connection drop at once and retries or fails the requests it had sent (see ``gateway``).
+Crash handling (the rule and the instance's files: ``node.supervision``): a monitor thread
+checks the instances' processes every ``MONITOR_PERIOD_S``. An instance whose process died
+(killed, crashed, or exited over its memory limit — it leaves the reason next to its socket) is
+restarted in place (same id, same socket path, ``incarnation`` + 1) up to ``MAX_RESTARTS`` times
+per ``RESTART_WINDOW_S``; beyond that it is marked failed and the controller replaces it. The
+gateway sees the connection drop at once and retries or fails the requests it had sent (see
+``gateway``).
 """
 
 from __future__ import annotations
@@ -65,8 +66,7 @@ import shutil
 import signal
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
@@ -75,8 +75,7 @@ import psutil
 
 from gshare.policy.memory import Reservation
 from gshare.policy.tokens import ClientSpec
-from gshare.runtime.instance.launch import InstanceInfo, InstanceLaunch, launch_to_dict
-from gshare.runtime.instance.memory import read_samples
+from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
 from gshare.runtime.instance.walls import WALLS_ENV
 from gshare.runtime.messages import (
     FikitUsage,
@@ -93,6 +92,16 @@ from gshare.runtime.node.devices import detect_devices, device_memory_mb, instan
 from gshare.runtime.node.files import DEFAULT_STORE_ROOT, ensure_private_dir, store_dir
 from gshare.runtime.node.launcher import LAUNCHERS, Launcher
 from gshare.runtime.node.partition import mps_available, start_mps_daemon
+from gshare.runtime.node.supervision import (
+    MAX_RESTARTS,
+    MONITOR_PERIOD_S,
+    START_TIMEOUT_S,
+    Managed,
+    exit_reason,
+    read_memory_samples,
+    read_ready,
+    restart_refused,
+)
 from gshare.runtime.node.tenancy import (
     build_weights_walled,
     instance_walls,
@@ -110,15 +119,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gshare.agent")
 
-MONITOR_PERIOD_S = 0.2
-"""How often the agent checks that its instances' processes are alive."""
-MAX_RESTARTS = 3
-"""Restarts of one instance allowed within ``RESTART_WINDOW_S``; more mark it failed."""
-RESTART_WINDOW_S = 60.0
-START_TIMEOUT_S = 600.0
-"""An instance not ready after this long is failed (a model load that hangs)."""
-MEM_SAMPLES_KEPT = 256
-"""Most recent per-batch memory measurements kept per instance for ``status``."""
 PRIORITY_SHARING = ("fikit", "tokens")
 """How a device combines functions of different ``priority`` (``gshare serve
 --priority-sharing``): ``fikit`` — FIKIT orders the priority classes, tokens share the device
@@ -133,31 +133,6 @@ def _last_line(e: BaseException) -> str:
         if ":" in ln and not ln.startswith(("File ", "^", "~")):
             return ln[:500]
     return (lines[-1] if lines else repr(e))[:500]
-
-
-@dataclass
-class _Managed:
-    launch: InstanceLaunch
-    actor: Any = None
-    """The instance's Ray actor (``launcher="ray"``), and the reference to its ``ready()``."""
-    ready_ref: Any = None
-    state: InstanceState = InstanceState.STARTING
-    info: InstanceInfo = field(default_factory=InstanceInfo)
-    error: str | None = None
-    started_s: float = field(default_factory=time.monotonic)
-    restarts: list[float] = field(default_factory=list)
-    total_restarts: int = 0
-    last_exit: str | None = None
-    rss_mb: float = 0.0
-    proc: psutil.Process | None = None
-    pid: int | None = None
-    """The instance's pid when forked from the template (``launcher="fork"``)."""
-    mem_offset: int = 0
-    """Bytes of ``<socket>.mem`` read so far."""
-    mem_samples: deque[tuple[float, float]] = field(
-        default_factory=lambda: deque(maxlen=MEM_SAMPLES_KEPT)
-    )
-    mem_total: int = 0
 
 
 def _ray() -> ModuleType:
@@ -248,7 +223,7 @@ class NodeAgent:
             self.token_servers.append(ts)
         self.cpu_count = len(os.sched_getaffinity(0))
         self._lock = threading.RLock()
-        self._instances: dict[str, _Managed] = {}
+        self._instances: dict[str, Managed] = {}
         self._model_keys: set[str] = set()
         self._built_keys: dict[str, str | None] = {}
         """A user handler's spec (JSON) -> the key its walled ``build_weights`` gave (or None)."""
@@ -380,7 +355,7 @@ class NodeAgent:
             self.node_id, self.node_ip, time.monotonic(), instances, tokens, device_memory
         )
 
-    def _fikit_usage(self, iid: str, m: _Managed) -> FikitUsage | None:
+    def _fikit_usage(self, iid: str, m: Managed) -> FikitUsage | None:
         """The instance's FIKIT counters from its device's board (None: tokens alone)."""
         if self.priority_sharing != "fikit":
             return None
@@ -394,7 +369,7 @@ class NodeAgent:
 
     @staticmethod
     def _memory_usage(
-        iid: str, m: _Managed, ledgers: list[tuple[float, dict[str, Reservation]]]
+        iid: str, m: Managed, ledgers: list[tuple[float, dict[str, Reservation]]]
     ) -> MemoryUsage | None:
         idx = m.launch.device_index
         held = ledgers[idx][1].get(iid) if idx < len(ledgers) else None
@@ -449,7 +424,7 @@ class NodeAgent:
             store_root=self.store_root,
             env=env,
         )
-        m = _Managed(filled)
+        m = Managed(filled)
         with self._lock:
             if base.instance_id in self._instances:
                 raise ValueError(f"instance {base.instance_id} already exists on this node")
@@ -457,7 +432,7 @@ class NodeAgent:
         m.mem_offset = 0
         threading.Thread(target=self._start, args=(m, True), daemon=True).start()
 
-    def _start(self, m: _Managed, first: bool) -> None:
+    def _start(self, m: Managed, first: bool) -> None:
         launch = m.launch
         try:
             if self._launcher is not None:  # a built-in model's classes, shared by its instances
@@ -510,7 +485,7 @@ class NodeAgent:
                     m.state = InstanceState.FAILED
                     m.error = f"cannot start: {_last_line(e)}"
 
-    def _fork_instance(self, m: _Managed, launch: InstanceLaunch) -> None:
+    def _fork_instance(self, m: Managed, launch: InstanceLaunch) -> None:
         """``launcher="fork"``: fork the instance from the node's template (``_start``'s end)."""
         data = launch_to_dict(launch)
         secrets_path = write_launch_secrets(data, os.path.dirname(launch.uds_path))
@@ -548,7 +523,7 @@ class NodeAgent:
         self._built_keys[ident] = built
         return built
 
-    def _kill(self, m: _Managed) -> None:
+    def _kill(self, m: Managed) -> None:
         """Kill the instance's process (either launcher); the caller holds the lock. A forked
         process the template reported dead is not signalled (its pid may be reused)."""
         if m.actor is not None:
@@ -626,14 +601,11 @@ class NodeAgent:
                 except Exception as e:  # keep monitoring the others
                     log.warning("monitor: %s", e)
 
-    def _check(self, m: _Managed, psutil: ModuleType) -> None:
+    def _check(self, m: Managed, psutil: ModuleType) -> None:
         if (
             m.state is InstanceState.STARTING and m.pid is not None
         ):  # forked: its .ready file says when
-            try:
-                info = json.loads(Path(m.launch.uds_path + ".ready").read_text())
-            except (OSError, ValueError):
-                info = None
+            info = read_ready(m)
             if info is not None:
                 with self._lock:
                     if m.state is InstanceState.STARTING:
@@ -641,9 +613,7 @@ class NodeAgent:
                         m.state = InstanceState.READY
                         m.error = None
             elif not self._alive(m, psutil):
-                reason = "failed to start: the process exited"
-                with contextlib.suppress(OSError):
-                    reason = Path(m.launch.uds_path + ".exit").read_text().strip() or reason
+                reason = exit_reason(m, "failed to start: the process exited")
                 self._on_death(m, f"{reason} (log: {self._log_path(m.launch)})", start_failure=True)
             elif time.monotonic() - m.started_s > START_TIMEOUT_S:
                 self._on_death(m, f"not ready after {START_TIMEOUT_S:.0f} s", start_failure=True)
@@ -669,22 +639,11 @@ class NodeAgent:
                 with contextlib.suppress(Exception):
                     mi = m.proc.memory_info()
                     m.rss_mb = mi.rss / (1 << 20)
-                self._read_memory_samples(m)
+                read_memory_samples(m)
                 return
-            reason = "process exited"
-            with contextlib.suppress(OSError):
-                reason = Path(m.launch.uds_path + ".exit").read_text().strip() or reason
-            self._on_death(m, reason, start_failure=False)
+            self._on_death(m, exit_reason(m, "process exited"), start_failure=False)
 
-    @staticmethod
-    def _read_memory_samples(m: _Managed) -> None:
-        """Take the instance's new per-batch measurements (a restarted instance starts its
-        file again: ``instance.memory.read_samples``)."""
-        m.mem_offset, new = read_samples(m.launch.uds_path + ".mem", m.mem_offset)
-        m.mem_samples.extend(new)
-        m.mem_total += len(new)
-
-    def _alive(self, m: _Managed, psutil: ModuleType) -> bool:
+    def _alive(self, m: Managed, psutil: ModuleType) -> bool:
         if (
             m.pid is not None
             and self._launcher is not None
@@ -698,7 +657,7 @@ class NodeAgent:
         except psutil.Error:
             return False
 
-    def _on_death(self, m: _Managed, reason: str, *, start_failure: bool) -> None:
+    def _on_death(self, m: Managed, reason: str, *, start_failure: bool) -> None:
         now = time.monotonic()
         with self._lock:
             if m.state in (InstanceState.STOPPED, InstanceState.FAILED):
@@ -706,19 +665,10 @@ class NodeAgent:
             m.last_exit = reason
             self._kill(m)
             m.actor = m.ready_ref = m.proc = m.pid = None
-            m.restarts = [t for t in m.restarts if now - t < RESTART_WINDOW_S]
-            if start_failure and m.launch.incarnation == 0:
-                m.state, m.error = InstanceState.FAILED, reason
+            give_up = restart_refused(m, reason, now, start_failure=start_failure)
+            if give_up is not None:
+                m.state, m.error = InstanceState.FAILED, give_up
                 return
-            if len(m.restarts) >= MAX_RESTARTS:
-                m.state = InstanceState.FAILED
-                m.error = (
-                    f"{reason}; restarted {len(m.restarts)} times in "
-                    f"{RESTART_WINDOW_S:.0f} s, giving up"
-                )
-                return
-            m.restarts.append(now)
-            m.total_restarts += 1
             if m.launch.mem_mb > 0 or m.launch.mem_step_mb > 0:  # back to its starting limit
                 self.token_servers[m.launch.device_index].reserve_memory(
                     m.launch.instance_id, m.launch.mem_mb

@@ -1,0 +1,115 @@
+"""How a node agent keeps its instances' processes (``node.agent``'s monitor): the record of
+one managed instance, what the instance's files next to its socket say, and the restart rule.
+
+Who uses it: ``NodeAgent`` keeps one ``Managed`` per instance and its monitor thread calls
+``read_ready`` / ``exit_reason`` / ``read_memory_samples`` every ``MONITOR_PERIOD_S``; when a
+process died it asks ``restart_refused`` whether the instance is restarted in place or failed.
+What must hold: an instance is restarted at most ``MAX_RESTARTS`` times per
+``RESTART_WINDOW_S``, and a first start that fails is not retried (the controller backs the
+function off instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import psutil
+
+from gshare.runtime.instance.launch import InstanceInfo, InstanceLaunch
+from gshare.runtime.instance.memory import read_samples
+from gshare.runtime.messages import InstanceState
+
+MONITOR_PERIOD_S = 0.2
+"""How often the agent checks that its instances' processes are alive."""
+MAX_RESTARTS = 3
+"""Restarts of one instance allowed within ``RESTART_WINDOW_S``; more mark it failed."""
+RESTART_WINDOW_S = 60.0
+START_TIMEOUT_S = 600.0
+"""An instance not ready after this long is failed (a model load that hangs)."""
+MEM_SAMPLES_KEPT = 256
+"""Most recent per-batch memory measurements kept per instance for ``status``."""
+
+
+@dataclass
+class Managed:
+    """One instance the agent keeps: its launch, process and state, restarts and memory."""
+
+    launch: InstanceLaunch
+    actor: Any = None
+    """The instance's Ray actor (``launcher="ray"``), and the reference to its ``ready()``."""
+    ready_ref: Any = None
+    state: InstanceState = InstanceState.STARTING
+    info: InstanceInfo = field(default_factory=InstanceInfo)
+    error: str | None = None
+    started_s: float = field(default_factory=time.monotonic)
+    restarts: list[float] = field(default_factory=list)
+    total_restarts: int = 0
+    last_exit: str | None = None
+    rss_mb: float = 0.0
+    proc: psutil.Process | None = None
+    pid: int | None = None
+    """The instance's pid when forked from the template (``launcher="fork"``)."""
+    mem_offset: int = 0
+    """Bytes of ``<socket>.mem`` read so far."""
+    mem_samples: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=MEM_SAMPLES_KEPT)
+    )
+    mem_total: int = 0
+
+
+def read_ready(m: Managed) -> InstanceInfo | None:
+    """What the instance wrote to ``<socket>.ready`` once it serves (None: not yet)."""
+    try:
+        return cast(InstanceInfo, json.loads(Path(m.launch.uds_path + ".ready").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def exit_reason(m: Managed, default: str) -> str:
+    """Why the instance's process ended, as it left it in ``<socket>.exit`` (e.g. over its
+    memory limit), else ``default``."""
+    with contextlib.suppress(OSError):
+        return Path(m.launch.uds_path + ".exit").read_text().strip() or default
+    return default
+
+
+def read_memory_samples(m: Managed) -> None:
+    """Take the instance's new per-batch measurements (a restarted instance starts its file
+    again: ``instance.memory.read_samples``)."""
+    m.mem_offset, new = read_samples(m.launch.uds_path + ".mem", m.mem_offset)
+    m.mem_samples.extend(new)
+    m.mem_total += len(new)
+
+
+def restart_refused(m: Managed, reason: str, now: float, *, start_failure: bool) -> str | None:
+    """The instance's process died with ``reason`` at ``now`` (monotonic s): None when it is
+    restarted in place (the restart is counted), else the error it fails with — a first start
+    that failed, or ``MAX_RESTARTS`` restarts within ``RESTART_WINDOW_S`` already."""
+    m.restarts = [t for t in m.restarts if now - t < RESTART_WINDOW_S]
+    if start_failure and m.launch.incarnation == 0:
+        return reason
+    if len(m.restarts) >= MAX_RESTARTS:
+        return f"{reason}; restarted {len(m.restarts)} times in {RESTART_WINDOW_S:.0f} s, giving up"
+    m.restarts.append(now)
+    m.total_restarts += 1
+    return None
+
+
+__all__ = [
+    "MAX_RESTARTS",
+    "MEM_SAMPLES_KEPT",
+    "MONITOR_PERIOD_S",
+    "RESTART_WINDOW_S",
+    "START_TIMEOUT_S",
+    "Managed",
+    "exit_reason",
+    "read_memory_samples",
+    "read_ready",
+    "restart_refused",
+]
