@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -52,6 +50,10 @@ from gshare.policy.control import (
 from gshare.policy.placement import NoCapacity, make_placer
 from gshare.resources import GpuShare
 from gshare.runtime.control.configs import configs_for, share_for
+from gshare.runtime.control.fences import Fences
+from gshare.runtime.control.gauges import set_gauges
+from gshare.runtime.control.kernel_profiles import store_kernel_profile
+from gshare.runtime.control.launching import instance_launch
 from gshare.runtime.control.observe import (
     FikitReported,
     MemoryReported,
@@ -79,7 +81,6 @@ from gshare.runtime.control.records import (
 )
 from gshare.runtime.control.state import StateStore, kernel_code_key
 from gshare.runtime.gateway.router import Gateway
-from gshare.runtime.instance.launch import InstanceLaunch
 from gshare.runtime.messages import AgentGone, AgentHandle, LiveState, NodeInfo
 from gshare.runtime.metrics import Metrics
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
@@ -88,9 +89,6 @@ log = logging.getLogger("gshare.controller")
 
 STARTING_POLL_S = 0.25
 """Agent poll interval while an instance is starting (between reconcile periods)."""
-FENCE = "~fence-"
-"""Prefix of the placer reservations that fence a lost node's devices (not an instance id:
-``~`` is not allowed in function names)."""
 MAX_DEVICES = 256
 """Upper bound of devices the placer tracks (devices of nodes that join later included)."""
 SHORTFALL_LOG_S = 30.0
@@ -127,8 +125,8 @@ class Controller:
         self.placer = make_placer(self.config.placer, max_gpus=MAX_DEVICES)
         self.agents: dict[str, AgentRef] = {}
         self.devices: list[Device] = []
-        self._fences: dict[int, str] = {}
-        """Device index -> the placer reservation that keeps it unused (its node is lost)."""
+        self._fences = Fences(self.placer, self._next_number)
+        """The placer reservations that keep a lost node's devices unused."""
         self.functions: dict[str, FunctionState] = {}
         self.instances: dict[str, LiveInstance] = {}
         self._counter = 0
@@ -149,37 +147,19 @@ class Controller:
         self.metrics.node_up.labels(handle.node_id[:12]).set(1)
         if replaced:
             log.warning("node %s has a new agent", handle.node_id[:8])
-            self._unfence(handle.node_id)
+            self._fences.unfence({d.index for d in self.devices if d.node_id == handle.node_id})
             return
         for i, name in enumerate(info.devices):
             self.devices.append(Device(len(self.devices), handle.node_id, i, name))
 
     def fence(self, node_id: str) -> None:
-        """Keep the placer off a lost node's devices: each gets a reservation of the whole
-        device (``FENCE`` ids). The placer API places anywhere, and a whole-device rectangle
-        fits only an empty device, so reservations are placed until every device of the node
-        holds one; those that landed on another empty device are given back."""
-        targets = {d.index for d in self.devices if d.node_id == node_id}
-        elsewhere: list[str] = []
-        while targets - set(self._fences):
-            self._counter += 1
-            fid = f"{FENCE}{self._counter}"
-            try:
-                b = self.placer.place(fid, 100.0, 100.0)
-            except NoCapacity:  # an instance still holds one of them: not fenced
-                break
-            if b.gpu in targets and b.gpu not in self._fences:
-                self._fences[b.gpu] = fid
-            else:
-                elsewhere.append(fid)
-        for fid in elsewhere:
-            self.placer.release(fid)
+        """Keep the placer off a lost node's devices (``control.fences``)."""
+        self._fences.fence({d.index for d in self.devices if d.node_id == node_id})
 
-    def _unfence(self, node_id: str) -> None:
-        for d in self.devices:
-            fid = self._fences.pop(d.index, None) if d.node_id == node_id else None
-            if fid is not None:
-                self.placer.release(fid)
+    def _next_number(self) -> int:
+        """The next number of an instance id or a fence reservation (one counter for both)."""
+        self._counter += 1
+        return self._counter
 
     async def agent_gone(self, node_id: str, err: BaseException) -> None:
         """The server saw ``node_id``'s agent die (its process exited: the embedded backend
@@ -321,7 +301,7 @@ class Controller:
                 await self._step(fs, interval)
                 await self._resize_memory(fs)
         await self._finish_drains()
-        self._update_gauges()
+        set_gauges(self.metrics, self.instances, self.functions, self.gateway.queued)
 
     async def cold_starts(self) -> None:
         """Nudged: step the functions that have queued requests and no instance."""
@@ -421,8 +401,7 @@ class Controller:
         """Place and start one instance of ``fs`` with ``cfg`` (``device`` given: the
         profiler's, unplaced). Returns None when there is no room or the agent refused."""
         name = fs.spec.name
-        self._counter += 1
-        iid = f"{name}-{'p' if profiling else ''}{self._counter}"
+        iid = f"{name}-{'p' if profiling else ''}{self._next_number()}"
         share = share or share_for(fs.spec, cfg, fs.configs.source)
         mem = fs.memory.plan(fs.spec)
         if mem.governed:
@@ -446,31 +425,22 @@ class Controller:
             self.gateway.set_waiting_reason(name, None)
         else:
             sm_offset = 0.0
-        spec = fs.spec
-        spec_dump = spec.model_dump(mode="json")
+        spec_dump = fs.spec.model_dump(mode="json")
         kernel_profile = self.state.kernel_profile(name, kernel_code_key(spec_dump))
         if kernel_profile is not None:
             fs.kernel_runs = int(kernel_profile.get("runs", 0))
-        launch = InstanceLaunch(
-            instance_id=iid,
-            function=name,
-            spec=spec_dump,
-            sm_pct=share.sm_pct,
-            quota_request=share.quota_request,
-            quota_limit=share.quota_limit,
-            mem_mb=share.mem_mb,
-            mem_step_mb=mem.step_mb,
-            mem_max_mb=mem.max_mb,
-            predict_timeout_s=float(spec.predict_timeout_s or self.gateway.request_timeout_s),
-            priority=spec.priority,
-            max_batch=cfg.batch,
-            max_wait_ms=spec.batching.max_wait_ms,
-            device=device.name,
-            device_index=device.local_index,
-            sm_offset_pct=min(100.0, max(0.0, sm_offset)),
-            listen_tcp=device.node_id != self.gateway_node_id,
+        launch = instance_launch(
+            iid,
+            fs.spec,
+            spec_dump,
+            cfg,
+            share,
+            mem,
+            device,
+            sm_offset,
+            request_timeout_s=self.gateway.request_timeout_s,
+            remote=device.node_id != self.gateway_node_id,
             tcp_host=self._node_ip(device.node_id),
-            channel_secret=secrets.token_hex(16),  # every connection proves it, UDS or TCP
             extra_sys_path=self.extra_sys_path,
             kernel_profile=kernel_profile,
         )
@@ -595,7 +565,9 @@ class Controller:
                 record_fikit(inst, obs.usage, self.metrics)
                 if kernel_profile_wanted(fs, inst, obs.usage):
                     fs.kernel_fetching = True
-                    await self._store_kernel_profile(fs, inst)
+                    kept = await store_kernel_profile(self.gateway, self.state, fs, inst)
+                    if kept is not None:
+                        self.event(inst.function, kept, instance=iid)
             case Restarted() if obs.restarts > inst.restarts:
                 self.metrics.restarts.labels(inst.function).inc(obs.restarts - inst.restarts)
                 inst.restarts, inst.last_exit = obs.restarts, obs.last_exit
@@ -669,32 +641,6 @@ class Controller:
         if r is not None:
             r.inputs = inputs
 
-    async def _store_kernel_profile(self, fs: FunctionState, inst: LiveInstance) -> None:
-        """Fetch the instance's FIKIT kernel profile (its ``kernel_profile`` command) into the
-        state database."""
-        name = fs.spec.name
-        try:
-            raw = await self.gateway.control(
-                inst.route, inst.instance_id, {"cmd": "kernel_profile", "profile": True}
-            )
-            doc = json.loads(raw)
-            profile = doc.get("profile")
-            if isinstance(profile, dict) and int(profile.get("runs", 0)) > 0:
-                code = kernel_code_key(fs.spec.model_dump(mode="json"))
-                self.state.put_kernel_profile(name, code, profile, int(profile["runs"]))
-                fs.kernel_runs = int(profile["runs"])
-                self.event(
-                    name,
-                    f"FIKIT: kernel profile measured ({fs.kernel_runs} runs, "
-                    f"{doc.get('kernels', 0)} op ids, {doc.get('fillable', 0)} followed by a "
-                    f"gap >= 0.1 ms); sharing phase",
-                    instance=inst.instance_id,
-                )
-        except Exception as e:
-            log.warning("%s: cannot fetch the kernel profile of %s: %s", name, inst.instance_id, e)
-        finally:
-            fs.kernel_fetching = False
-
     def _node_ip(self, node_id: str) -> str:
         """The address a node's instances bind their TCP listener to (its agent's report)."""
         ref = self.agents.get(node_id)
@@ -724,28 +670,6 @@ class Controller:
                     log.warning("cannot resize %s: %s", inst.instance_id, e)
 
     # -- metrics and events ------------------------------------------------------------------------
-
-    def _update_gauges(self) -> None:
-        mt = self.metrics
-        mt.instances.clear()
-        counts: dict[tuple[str, str], int] = {}
-        for i in self.instances.values():
-            if i.profiling:
-                continue
-            key = (i.function, i.state.value)
-            counts[key] = counts.get(key, 0) + 1
-            mt.requested_share.labels(i.function, i.instance_id).set(i.share.quota_request)
-            if i.achieved_share is not None:
-                mt.achieved_share.labels(i.function, i.instance_id).set(i.achieved_share)
-        for (fn, st), n in counts.items():
-            mt.instances.labels(fn, st).set(n)
-        for name, fs in self.functions.items():
-            mt.predicted_rps.labels(name).set(fs.predicted_rps)
-            mt.queued.labels(name).set(self.gateway.queued(name))
-            if fs.memory.usage:
-                usage = fs.memory.usage.values()
-                mt.memory_reserved.labels(name).set(sum(u.limit_mb for u in usage))
-                mt.memory_used.labels(name).set(sum(u.samples[-1][0] for u in usage if u.samples))
 
     def event(
         self, function: str, message: str, *, instance: str | None = None, level: str = "info"

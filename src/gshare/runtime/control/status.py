@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import time
 
-from gshare.runtime.control.loop import FENCE, Controller
+from gshare.runtime.control.fences import FENCE
+from gshare.runtime.control.loop import Controller
 from gshare.runtime.gateway.router import Gateway
 
 
