@@ -494,6 +494,13 @@ def alternate_rounds(
     return best, rounds, failed
 
 
+def print_errors(best: Best) -> None:
+    """Each best round's first error, where it had any."""
+    for (system, case), b in best.items():
+        if b["errors"]:
+            print(f"errors: {system} {case}: {b['first_error']!r}", file=sys.stderr)
+
+
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
@@ -580,9 +587,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         rows=rounds,
     )
-    for (system, case), b in best.items():
-        if b["errors"]:
-            print(f"errors: {system} {case}: {b['first_error']!r}", file=sys.stderr)
+    print_errors(best)
     return summary
 
 

@@ -247,9 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         rows=rounds,
     )
-    for (system, case), b in best.items():
-        if b["errors"]:
-            print(f"errors: {system} {case}: {b['first_error']!r}", file=sys.stderr)
+    gw.print_errors(best)
     return summary
 
 

@@ -38,7 +38,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -52,22 +51,12 @@ from _common import (
     read_http_response,
     write_json,
 )
+from gateway import ECHO_SPEC, INFER, ROOT
 from gshare.testing import ServeProcess, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 SHAPE = (1, 1 << 20)
 """The FP32 tensor: 4 MiB."""
 NBYTES = int(np.prod(SHAPE)) * 4
-INFER = "/v2/models/echo/infer"
-ECHO_SPEC = """\
-name: echo
-handler: gshare.runtime.demo_handlers:Echo
-device: cpu
-resources: {sm_pct: 100, quota_request: 1.0, quota_limit: 1.0}
-batching: {max_batch: 1, max_wait_ms: 0}
-min_instances: 1
-max_instances: 1
-"""
 CASES = ("binary", "shm")
 
 
