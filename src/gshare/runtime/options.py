@@ -8,13 +8,11 @@ its own so that none of them needs another to name it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gshare.policy.workflow.schedulers import WorkflowPolicy
-    from gshare.workflows.shares import SharePerf
+    from gshare.runtime.gateway.stages import PolicyFactory
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -61,7 +59,7 @@ class ServeOptions:
     workflow_policy: str = "esg"
     """The live workflow scheduler (``gateway.stages``): esg, fast-gshare, infless, orion,
     aquatope, or direct (no scheduler)."""
-    workflow_policy_factory: Callable[[SharePerf], WorkflowPolicy] | None = None
+    workflow_policy_factory: PolicyFactory | None = None
     """Its factory when the name alone cannot build it (Aquatope's optimiser, from the CLI)."""
     shared_memory: bool = True
     """Serve the OIP system shared-memory extension (``gateway.shm``); False: registering a

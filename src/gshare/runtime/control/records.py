@@ -8,13 +8,11 @@ They are plain mutable dataclasses changed only on the server's asyncio loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gshare.policy import autoscale
 from gshare.policy.control import ControlParams, ControlState
-from gshare.policy.workflow.schedulers import WorkflowPolicy
 from gshare.profiles import ProfileTable
 from gshare.resources import GpuShare
 from gshare.runtime.control.configs import FunctionConfigs
@@ -28,7 +26,9 @@ from gshare.runtime.messages import (
     NodeInfo,
 )
 from gshare.spec import FunctionSpec
-from gshare.workflows.shares import SharePerf
+
+if TYPE_CHECKING:  # the stage scheduler's module is the server's, loaded by wiring
+    from gshare.runtime.gateway.stages import PolicyFactory
 
 
 @dataclass
@@ -46,7 +46,7 @@ class ControllerConfig:
     agent_timeout_s: float = 10.0
     workflow_policy: str = "esg"
     """The live workflow scheduler (``gateway.stages.WORKFLOW_POLICY_NAMES`` or ``direct``)."""
-    workflow_policy_factory: Callable[[SharePerf], WorkflowPolicy] | None = None
+    workflow_policy_factory: PolicyFactory | None = None
     """``gateway.stages.PolicyFactory`` building it (None: ``policy.workflow.make_policy`` by
     name; the CLI passes Aquatope's, whose optimiser lives in ``gshare.experiments``)."""
 
