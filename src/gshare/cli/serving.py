@@ -134,6 +134,17 @@ def serve_cmd(
             "it off where the API is reachable by clients you would not let read such objects."
         ),
     ),
+    lane_mb: int = typer.Option(
+        32,
+        "--lane-mb",
+        min=0,
+        max=1024,
+        help=(
+            "Shared memory between the gateway and each instance on its node, MiB (requests; "
+            "answers get half): payloads of 64 KiB or more go through it instead of the "
+            "socket. 0: everything through the socket."
+        ),
+    ),
     priority_sharing: str = typer.Option(
         "fikit",
         "--priority-sharing",
@@ -181,6 +192,7 @@ def serve_cmd(
                 device_mem_mb=device_mem_mb,
                 grpc_port=grpc_port,
                 shared_memory=shared_memory,
+                lane_mb=lane_mb,
                 priority_sharing=priority_sharing,
             )
         )

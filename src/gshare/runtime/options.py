@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gshare.runtime.instance.lanes import DEFAULT_REQUEST_LANE_MB
+
 if TYPE_CHECKING:
     from gshare.runtime.gateway.stages import PolicyFactory
 
@@ -64,6 +66,9 @@ class ServeOptions:
     shared_memory: bool = True
     """Serve the OIP system shared-memory extension (``gateway.shm``); False: registering a
     region is a 400 saying it is turned off."""
+    lane_mb: int = DEFAULT_REQUEST_LANE_MB
+    """Each local instance connection's shared-memory request lane, MiB (its response lane:
+    half; ``instance.lanes``); 0: every payload through the socket."""
     grpc_port: int | None = None
     """Also serve the KServe v2 / Triton gRPC API (``gateway.grpc_server``) on this port of
     ``host`` (0: any free port, written to ``server.json`` as ``grpc``); None: no gRPC."""

@@ -101,6 +101,7 @@ def build_server_objects(
         max_latency_slo_factor=opts.max_wait_slo_factor,
         request_timeout_s=opts.request_timeout_s,
         node_id=gateway_node_id,
+        lane_mb=opts.lane_mb,
     )
     controller = Controller(
         store,

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.instance.lanes import ENC_IN_LANE, GatewayLanes, LaneError, send_with_fds
 
 log = logging.getLogger("gshare.gateway")
 
@@ -76,6 +78,9 @@ class InstanceChannel(asyncio.Protocol):
         self.retired = False
         """Replaced by a new connection to the same instance id: closed once its in-flight
         requests are answered (``Gateway._retire_channel``)."""
+        self.lanes: GatewayLanes | None = None
+        """The connection's shared-memory lanes (``instance.lanes``; Unix sockets only), set
+        by ``Gateway.instance_ready`` before the first request."""
 
     def close_if_retired_and_idle(self) -> None:
         """A retired connection closes once nothing is in flight on it."""
@@ -90,24 +95,27 @@ class InstanceChannel(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
         P.set_nodelay(transport)
 
-    def send(self, p: Pending) -> None:
-        assert self.transport is not None
+    def _frame(self, p: Pending) -> bytes:
+        """``p``'s request frame: its payload through the request lane when it is large and
+        fits, else inline."""
         p.req_id = self.gateway.next_id()
         p.channel = self
         self.inflight[p.req_id] = p
-        self.transport.write(P.encode_request(p.req_id, p.op, p.enc, p.payload))
+        if self.lanes is not None:
+            ref = self.lanes.put_request(p.req_id, p.payload)
+            if ref is not None:
+                return P.encode_request(p.req_id, p.op, p.enc | ENC_IN_LANE, ref)
+        return P.encode_request(p.req_id, p.op, p.enc, p.payload)
+
+    def send(self, p: Pending) -> None:
+        assert self.transport is not None
+        self.transport.write(self._frame(p))
 
     def send_many(self, ps: list[Pending]) -> None:
         """Send several requests in one write, so that the instance reads them together and
         runs them as one batch (the live workflow scheduler's tasks, ``gateway.stages``)."""
         assert self.transport is not None
-        frames = []
-        for p in ps:
-            p.req_id = self.gateway.next_id()
-            p.channel = self
-            self.inflight[p.req_id] = p
-            frames.append(P.encode_request(p.req_id, p.op, p.enc, p.payload))
-        self.transport.write(b"".join(frames))
+        self.transport.write(b"".join([self._frame(p) for p in ps]))
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -117,24 +125,72 @@ class InstanceChannel(asyncio.Protocol):
             if self.transport:
                 self.transport.close()
             return
+        lanes = self.lanes
         for f in frames:
             req_id, status, enc, q_ms, tw_ms, ex_ms, batch = P.RESP_REST.unpack_from(f)
+            payload = f[P.RESP_FIXED :]
+            if lanes is not None:
+                lanes.release_request(req_id)  # answered: the instance is done with its bytes
+                if enc & ENC_IN_LANE:
+                    try:
+                        payload = lanes.take_response(payload)
+                    except LaneError as e:
+                        log.error("instance %s: %s; closing", self.instance_id, e)
+                        if self.transport:
+                            self.transport.close()
+                        return
+                    enc &= ~ENC_IN_LANE
             p = self.inflight.pop(req_id, None)
             if p is None:
                 continue  # answered already (timed out)
             p.channel = None
-            self.gateway.on_response(
-                self, p, status, enc, f[P.RESP_FIXED :], (q_ms, tw_ms, ex_ms, batch)
-            )
+            self.gateway.on_response(self, p, status, enc, payload, (q_ms, tw_ms, ex_ms, batch))
         self.close_if_retired_and_idle()
         self.gateway.dispatch(self.function)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
+        if self.lanes is not None:
+            self.lanes.close()
         lost = list(self.inflight.values())
         self.inflight.clear()
         self.gateway.on_channel_lost(self, lost)
 
 
-__all__ = ["ChannelOwner", "InstanceChannel", "Pending"]
+async def connect_unix(
+    ch: InstanceChannel, uds_path: str, first: bytes, lane_mb: int
+) -> tuple[socket.socket, str]:
+    """A connected Unix socket to an instance (for ``ch``, ``Gateway.instance_ready``) that has
+    been sent ``first`` (its ``OP_AUTH``) and, unless ``lane_mb`` is 0, the connection's
+    shared-memory lanes: a ``lane_mb`` MiB request lane and a response lane half that size
+    (``OP_LANES`` with their descriptors, ``instance.lanes``; set on ``ch.lanes``). Also why
+    lanes could not be made (no ``memfd_create``, out of memory: the connection goes on
+    without), else "". ``OSError`` when the instance cannot be reached."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    why = ""
+    try:
+        await loop.sock_connect(sock, uds_path)
+        if lane_mb > 0:
+            try:
+                ch.lanes = GatewayLanes(lane_mb << 20, max(1, lane_mb // 2) << 20)
+            except (OSError, LaneError) as e:
+                why = str(e)
+        if ch.lanes is not None:
+            hello = P.encode_request(0, P.OP_LANES, P.ENC_RAW, ch.lanes.hello())
+            send_with_fds(sock, first + hello, ch.lanes.fds())
+            ch.lanes.close_fds()
+        elif first:
+            await loop.sock_sendall(sock, first)
+    except BaseException:
+        sock.close()
+        if ch.lanes is not None:
+            ch.lanes.close()
+            ch.lanes = None
+        raise
+    return sock, why
+
+
+__all__ = ["ChannelOwner", "InstanceChannel", "Pending", "connect_unix"]

@@ -50,9 +50,10 @@ from gshare.policy.admission import (
     admit,
 )
 from gshare.policy.routing import Candidate, choose_instance
-from gshare.runtime.gateway.channel import InstanceChannel, Pending
+from gshare.runtime.gateway.channel import InstanceChannel, Pending, connect_unix
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.instance.lanes import DEFAULT_REQUEST_LANE_MB
 from gshare.runtime.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -130,7 +131,12 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
         max_latency_slo_factor: float = DEFAULT_MAX_LATENCY_SLO_FACTOR,
         metrics: Metrics | None = None,
+        lane_mb: int = DEFAULT_REQUEST_LANE_MB,
     ) -> None:
+        self.lane_mb = lane_mb
+        """Each instance connection's request lane, MiB (its response lane: half); 0: every
+        payload through the socket (``instance.lanes``)."""
+        self._lane_warned = False
         self.clock = clock
         """Seconds; the clock of ``idle_since_s`` (the controller's keep-alive clock)."""
         self.max_latency_slo_factor = max_latency_slo_factor
@@ -208,18 +214,25 @@ class Gateway:
         cap = max(8, 4 * max_batch)
         loop = asyncio.get_running_loop()
         ch = InstanceChannel(self, function, instance_id, cap)
+        auth = P.encode_request(0, P.OP_AUTH, P.ENC_RAW, secret.encode()) if secret else b""
         try:
             if uds_path:
-                await loop.create_unix_connection(lambda: ch, uds_path)
+                sock, why = await connect_unix(ch, uds_path, auth, self.lane_mb)
+                if why and not self._lane_warned:
+                    log.warning("no shared-memory lanes to instances: %s", why)
+                    self._lane_warned = True
+                await loop.create_unix_connection(lambda: ch, sock=sock)
             elif tcp:
                 await loop.create_connection(lambda: ch, tcp[0], tcp[1])
+                if auth:
+                    assert ch.transport is not None
+                    ch.transport.write(auth)
             else:
                 raise OSError("no address")
-            if secret:
-                assert ch.transport is not None
-                ch.transport.write(P.encode_request(0, P.OP_AUTH, P.ENC_RAW, secret.encode()))
         except OSError as e:
             log.warning("cannot connect to instance %s: %s", instance_id, e)
+            if ch.lanes is not None:
+                ch.lanes.close()
             return
         r.channels[instance_id] = ch
         r.start_error = None

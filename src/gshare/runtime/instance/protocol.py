@@ -73,6 +73,11 @@ OP_AUTH: Final[int] = 5
 socket as over TCP: its payload is the secret. Anything else first, or a wrong secret, and the
 instance closes the connection — another tenant's handler, running as the same user, cannot
 invoke, drain or reconfigure an instance by its socket."""
+OP_LANES: Final[int] = 6
+"""Sent by the gateway right after ``OP_AUTH`` on a Unix-socket connection, with two memory
+files passed along (``SCM_RIGHTS``): the connection's shared-memory lanes (``instance.lanes``;
+payload ``lanes.LANES_MSG``). No answer. A frame whose encoding has ``lanes.ENC_IN_LANE`` set
+then carries a ``lanes.LANE_REF`` instead of its payload, in either direction."""
 OP_CANCEL: Final[int] = 4
 """Drop request ``request_id`` (the frame's id) if it has not started: its caller went away.
 The instance answers the dropped request with ``ST_CANCELLED``; one already in a batch runs to
@@ -220,6 +225,7 @@ __all__ = [
     "OP_CONTROL",
     "OP_EXAMPLE",
     "OP_INVOKE",
+    "OP_LANES",
     "REQ_FIXED",
     "REQ_HEADER",
     "REQ_REST",

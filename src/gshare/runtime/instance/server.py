@@ -230,9 +230,9 @@ class InstanceServer:
                 raise ValueError("the handler has no example_input()")
             return self.handler.example_input()
         if item.enc == P.ENC_RAW:
-            return item.payload
+            return bytes(item.payload)
         if item.enc == P.ENC_JSON:
-            return json.loads(item.payload)
+            return json.loads(bytes(item.payload))
         if item.enc == P.ENC_OIP:
             from gshare.runtime.oip.payload import decode_request  # lazy: numpy, for OIP only
 
@@ -370,14 +370,10 @@ class InstanceServer:
                     status, enc, data = encode_error(e)
             else:
                 status, enc, data = value
-            out.append(
-                (
-                    it.writer,
-                    P.encode_response(
-                        it.req_id, status, enc, data, queue_ms, token_wait_ms, busy_ms, n
-                    ),
-                )
+            frame = it.writer.response_frame(
+                it.req_id, status, enc, data, queue_ms, token_wait_ms, busy_ms, n
             )
+            out.append((it.writer, frame))
         self._wire.send(out)
 
     def _is_idle(self) -> bool:

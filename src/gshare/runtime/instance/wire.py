@@ -21,6 +21,7 @@ import contextlib
 import hmac
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.instance.lanes import (
+    ENC_IN_LANE,
+    LANE_MIN_BYTES,
+    LANES_MSG,
+    InstanceLanes,
+    LaneError,
+    recv_with_fds,
+)
 from gshare.runtime.instance.launch import InstanceLaunch
 
 if TYPE_CHECKING:
@@ -54,7 +63,9 @@ class Item:
     req_id: int
     op: int
     enc: int
-    payload: bytes
+    payload: bytes | memoryview
+    """Inline: a view of the frame; through a lane: a view of the lane (``instance.lanes``),
+    valid until the request is answered."""
     writer: Conn
     arrived: float
     ctx: OipCall | None = None
@@ -64,20 +75,81 @@ class Item:
 class Conn(asyncio.Protocol):
     """One gateway connection on the instance's IO loop."""
 
-    def __init__(self, server: ConnOwner, secret: str = "") -> None:
+    def __init__(
+        self,
+        server: ConnOwner,
+        secret: str = "",
+        first: bytes = b"",
+        fds: list[int] | None = None,
+    ) -> None:
         self.server = server
         self.reader = P.FrameReader(P.REQ_FIXED)
         self.transport: asyncio.Transport | None = None
         self.secret = secret.encode()
         """Non-empty until the connection's ``OP_AUTH`` frame proved it (every connection of
         an instance launched with a channel secret)."""
+        self.lanes: InstanceLanes | None = None
+        """The connection's shared-memory lanes, once its ``OP_LANES`` frame mapped them."""
+        self._first = first
+        """What the accept already read (``DataPath._first_read``), fed at ``connection_made``."""
+        self._fds = fds or []
+        """Descriptors passed with that first read, for ``OP_LANES`` (closed once used)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
         P.set_nodelay(transport)
+        first, self._first = self._first, b""
+        if first:
+            self.data_received(first)
+        self._close_fds()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = []
+
+    def _bad(self, why: str) -> None:
+        log.warning("instance: %s; the connection is closed", why)
+        if self.transport:
+            self.transport.close()
+
+    def _map_lanes(self, payload: bytes | memoryview) -> None:
+        try:
+            if len(payload) != LANES_MSG.size:
+                raise LaneError(f"OP_LANES carries {LANES_MSG.size} bytes, not {len(payload)}")
+            req_bytes, resp_bytes = LANES_MSG.unpack_from(payload)
+            self.lanes = InstanceLanes(self._fds, req_bytes, resp_bytes)
+        except (LaneError, OSError, ValueError) as e:
+            log.warning("instance: no shared-memory lanes on this connection (%s)", e)
+        self._close_fds()
+
+    def response_frame(
+        self,
+        req_id: int,
+        status: int,
+        enc: int,
+        data: bytes,
+        queue_ms: float = 0.0,
+        token_wait_ms: float = 0.0,
+        exec_ms: float = 0.0,
+        batch: int = 0,
+    ) -> bytes:
+        """A response frame for this connection: its payload through the response lane when
+        it is large and fits (batching thread only: the lane is allocated in frame order),
+        else inline."""
+        lanes = self.lanes
+        if lanes is not None and len(data) >= LANE_MIN_BYTES:
+            ref = lanes.put_response((data,))
+            if ref is not None:
+                return P.encode_response(
+                    req_id, status, enc | ENC_IN_LANE, ref, queue_ms, token_wait_ms, exec_ms, batch
+                )
+        return P.encode_response(req_id, status, enc, data, queue_ms, token_wait_ms, exec_ms, batch)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -91,19 +163,30 @@ class Conn(asyncio.Protocol):
         items: list[Item] = []
         for f in frames:
             req_id, op, enc = P.REQ_REST.unpack_from(f)
-            payload = f[P.REQ_FIXED :]
+            payload: bytes | memoryview = memoryview(f)[P.REQ_FIXED :]
             if self.secret:  # the first frame must prove the secret
                 if op != P.OP_AUTH or not hmac.compare_digest(bytes(payload), self.secret):
-                    log.warning("instance: a connection did not authenticate; closed")
-                    if self.transport:
-                        self.transport.close()
+                    self._bad("a connection did not authenticate")
                     return
                 self.secret = b""
                 continue
             if op == P.OP_AUTH:
                 continue
+            if op == P.OP_LANES:
+                self._map_lanes(payload)
+                continue
+            if enc & ENC_IN_LANE:
+                if self.lanes is None:
+                    self._bad("a frame refers to a lane the connection does not have")
+                    return
+                try:
+                    payload = self.lanes.request_view(payload)
+                except LaneError as e:
+                    self._bad(str(e))
+                    return
+                enc &= ~ENC_IN_LANE
             if op == P.OP_CONTROL:
-                self.write(srv.control(req_id, payload))
+                self.write(srv.control(req_id, bytes(payload)))
             elif op == P.OP_CANCEL:
                 if srv.cancel(self, req_id):
                     self.write(P.encode_response(req_id, P.ST_CANCELLED, P.ENC_RAW, b"cancelled"))
@@ -139,6 +222,9 @@ class DataPath:
         self.launch = launch
         self.loop = asyncio.new_event_loop()
         self.servers: list[asyncio.AbstractServer] = []
+        self._listener: socket.socket | None = None
+        """The Unix-socket listener (accepted by hand: ``_accept``)."""
+        self._adopting: set[asyncio.Task[None]] = set()
         self.tcp_port: int | None = None
 
     def start(self) -> None:
@@ -161,13 +247,14 @@ class DataPath:
                 os.unlink(path)
             # every connection, Unix socket or TCP, proves the channel secret first: the run
             # directory's 0700 keeps other users out, not another instance of this user
-            uds_secret = self.launch.channel_secret
-            srv = self.loop.run_until_complete(
-                self.loop.create_unix_server(
-                    lambda: Conn(self.owner, uds_secret), path=path, backlog=256
-                )
-            )
-            self.servers.append(srv)
+            # accepted by hand: a connection's first read may carry the lanes' descriptors
+            # (``SCM_RIGHTS``), which a transport's plain reads would drop
+            lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            lsock.bind(path)
+            lsock.listen(256)
+            lsock.setblocking(False)
+            self._listener = lsock
+            self.loop.add_reader(lsock.fileno(), self._accept)
             if self.launch.listen_tcp:
                 if not self.launch.channel_secret:
                     raise RuntimeError("a TCP listener needs a channel secret")
@@ -185,6 +272,55 @@ class DataPath:
             return
         ready.set()
         self.loop.run_forever()
+
+    def _accept(self) -> None:
+        """The Unix listener is readable: accept what is waiting; each new connection's first
+        read is ``_first_read``'s (IO thread)."""
+        lsock = self._listener
+        assert lsock is not None
+        for _ in range(64):
+            try:
+                conn, _addr = lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors, ...: try again on the next wake-up
+                log.warning("instance: cannot accept a connection: %s", e)
+                return
+            conn.setblocking(False)
+            self.loop.add_reader(conn.fileno(), self._first_read, conn)
+
+    def _first_read(self, conn: socket.socket) -> None:
+        """A new connection's first bytes, with any descriptors passed along, then a ``Conn``
+        for the rest (IO thread)."""
+        try:
+            data, fds = recv_with_fds(conn)
+        except (BlockingIOError, InterruptedError):
+            return
+        except (OSError, LaneError) as e:
+            self.loop.remove_reader(conn.fileno())
+            log.warning("instance: a new connection failed its first read: %s", e)
+            conn.close()
+            return
+        self.loop.remove_reader(conn.fileno())
+        if not data:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            conn.close()
+            return
+        proto = Conn(self.owner, self.launch.channel_secret, first=data, fds=fds)
+
+        async def adopt() -> None:
+            try:
+                await self.loop.connect_accepted_socket(lambda: proto, conn)
+            except OSError as e:
+                log.warning("instance: cannot serve a new connection: %s", e)
+                proto.connection_lost(e)
+                conn.close()
+
+        task = self.loop.create_task(adopt())
+        self._adopting.add(task)
+        task.add_done_callback(self._adopting.discard)
 
     def send(self, out: list[tuple[Conn, bytes]]) -> None:
         """Write responses from the batching thread (one loop wake-up per batch)."""
@@ -208,6 +344,10 @@ class DataPath:
         def close() -> None:
             for s in self.servers:
                 s.close()
+            if self._listener is not None:
+                self.loop.remove_reader(self._listener.fileno())
+                self._listener.close()
+                self._listener = None
             self.loop.stop()
 
         with contextlib.suppress(RuntimeError):

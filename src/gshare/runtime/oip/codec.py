@@ -103,10 +103,13 @@ def decode_tensors(
     """One numpy array per input of a validated header: binary inputs from ``binary`` (the
     binary part, inputs in order, or one buffer per input: gRPC raw contents), others from
     their ``data``. The binary part is copied once into a writable buffer, so the handler's
-    tensors share it without further copies."""
+    tensors share it without further copies (none at all when ``binary`` is a writable view:
+    the request's bytes in a shared-memory lane)."""
     arrays: dict[str, np.ndarray] = {}
     if isinstance(binary, memoryview):
-        buf = bytearray(binary)  # writable: torch.from_numpy needs it
+        # writable: torch.from_numpy needs it; a writable view (a shared-memory lane,
+        # ``instance.lanes``) is used in place, anything else copied once
+        buf: bytearray | memoryview = binary if not binary.readonly else bytearray(binary)
         off = 0
         for t in header.inputs:
             if t.binary_size is not None:
@@ -123,7 +126,7 @@ def decode_tensors(
     return header, {t.name: arrays[t.name] for t in header.inputs}
 
 
-def decode_binary(t: InputTensor, buf: bytearray, offset: int) -> np.ndarray:
+def decode_binary(t: InputTensor, buf: bytearray | memoryview, offset: int) -> np.ndarray:
     """The input's array from ``buf[offset : offset + t.binary_size]`` (no copy; BYTES: one
     object per element, each a 4-byte little-endian length and its bytes)."""
     assert t.binary_size is not None

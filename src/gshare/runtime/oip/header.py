@@ -71,7 +71,7 @@ def wrap(
     return b"".join([ENVELOPE.pack(transport, header_len, version), *body])
 
 
-def unwrap(payload: bytes) -> tuple[int, int, int, memoryview]:
+def unwrap(payload: bytes | memoryview) -> tuple[int, int, int, memoryview]:
     """``(transport, header_len, version, body)`` of an ``ENC_OIP`` payload."""
     if len(payload) < ENVELOPE.size:
         raise OipError("truncated OIP envelope")

@@ -42,7 +42,7 @@ class OipCall:
 
 
 def decode_request(
-    payload: bytes,
+    payload: bytes | memoryview,
     input_spec: Iterable[DeclaredTensor | TensorMeta] | None,
     output_spec: Iterable[DeclaredTensor | TensorMeta] | None,
 ) -> tuple[OipCall, HandlerInput]:
