@@ -31,7 +31,7 @@ class Pending:
     function: str
     op: int
     enc: int
-    payload: bytes
+    payload: P.Payload
     arrived: float
     future: asyncio.Future[tuple[int, int, bytes, tuple[float, float, float, int]]]
     attempts: int = 0
@@ -101,11 +101,13 @@ class InstanceChannel(asyncio.Protocol):
         p.req_id = self.gateway.next_id()
         p.channel = self
         self.inflight[p.req_id] = p
+        payload = p.payload
         if self.lanes is not None:
-            ref = self.lanes.put_request(p.req_id, p.payload)
+            parts = (payload,) if isinstance(payload, bytes) else payload
+            ref = self.lanes.put_request(p.req_id, parts)
             if ref is not None:
                 return P.encode_request(p.req_id, p.op, p.enc | ENC_IN_LANE, ref)
-        return P.encode_request(p.req_id, p.op, p.enc, p.payload)
+        return P.encode_request(p.req_id, p.op, p.enc, P.payload_bytes(payload))
 
     def send(self, p: Pending) -> None:
         assert self.transport is not None

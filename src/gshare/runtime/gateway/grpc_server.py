@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final, Protocol, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc.aio import ServicerContext
 
 from gshare.runtime.gateway.errors import HttpError
@@ -38,7 +39,8 @@ from gshare.runtime.gateway.shm import (
 )
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.oip.grpc_messages import SERVICE, Message, from_dict, pb
-from gshare.runtime.oip.header import TRANSPORT_GRPC, wrap
+from gshare.runtime.oip.grpc_wire import REQUEST_RAW_FIELD, split_message
+from gshare.runtime.oip.header import TRANSPORT_GRPC, OipError, wrap
 
 log = logging.getLogger("gshare.grpc")
 
@@ -134,12 +136,13 @@ class GrpcInferenceService:
         """One serialized ModelInferRequest → its serialized ModelInferResponse."""
         head = pb.ModelInferRequest()
         try:  # the name and the version only: the tensors are the instance's to decode
-            head.ParseFromString(raw)
-        except Exception as e:
+            head.ParseFromString(split_message(memoryview(raw), REQUEST_RAW_FIELD)[0])
+        except (OipError, DecodeError) as e:
             raise HttpError(400, f"malformed ModelInferRequest: {e}") from None
         name = head.model_name
         v = self.oip.version_of(name, head.model_version)
         if grpc_mentions_shm(head):
+            head.ParseFromString(raw)  # with its raw contents: some inputs may be inline
             payload, shm_outputs = prepare_grpc(self.oip.shm, head, v)
             del raw, head
             renc, data, _m = await self.oip.call(name, P.ENC_OIP, payload)

@@ -173,7 +173,7 @@ class OipService:
         return current
 
     async def call(
-        self, function: str, enc: int, payload: bytes, receive: Receive | None = None
+        self, function: str, enc: int, payload: P.Payload, receive: Receive | None = None
     ) -> tuple[int, bytes, tuple[float, float, float, int]]:
         """Run one request on ``function`` through the gateway's queues (``Gateway.submit``):
         its answer ``(encoding, data, measurements)``, or ``HttpError`` with the status the

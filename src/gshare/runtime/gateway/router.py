@@ -374,7 +374,7 @@ class Gateway:
         return r is not None and not r.internal
 
     def submit(
-        self, function: str, op: int, enc: int, payload: bytes, *, internal: bool = False
+        self, function: str, op: int, enc: int, payload: P.Payload, *, internal: bool = False
     ) -> Pending:
         """Accept a request (raises ``HttpError`` 404 / 429 / 503) and dispatch it; only the
         controller (``internal``) reaches an internal route."""

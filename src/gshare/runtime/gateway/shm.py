@@ -469,7 +469,10 @@ def prepare_http(
             params[BINARY_DATA] = True
             outputs[name] = ref
         js = orjson.dumps(doc)
-        return wrap(TRANSPORT_HTTP, len(js) if parts else -1, version, [js, *parts]), outputs
+        # joined here: the views of the regions are released below (Region.read)
+        return P.payload_bytes(
+            wrap(TRANSPORT_HTTP, len(js) if parts else -1, version, [js, *parts])
+        ), outputs
     finally:
         for v in parts:  # no view of a mapping outlives the request's arrival (Region.read)
             v.release()
@@ -637,7 +640,8 @@ def prepare_grpc(
         data: bytes | memoryview = next(it) if r is None else r.region.read(r.offset, r.byte_size)
         parts += [tag, _varint(len(data)), data]
     try:
-        return wrap(TRANSPORT_GRPC, -1, version, parts), outputs
+        # joined here: the views of the regions are released below (Region.read)
+        return P.payload_bytes(wrap(TRANSPORT_GRPC, -1, version, parts)), outputs
     finally:
         for v in parts:
             if isinstance(v, memoryview):

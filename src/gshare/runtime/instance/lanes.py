@@ -205,18 +205,17 @@ class GatewayLanes:
                 os.close(fd)
         self._fds = []
 
-    def put_request(self, req_id: int, payload: bytes | memoryview) -> bytes | None:
-        """Write ``payload`` into the request lane for request ``req_id``: the frame payload
-        (``LANE_REF``) to send instead, or None (send it inline) when it is small or does not
-        fit now."""
-        n = len(payload)
+    def put_request(self, req_id: int, parts: Sequence[bytes | memoryview]) -> bytes | None:
+        """Write a payload (``parts``, in order) into the request lane for request ``req_id``:
+        the frame payload (``LANE_REF``) to send instead, or None (send it inline) when it is
+        small or does not fit now."""
+        n = sum(len(p) for p in parts)
         if n < LANE_MIN_BYTES:
             return None
         pos = self._req_ring.alloc(n)
         if pos is None:
             return None
-        off = self._req_ring.offset(pos)
-        self._req[off : off + n] = payload
+        _write_parts(self._req, self._req_ring.offset(pos), parts)
         held = _Held(pos + n)
         self._held[req_id] = held
         self._order.append(held)

@@ -110,6 +110,19 @@ STATUS_NAMES: Final[dict[int, str]] = {
 }
 
 
+Payload = bytes | tuple[bytes | memoryview, ...]
+"""A request's payload at the gateway: one buffer, or its parts in order (an HTTP body as it
+arrived, behind its envelope), joined only if it is sent inline (``payload_bytes``)."""
+
+
+def payload_bytes(payload: Payload) -> bytes:
+    return payload if isinstance(payload, bytes) else b"".join(payload)
+
+
+def payload_size(payload: Payload) -> int:
+    return len(payload) if isinstance(payload, bytes) else sum(len(p) for p in payload)
+
+
 class ProtocolError(Exception):
     """A malformed frame; the connection is closed."""
 
@@ -226,6 +239,9 @@ __all__ = [
     "OP_EXAMPLE",
     "OP_INVOKE",
     "OP_LANES",
+    "Payload",
+    "payload_bytes",
+    "payload_size",
     "REQ_FIXED",
     "REQ_HEADER",
     "REQ_REST",

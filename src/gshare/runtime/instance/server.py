@@ -240,12 +240,13 @@ class InstanceServer:
             return payload
         raise ValueError(f"unknown payload encoding {item.enc}")
 
-    def _encode(self, item: Item, output: object) -> tuple[int, bytes]:
+    def _encode(self, item: Item, output: object) -> tuple[int, bytes | list[bytes | memoryview]]:
         if item.enc == P.ENC_OIP:
-            from gshare.runtime.oip.payload import encode_response  # lazy: numpy, for OIP only
+            # lazy: numpy, for OIP only
+            from gshare.runtime.oip.payload import encode_response_parts
 
             assert item.ctx is not None  # set by _decode
-            return encode_response(item.ctx, self.launch.function, output)
+            return encode_response_parts(item.ctx, self.launch.function, output)
         if isinstance(output, bytes | bytearray | memoryview):
             return P.ENC_RAW, bytes(output)
         return P.ENC_JSON, json.dumps(output, default=json_default).encode()

@@ -24,14 +24,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.lanes import (
     ENC_IN_LANE,
-    LANE_MIN_BYTES,
     LANES_MSG,
     InstanceLanes,
     LaneError,
@@ -133,23 +132,27 @@ class Conn(asyncio.Protocol):
         req_id: int,
         status: int,
         enc: int,
-        data: bytes,
+        data: bytes | Sequence[bytes | memoryview],
         queue_ms: float = 0.0,
         token_wait_ms: float = 0.0,
         exec_ms: float = 0.0,
         batch: int = 0,
     ) -> bytes:
-        """A response frame for this connection: its payload through the response lane when
-        it is large and fits (batching thread only: the lane is allocated in frame order),
-        else inline."""
+        """A response frame for this connection (``data``: the payload, or its parts in
+        order): the payload through the response lane when it is large and fits (batching
+        thread only: the lane is allocated in frame order), else inline."""
+        parts = (data,) if isinstance(data, bytes) else data
         lanes = self.lanes
-        if lanes is not None and len(data) >= LANE_MIN_BYTES:
-            ref = lanes.put_response((data,))
+        if lanes is not None:
+            ref = lanes.put_response(parts)
             if ref is not None:
                 return P.encode_response(
                     req_id, status, enc | ENC_IN_LANE, ref, queue_ms, token_wait_ms, exec_ms, batch
                 )
-        return P.encode_response(req_id, status, enc, data, queue_ms, token_wait_ms, exec_ms, batch)
+        payload = data if isinstance(data, bytes) else b"".join(data)
+        return P.encode_response(
+            req_id, status, enc, payload, queue_ms, token_wait_ms, exec_ms, batch
+        )
 
     def data_received(self, data: bytes) -> None:
         try:

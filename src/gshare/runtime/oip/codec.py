@@ -98,7 +98,7 @@ def decode_http(body: memoryview, header_len: int) -> tuple[InferHeader, dict[st
 
 
 def decode_tensors(
-    header: InferHeader, binary: memoryview | Sequence[bytes] | None
+    header: InferHeader, binary: memoryview | Sequence[bytes | memoryview] | None
 ) -> tuple[InferHeader, dict[str, np.ndarray]]:
     """One numpy array per input of a validated header: binary inputs from ``binary`` (the
     binary part, inputs in order, or one buffer per input: gRPC raw contents), others from
@@ -119,7 +119,9 @@ def decode_tensors(
         raws = iter(binary)
         for t in header.inputs:
             if t.binary_size is not None:
-                arrays[t.name] = decode_binary(t, bytearray(next(raws)), 0)
+                raw = next(raws)
+                own = raw if isinstance(raw, memoryview) and not raw.readonly else bytearray(raw)
+                arrays[t.name] = decode_binary(t, own, 0)
     for t in header.inputs:
         if t.binary_size is None:
             arrays[t.name] = decode_json_data(t)

@@ -33,6 +33,12 @@ from gshare.runtime.oip.codec import (
     handler_outputs,
     select_outputs,
 )
+from gshare.runtime.oip.grpc_wire import (
+    REQUEST_RAW_FIELD,
+    RESPONSE_RAW_FIELD,
+    raw_field,
+    split_message,
+)
 from gshare.runtime.oip.header import BINARY_DATA_SIZE, InferHeader, OipError, parse_header
 
 SERVICE: Final = "inference.GRPCInferenceService"
@@ -127,17 +133,23 @@ def _params(m: Mapping[str, InferParameter]) -> dict[str, ParameterValue]:
 
 def decode_grpc(raw: bytes | memoryview) -> tuple[InferHeader, dict[str, np.ndarray]]:
     """A serialized ``ModelInferRequest`` → its validated header and one numpy array per
-    input. Raises ``OipError``."""
+    input. Raises ``OipError``. Protobuf parses only the header: the raw input contents are
+    cut out first (``grpc_wire.split_message``) and the arrays are views of them, without a
+    copy when ``raw`` is writable (a shared-memory lane)."""
+    head, raws = split_message(memoryview(raw), REQUEST_RAW_FIELD)
     try:
-        req = pb.ModelInferRequest.FromString(bytes(raw))
+        req = pb.ModelInferRequest.FromString(head)
     except Exception as e:  # protobuf's DecodeError
         raise OipError(f"malformed ModelInferRequest: {e}") from None
-    return decode_message(req)
+    return decode_message(req, raws)
 
 
-def decode_message(req: ModelInferRequest) -> tuple[InferHeader, dict[str, np.ndarray]]:
-    """``decode_grpc`` of a parsed ``ModelInferRequest``."""
-    raws = list(req.raw_input_contents)
+def decode_message(
+    req: ModelInferRequest, raw_contents: Sequence[bytes | memoryview] | None = None
+) -> tuple[InferHeader, dict[str, np.ndarray]]:
+    """``decode_grpc`` of a parsed ``ModelInferRequest`` (its raw input contents, or
+    ``raw_contents`` when they were cut out before parsing)."""
+    raws = list(raw_contents) if raw_contents else list(req.raw_input_contents)
     if raws and len(raws) != len(req.inputs):
         raise OipError(
             f"raw_input_contents has {len(raws)} entries but the request has "
@@ -178,7 +190,26 @@ def decode_message(req: ModelInferRequest) -> tuple[InferHeader, dict[str, np.nd
 def encode_grpc(header: InferHeader, model_name: str, version: int, output: object) -> bytes:
     """The serialized ``ModelInferResponse`` for the handler's ``output``: the requested
     outputs (or all), each as ``raw_output_contents``."""
-    return bytes(encode_message(header, model_name, version, output).SerializeToString())
+    return b"".join(encode_grpc_parts(header, model_name, version, output))
+
+
+def encode_grpc_parts(
+    header: InferHeader, model_name: str, version: int, output: object
+) -> list[bytes | memoryview]:
+    """``encode_grpc``'s message in parts to be written one after the other: the response
+    without its raw contents, serialized, then each output's field tag and length and its
+    bytes as a view of the handler's array (``grpc_wire.raw_field``), so the tensors are
+    copied once, into wherever the parts are written."""
+    resp = pb.ModelInferResponse(model_name=model_name, model_version=str(version))
+    if header.id is not None:
+        resp.id = header.id
+    blobs: list[bytes | memoryview] = []
+    for name, a, _binary in select_outputs(header, handler_outputs(output), True):
+        dt = datatype_of(name, a)
+        resp.outputs.add(name=name, datatype=dt, shape=list(a.shape))
+        blob = binary_of(name, a, dt)
+        blobs += [raw_field(RESPONSE_RAW_FIELD, len(blob)), blob]
+    return [bytes(resp.SerializeToString()), *blobs]
 
 
 def encode_message(header: InferHeader, model_name: str, version: int, output: object) -> Message:
@@ -209,6 +240,7 @@ __all__ = [
     "decode_grpc",
     "decode_message",
     "encode_grpc",
+    "encode_grpc_parts",
     "encode_message",
     "from_dict",
     "parameter_value",

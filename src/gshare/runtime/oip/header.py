@@ -66,9 +66,10 @@ TRANSPORT_GRPC: Final[int] = 1
 
 def wrap(
     transport: int, header_len: int, version: int, body: Sequence[bytes | memoryview]
-) -> bytes:
-    """The payload of an ``ENC_OIP`` frame: the envelope, then the body's parts (one copy)."""
-    return b"".join([ENVELOPE.pack(transport, header_len, version), *body])
+) -> tuple[bytes | memoryview, ...]:
+    """The payload of an ``ENC_OIP`` frame in parts: the envelope, then the body's parts
+    (copied once, where the frame or a shared-memory lane is written)."""
+    return (ENVELOPE.pack(transport, header_len, version), *body)
 
 
 def unwrap(payload: bytes | memoryview) -> tuple[int, int, int, memoryview]:

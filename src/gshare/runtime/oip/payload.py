@@ -42,12 +42,15 @@ class OipCall:
 
 
 def decode_request(
-    payload: bytes | memoryview,
+    payload: bytes | memoryview | tuple[bytes | memoryview, ...],
     input_spec: Iterable[DeclaredTensor | TensorMeta] | None,
     output_spec: Iterable[DeclaredTensor | TensorMeta] | None,
 ) -> tuple[OipCall, HandlerInput]:
     """An ``ENC_OIP`` payload → its context and what the handler's ``predict`` gets
-    (``to_handler_input``), after checking it against the handler's specs. ``OipError``."""
+    (``to_handler_input``), after checking it against the handler's specs. ``OipError``.
+    The tensors are views of ``payload`` where it is writable (a shared-memory lane)."""
+    if isinstance(payload, tuple):  # ``header.wrap``'s parts, not sent yet (tests, benches)
+        payload = b"".join(payload)
     transport, header_len, version, body = unwrap(payload)
     if transport == TRANSPORT_GRPC:
         # lazy: it loads the protobuf classes, on the first gRPC request (module doc)
@@ -61,17 +64,28 @@ def decode_request(
     return OipCall(transport, version, header), to_handler_input(header, arrays)
 
 
+Parts = list[bytes | memoryview]
+"""A payload in pieces, written one after the other (``instance.wire.Conn.response_frame``)."""
+
+
 def encode_response(call: OipCall, model_name: str, output: object) -> tuple[int, bytes]:
     """The handler's output for one request as ``(response encoding, payload)``
     (``instance.protocol``: ``ENC_JSON``, ``ENC_OIP_BINARY`` or ``ENC_PROTOBUF``)."""
-    if call.transport == TRANSPORT_GRPC:
-        from gshare.runtime.oip.grpc_messages import encode_grpc  # lazy: as in decode_request
+    enc, parts = encode_response_parts(call, model_name, output)
+    return enc, b"".join(parts)
 
-        return P.ENC_PROTOBUF, encode_grpc(call.header, model_name, call.version, output)
+
+def encode_response_parts(call: OipCall, model_name: str, output: object) -> tuple[int, Parts]:
+    """``encode_response`` in parts: the outputs' bytes are views of the handler's arrays, so
+    they are copied once, into the frame or the connection's response lane."""
+    if call.transport == TRANSPORT_GRPC:
+        from gshare.runtime.oip.grpc_messages import encode_grpc_parts  # lazy: as above
+
+        return P.ENC_PROTOBUF, encode_grpc_parts(call.header, model_name, call.version, output)
     js, blobs = http_parts(call.header, model_name, call.version, output)
     if not blobs:
-        return P.ENC_JSON, js
-    return P.ENC_OIP_BINARY, b"".join([struct.pack("<I", len(js)), js, *blobs])
+        return P.ENC_JSON, [js]
+    return P.ENC_OIP_BINARY, [struct.pack("<I", len(js)), js, *blobs]
 
 
-__all__ = ["OipCall", "decode_request", "encode_response"]
+__all__ = ["OipCall", "Parts", "decode_request", "encode_response", "encode_response_parts"]
