@@ -469,6 +469,18 @@ def serve(*args: str, **kw: Any) -> Iterator[ServeProcess]:
         yield srv
 
 
+def payload_bytes(url: str) -> dict[tuple[str, str], float]:
+    """A server's ``gshare_instance_payload_bytes`` counters by (direction, path), read from
+    its ``/metrics`` (path ``lane``: through shared memory, ``instance.lanes``)."""
+    out: dict[tuple[str, str], float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("gshare_instance_payload_bytes_total{"):
+            labels, value = line.rsplit(" ", 1)
+            d = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))
+            out[(d["direction"].strip('"'), d["path"].strip('"'))] = float(value)
+    return out
+
+
 __all__ = [
     "START_TIMEOUT_S",
     "TINY_MODELS_ENV",
@@ -477,6 +489,7 @@ __all__ = [
     "Stopped",
     "WaitTimeout",
     "alive",
+    "payload_bytes",
     "process_tree",
     "run_cli",
     "serve",

@@ -27,7 +27,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from gshare.testing import ServeProcess, wait_until
+from gshare.testing import ServeProcess, payload_bytes, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,11 @@ def spec(f: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     state = tmp_path_factory.mktemp("gshare-shm") / "state"
-    srv = ServeProcess("--grpc-port", "0", state_dir=state, tiny_models=True, cwd=REPO).start()
+    # --lane-mb 0: here every payload between gateway and instance takes the socket, so the
+    # large-payload socket path is served end to end too (the lanes: test_oip_tritonclient)
+    srv = ServeProcess(
+        "--grpc-port", "0", "--lane-mb", "0", state_dir=state, tiny_models=True, cwd=REPO
+    ).start()
     try:
         grpc_address = json.loads((state / "server.json").read_text())["grpc"]
         for f in FUNCTIONS:
@@ -170,6 +174,36 @@ def test_tritons_simple_shm_example(
         assert status.regions["input_data"].byte_size == 128
     c.unregister_system_shared_memory()
     assert len(served.http.get_system_shared_memory_status()) == 0
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_a_large_tensor_through_regions_takes_the_socket_without_lanes(
+    served: Served, regions: Callable[[str, int], Any], transport: str
+) -> None:
+    """1 MiB in a region and back, on a server started with ``--lane-mb 0``: the tensor is
+    right, and it went to the instance and back through the socket (no lane bytes)."""
+    c = served.client(transport)
+    x = np.random.default_rng(2).random((1, 1 << 18), dtype=np.float32)
+    in_h = regions(f"big-in-{transport}", x.nbytes)
+    out_h = regions(f"big-out-{transport}", x.nbytes)
+    shm.set_shared_memory_region(in_h, [x])
+    c.register_system_shared_memory("big_in", key(f"big-in-{transport}"), x.nbytes)
+    c.register_system_shared_memory("big_out", key(f"big-out-{transport}"), x.nbytes)
+    before = payload_bytes(served.srv.url)
+    i = infer_input(transport, "x", [1, 1 << 18], "FP32")
+    i.set_shared_memory("big_in", x.nbytes)
+    o = requested(transport, "output0")
+    o.set_shared_memory("big_out", x.nbytes)
+    c.infer("echo", [i], outputs=[o])
+    after = payload_bytes(served.srv.url)
+    got = shm.get_contents_as_numpy(out_h, np.float32, [1, 1 << 18])
+    np.testing.assert_array_equal(got, x)
+    c.unregister_system_shared_memory("big_in")
+    c.unregister_system_shared_memory("big_out")
+    for direction in ("request", "response"):
+        moved = after[(direction, "socket")] - before.get((direction, "socket"), 0.0)
+        assert moved >= x.nbytes
+        assert after.get((direction, "lane"), 0.0) == 0.0
 
 
 DTYPES: list[tuple[str, np.ndarray]] = [

@@ -27,7 +27,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from gshare.testing import ServeProcess, run_cli, wait_until
+from gshare.testing import ServeProcess, payload_bytes, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -171,6 +171,27 @@ def test_int64_and_bytes_tensors_come_back_unchanged(served: Served) -> None:
         for y in got:
             assert y.shape == x.shape
             assert y.tolist() == x.tolist()
+
+
+def test_large_tensors_travel_through_shared_memory_lanes(served: Served) -> None:
+    """1 MiB over HTTP binary, HTTP JSON and gRPC: the answer is the tensor, and the tensor
+    went between gateway and instance through the lanes (``instance.lanes``), not the socket."""
+    x = np.random.default_rng(1).random((1, 1 << 18), dtype=np.float32)  # 1 MiB
+    before = payload_bytes(served.url)
+    got = [
+        served.http.infer("echo", [http_input("x", x, "FP32")]).as_numpy("output0"),
+        served.grpc.infer("echo", [grpc_input("x", x, "FP32")]).as_numpy("output0"),
+    ]
+    for y in got:
+        np.testing.assert_array_equal(y, x)
+    after = payload_bytes(served.url)
+
+    def moved(direction: str, path: str) -> float:
+        return after.get((direction, path), 0.0) - before.get((direction, path), 0.0)
+
+    for direction in ("request", "response"):
+        assert moved(direction, "lane") >= 2 * x.nbytes, direction
+        assert moved(direction, "socket") < x.nbytes, f"a tensor {direction} took the socket"
 
 
 def test_parameters_requested_outputs_and_request_id(served: Served) -> None:

@@ -26,6 +26,7 @@ from gshare.cli import (
     console,
     err_console,
 )
+from gshare.runtime.instance.lanes import DEFAULT_REQUEST_LANE_MB
 from gshare.workflows.dag import render_stages
 
 
@@ -135,14 +136,15 @@ def serve_cmd(
         ),
     ),
     lane_mb: int = typer.Option(
-        32,
+        DEFAULT_REQUEST_LANE_MB,
         "--lane-mb",
         min=0,
-        max=1024,
+        max=4096,
         help=(
-            "Shared memory between the gateway and each instance on its node, MiB (requests; "
-            "answers get half): payloads of 64 KiB or more go through it instead of the "
-            "socket. 0: everything through the socket."
+            "Shared memory between the gateway and each instance on its node, MiB of address "
+            "space (requests; answers get half; memory is used only as far as data in flight "
+            "needs it): payloads of 64 KiB or more go through it instead of the socket. 0: "
+            "everything through the socket."
         ),
     ),
     priority_sharing: str = typer.Option(

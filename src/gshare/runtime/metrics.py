@@ -89,6 +89,13 @@ class Metrics:
             ["function"],
             registry=r,
         )
+        self.payload_bytes = Counter(
+            "gshare_instance_payload_bytes",
+            "Payload bytes between the gateway and its instances, by direction (request, "
+            "response) and path: lane (shared memory, instance.lanes) or socket",
+            ["direction", "path"],
+            registry=r,
+        )
         self.node_up = Gauge(
             "gshare_node_up",
             "1 for each node whose agent answers; a lost node's series is removed",

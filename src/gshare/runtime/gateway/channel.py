@@ -13,10 +13,13 @@ import asyncio
 import logging
 import socket
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.lanes import ENC_IN_LANE, GatewayLanes, LaneError, send_with_fds
+
+if TYPE_CHECKING:
+    from gshare.runtime.metrics import Metrics
 
 log = logging.getLogger("gshare.gateway")
 
@@ -43,7 +46,10 @@ class Pending:
 
 
 class ChannelOwner(Protocol):
-    """What a channel calls back (``router.Gateway``): request ids, the answers, the loss."""
+    """What a channel calls back (``router.Gateway``): request ids, the answers, the loss;
+    and where it counts its payload bytes."""
+
+    metrics: Metrics
 
     def next_id(self) -> int: ...
 
@@ -78,6 +84,11 @@ class InstanceChannel(asyncio.Protocol):
         self.retired = False
         """Replaced by a new connection to the same instance id: closed once its in-flight
         requests are answered (``Gateway._retire_channel``)."""
+        pb = gateway.metrics.payload_bytes
+        self._bytes_req_lane = pb.labels("request", "lane")
+        self._bytes_req_socket = pb.labels("request", "socket")
+        self._bytes_resp_lane = pb.labels("response", "lane")
+        self._bytes_resp_socket = pb.labels("response", "socket")
         self.lanes: GatewayLanes | None = None
         """The connection's shared-memory lanes (``instance.lanes``; Unix sockets only), set
         by ``Gateway.instance_ready`` before the first request."""
@@ -106,8 +117,11 @@ class InstanceChannel(asyncio.Protocol):
             parts = (payload,) if isinstance(payload, bytes) else payload
             ref = self.lanes.put_request(p.req_id, parts)
             if ref is not None:
+                self._bytes_req_lane.inc(P.payload_size(payload))
                 return P.encode_request(p.req_id, p.op, p.enc | ENC_IN_LANE, ref)
-        return P.encode_request(p.req_id, p.op, p.enc, P.payload_bytes(payload))
+        data = P.payload_bytes(payload)
+        self._bytes_req_socket.inc(len(data))
+        return P.encode_request(p.req_id, p.op, p.enc, data)
 
     def send(self, p: Pending) -> None:
         assert self.transport is not None
@@ -142,6 +156,11 @@ class InstanceChannel(asyncio.Protocol):
                             self.transport.close()
                         return
                     enc &= ~ENC_IN_LANE
+                    self._bytes_resp_lane.inc(len(payload))
+                else:
+                    self._bytes_resp_socket.inc(len(payload))
+            else:
+                self._bytes_resp_socket.inc(len(payload))
             p = self.inflight.pop(req_id, None)
             if p is None:
                 continue  # answered already (timed out)

@@ -19,25 +19,31 @@ The design (who calls what):
   connection (``recv_with_fds``) and maps them (``InstanceLanes``). TCP connections (another
   node) have no lanes: everything goes inline, as before.
 * A payload of ``LANE_MIN_BYTES`` or more that fits goes through a lane: its frame's encoding
-  has ``ENC_IN_LANE`` set and its payload is ``LANE_REF`` (the absolute position and the
-  length in the lane). Anything else — small payloads, a full lane, a payload larger than half
+  has ``ENC_IN_LANE`` set and its payload is ``LANE_REF`` (the position and the length in
+  the lane). Anything else — small payloads, a full lane, a payload larger than half
   a lane — is sent inline; the two kinds mix freely on one connection.
-* **Request lane**: the gateway allocates, writes, and frees a request's bytes when the
-  instance's answer to it arrives (whatever its status) — until then the instance may be
-  reading them, even after the gateway gave up on the request. The instance reads them in
-  place: an OIP request's tensors are ``numpy.frombuffer`` views of the lane, so a handler's
-  inputs are valid until its ``predict`` returns (as with Triton's shared memory); a handler
-  that keeps an input beyond that must copy it.
+* **Request lane**: the gateway allocates (``FirstFit``: the lowest gap), writes, and frees a
+  request's bytes when the instance's answer to it arrives (whatever its status) — until then
+  the instance may be reading them, even after the gateway gave up on the request. The
+  instance reads them in place: an OIP request's tensors are ``numpy.frombuffer`` views of the
+  lane, so a handler's inputs are valid until its ``predict`` returns (as with Triton's shared
+  memory); a handler that keeps an input beyond that must copy it.
 * **Response lane**: the instance allocates and writes; the gateway copies each answer out as
   it reads the frame (frames arrive in the order the instance allocated them) and publishes
   how far it has read in the lane's first 8 bytes (``RingCursor``), which is what the instance
-  may overwrite next. The gateway touches every page of the response lane when it creates it,
-  so its memory is charged to the gateway, not to the instance's memory limit.
+  may overwrite next.
+* **Memory**: a lane is address space until its pages are first written; requests take the
+  lowest gap and the response ring starts again at its front whenever it empties
+  (``Ring.alloc``), so the memory a lane holds follows the most data in flight on it at once,
+  not its size. Request-lane pages are charged to the
+  gateway; response-lane pages to the instance that wrote them (its answers; under walls, to
+  its memory cgroup — they are shared pages, so not to its model memory, ``instance.memory``).
 
-What must hold: both ends compute a position's offset the same way (``Ring``: an allocation
-never wraps; it skips to the lane's start instead), a position and length from the socket are
-checked against the lane before use (``InstanceLanes.request_view``), and a lane is never
-unmapped while a view of it may be alive (each lives as long as its connection).
+What must hold: both ends compute a response's offset the same way (``Ring``: positions only
+grow, an allocation never wraps; it skips to the lane's start instead), a position and length
+from the socket are checked against the lane before use (``InstanceLanes.request_view``,
+``GatewayLanes.take_response``), and a lane is never unmapped while a view of it may be alive
+(each lives as long as its connection).
 """
 
 from __future__ import annotations
@@ -49,9 +55,7 @@ import mmap
 import os
 import socket
 import struct
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
 
 ENC_IN_LANE: Final[int] = 0x80
@@ -65,7 +69,7 @@ LANE_MIN_BYTES: Final[int] = 64 * 1024
 bookkeeping."""
 HEADER_BYTES: Final[int] = 64
 """The response lane's header: the gateway's read cursor (u64) at offset 0; data after it."""
-DEFAULT_REQUEST_LANE_MB: Final[int] = 32
+DEFAULT_REQUEST_LANE_MB: Final[int] = 256
 """The gateway's default request lane per instance connection (the response lane: half)."""
 MAX_FDS: Final[int] = 2
 
@@ -100,6 +104,10 @@ class Ring:
     def alloc(self, n: int) -> int | None:
         if n <= 0 or 2 * n > self.size:
             return None
+        if self.head == self.tail and self.head % self.size:
+            # empty: start again at the front, so that the pages in use (memory is committed
+            # as it is first touched) follow the bytes in flight, not the lane's size
+            self.head = self.tail = self.head + (self.size - self.head % self.size)
         off = self.head % self.size
         pos = self.head if off + n <= self.size else self.head + (self.size - off)
         if pos + n - self.tail > self.size:
@@ -113,6 +121,48 @@ class Ring:
     def release_to(self, pos: int) -> None:
         if pos > self.tail:
             self.tail = min(pos, self.head)
+
+
+class FirstFit:
+    """The request lane's allocator (gateway only): the lowest gap of ``n`` bytes among the
+    allocations still held, which are released in any order. Keeping allocations at the front
+    keeps the lane's touched pages — its memory — at the most bytes ever in flight at once. At
+    most a few dozen allocations are held (a connection's requests in flight), so a scan is
+    cheap. Positions are offsets (``pos % size == pos``)."""
+
+    __slots__ = ("size", "_starts", "_ends")
+
+    def __init__(self, size: int) -> None:
+        if size <= 0:
+            raise LaneError(f"a lane must have a positive size, not {size}")
+        self.size = size
+        self._starts: list[int] = []
+        """The held allocations' starts, sorted."""
+        self._ends: dict[int, int] = {}
+
+    def alloc(self, n: int) -> int | None:
+        if n <= 0 or 2 * n > self.size:
+            return None
+        prev_end = 0
+        for i, start in enumerate(self._starts):
+            if start - prev_end >= n:
+                self._starts.insert(i, prev_end)
+                self._ends[prev_end] = prev_end + n
+                return prev_end
+            prev_end = self._ends[start]
+        if self.size - prev_end < n:
+            return None
+        self._starts.append(prev_end)
+        self._ends[prev_end] = prev_end + n
+        return prev_end
+
+    def release(self, pos: int) -> None:
+        if self._ends.pop(pos, None) is not None:
+            self._starts.remove(pos)
+
+    @property
+    def held(self) -> int:
+        return len(self._starts)
 
 
 class RingCursor:
@@ -137,9 +187,14 @@ class RingCursor:
         del self._cell
 
 
+def nbytes(parts: Sequence[bytes | memoryview]) -> int:
+    """Bytes in ``parts`` (a view's ``len`` counts its items, not its bytes)."""
+    return sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+
+
 def _write_parts(mm: mmap.mmap, at: int, parts: Sequence[bytes | memoryview]) -> None:
     for part in parts:
-        n = len(part)
+        n = part.nbytes if isinstance(part, memoryview) else len(part)
         mm[at : at + n] = part
         at += n
 
@@ -149,12 +204,6 @@ def _map(fd: int, size: int) -> mmap.mmap:
 
 
 # -- the gateway's side ---------------------------------------------------------------------------
-
-
-@dataclass(eq=False, slots=True)
-class _Held:
-    end: int
-    released: bool = False
 
 
 class GatewayLanes:
@@ -178,13 +227,9 @@ class GatewayLanes:
         except OSError:
             self.close_fds()
             raise
-        # charge the response lane to this process (module doc): touch every page now
-        page = bytes(mmap.PAGESIZE)
-        for off in range(0, response_bytes, mmap.PAGESIZE):
-            self._resp[off : off + mmap.PAGESIZE] = page[: min(mmap.PAGESIZE, response_bytes - off)]
-        self._req_ring = Ring(request_bytes)
-        self._held: dict[int, _Held] = {}
-        self._order: deque[_Held] = deque()
+        self._req_space = FirstFit(request_bytes)
+        self._held: dict[int, int] = {}
+        """Request id → its allocation in the request lane, until the instance answers."""
         self._cursor = RingCursor(self._resp)
         self._resp_ring = Ring(response_bytes - HEADER_BYTES)
         self.requests_in_lane = 0
@@ -209,30 +254,22 @@ class GatewayLanes:
         """Write a payload (``parts``, in order) into the request lane for request ``req_id``:
         the frame payload (``LANE_REF``) to send instead, or None (send it inline) when it is
         small or does not fit now."""
-        n = sum(len(p) for p in parts)
+        n = nbytes(parts)
         if n < LANE_MIN_BYTES:
             return None
-        pos = self._req_ring.alloc(n)
+        pos = self._req_space.alloc(n)
         if pos is None:
             return None
-        _write_parts(self._req, self._req_ring.offset(pos), parts)
-        held = _Held(pos + n)
-        self._held[req_id] = held
-        self._order.append(held)
+        _write_parts(self._req, pos, parts)
+        self._held[req_id] = pos
         self.requests_in_lane += 1
         return LANE_REF.pack(pos, n)
 
     def release_request(self, req_id: int) -> None:
-        """The instance answered request ``req_id``: its bytes may be overwritten (in
-        allocation order: the lane's tail moves past every released request before the first
-        one still held)."""
-        held = self._held.pop(req_id, None)
-        if held is None:
-            return
-        held.released = True
-        order = self._order
-        while order and order[0].released:
-            self._req_ring.release_to(order.popleft().end)
+        """The instance answered request ``req_id``: its bytes may be overwritten."""
+        pos = self._held.pop(req_id, None)
+        if pos is not None:
+            self._req_space.release(pos)
 
     def take_response(self, ref: bytes | memoryview) -> bytes:
         """Copy an answer out of the response lane (its frame's ``LANE_REF``) and let the
@@ -240,7 +277,8 @@ class GatewayLanes:
         pos, n = LANE_REF.unpack_from(ref)
         ring = self._resp_ring
         off = ring.offset(pos)
-        if n <= 0 or off + n > ring.size or pos < self._cursor.get():
+        read = self._cursor.get()
+        if n <= 0 or off + n > ring.size or pos < read or pos + n - read > ring.size:
             raise LaneError(f"an answer at {pos} ({n} bytes) is outside the response lane")
         start = HEADER_BYTES + off
         data = self._resp[start : start + n]
@@ -284,15 +322,14 @@ class InstanceLanes:
         if len(ref) != LANE_REF.size:
             raise LaneError(f"a lane reference is {LANE_REF.size} bytes, not {len(ref)}")
         pos, n = LANE_REF.unpack_from(ref)
-        off = pos % self.request_bytes
-        if n <= 0 or off + n > self.request_bytes:
+        if n <= 0 or pos + n > self.request_bytes:
             raise LaneError(f"a request at {pos} ({n} bytes) is outside the request lane")
-        return self._view[off : off + n]
+        return self._view[pos : pos + n]
 
     def put_response(self, parts: Sequence[bytes | memoryview]) -> bytes | None:
         """Write an answer into the response lane: the frame payload (``LANE_REF``) to send
         instead, or None (send it inline) when it is small or does not fit now."""
-        n = sum(len(p) for p in parts)
+        n = nbytes(parts)
         if n < LANE_MIN_BYTES:
             return None
         ring = self._resp_ring
@@ -347,10 +384,12 @@ __all__ = [
     "LANES_MSG",
     "LANE_MIN_BYTES",
     "LANE_REF",
+    "FirstFit",
     "GatewayLanes",
     "InstanceLanes",
     "LaneError",
     "Ring",
+    "nbytes",
     "RingCursor",
     "recv_with_fds",
     "send_with_fds",

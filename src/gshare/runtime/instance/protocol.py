@@ -120,7 +120,9 @@ def payload_bytes(payload: Payload) -> bytes:
 
 
 def payload_size(payload: Payload) -> int:
-    return len(payload) if isinstance(payload, bytes) else sum(len(p) for p in payload)
+    if isinstance(payload, bytes):
+        return len(payload)
+    return sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in payload)
 
 
 class ProtocolError(Exception):
