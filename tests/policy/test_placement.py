@@ -24,6 +24,7 @@ from gshare.policy.placement import (
     Move,
     NoCapacity,
     Placer,
+    RoomDefragPlacer,
     UnknownInstance,
     UnknownPlacer,
     make_placer,
@@ -35,7 +36,7 @@ from gshare.policy.placement import (
 from gshare.resources import FULL_GPU, GpuShare, Rect
 
 ALL = sorted(PLACERS)
-SPATIAL = ["best-fit", "first-fit", "mra", "mra-defrag"]
+SPATIAL = ["best-fit", "first-fit", "mra", "mra-defrag"]  # "mra-room" may move to avoid opening
 
 
 def R(x1: float, y1: float, x2: float, y2: float) -> Rect:
@@ -134,7 +135,7 @@ def test_fast_fig11_case() -> None:
     # Time sharing takes 100 % SMs each: quotas 2 x 60 + 6 x 40 = 360 % -> >= 4 GPUs, and
     # first fit gives 60+40, 60+40, 40+40, 40+40 = exactly 4.
     pods = [("bert", 60, 50)] * 2 + [("rnnt", 40, 24)] * 2 + [("resnet", 40, 12)] * 4
-    expected_gpus = {"mra": 1, "mra-defrag": 1, "first-fit": 1, "best-fit": 1, "time-share": 4}
+    expected_gpus = {n: 1 for n in ALL} | {"time-share": 4}
     for name in ALL:
         p = make_placer(name, max_gpus=4)
         for k, (fn, w, h) in enumerate(pods):
@@ -343,6 +344,13 @@ def _one_small_left(name: str, **kw: object) -> Placer:
         # margin: 2 GPUs used > bound 1 x (1 + 99 %) = 1.99 drains; > 1 x (1 + 100 %) = 2 not
         ("mra-defrag", {"margin_pct": 99}, True),
         ("mra-defrag", {"margin_pct": 100}, False),
+        # "mra-room" drains as "mra-defrag" does (900 < 4,700: sparse) within its budget:
+        # migrations <= rate x releases (2 here) + burst; the drain moves 1 instance
+        ("mra-room", {}, True),
+        ("mra-room", {"max_migrations_per_release": 0.5, "migration_burst": 0}, True),  # 1.0
+        ("mra-room", {"max_migrations_per_release": 0.4, "migration_burst": 0}, False),  # 0.8
+        ("mra-room", {"max_migrations_per_release": 0, "migration_burst": 0.9}, False),
+        ("mra-room", {"max_migrations_per_release": None, "migration_burst": 0}, True),
     ],
 )
 def test_defrag_empties_a_gpu_left_with_one_small_instance(
@@ -426,6 +434,69 @@ def test_defragment_on_demand_drains_a_sparse_gpu_release_did_not_try() -> None:
     assert p.defragment(max_drains=5) == 0
 
 
+# -- making room at arrival ("mra-room", gshare's extension) --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "kw", "room"),
+    [
+        ("mra", {}, False),
+        ("mra-defrag", {}, False),  # drains on release only: an arrival never moves anything
+        ("mra-room", {}, True),
+        ("mra-room", {"room_max_moves": 0}, False),
+        ("mra-room", {"room_gpus": 0}, False),
+        ("mra-room", {"room_tries": 0}, False),
+        # budget: 0 releases so far, so only the burst allows moves (1 needed)
+        ("mra-room", {"migration_burst": 1}, True),
+        ("mra-room", {"migration_burst": 0.9}, False),
+        ("mra-room", {"max_migrations_per_release": None, "migration_burst": 0}, True),
+    ],
+)
+def test_room_moves_a_small_blocker_instead_of_opening_a_gpu(
+    name: str, kw: dict[str, object], room: bool
+) -> None:
+    # a = 100 x 60 -> GPU 0 (0,0)-(100,60); s = 20 x 20 -> GPU 0 (0,60)-(20,80) (best area:
+    # GPU 0's only free rectangle); b = 100 x 70 fits no GPU in use -> GPU 1 (0,0)-(100,70).
+    # F = 100 x 35: GPU 0's free (20,60)-(100,100) is 80 wide, (0,80)-(100,100) 20 high; GPU
+    # 1's (0,70)-(100,100) 30 high -> nothing fits, "mra" opens GPU 2.
+    p = make_placer(name, max_gpus=3, **kw)
+    p.place("a", 100, 60)
+    assert p.place("s", 20, 20) == Binding("s", 0, R(0, 60, 20, 80))
+    assert p.place("b", 100, 70).gpu == 1
+    f = p.place("F", 100, 35)
+    moves = p.take_moves()
+    if not room:
+        assert (f.gpu, moves, p.gpus_used()) == (2, [], 3)
+        return
+    # room: GPU 0 is the least-loaded GPU (6,400) with free area 3,600 >= 3,500 (GPU 1's
+    # 3,000 is not). Spots x = 0 (the only one 100 wide); y in {0, 25, 60, 65}: y = 60 and
+    # y = 65 are blocked by s alone (400) -> y = 60 first. s goes by best-area fit to GPU 1's
+    # (0,70)-(100,100) -> (0,70)-(20,90); F takes (0,60)-(100,95); no GPU is opened.
+    assert f == Binding("F", 0, R(0, 60, 100, 95))
+    assert moves == [Move("s", 1, R(0, 60, 20, 80), R(0, 70, 20, 90), old_gpu=0)]
+    assert p.gpus_used() == 2
+    assert p.free_rects(0) == [R(0, 95, 100, 100)]
+    assert p.free_rects(1) == [R(20, 70, 100, 100), R(0, 90, 100, 100)]
+    assert isinstance(p, RoomDefragPlacer)
+    assert (p.rooms, p.migrations, p.drains) == (1, 1, 0)
+
+
+def test_room_never_moves_every_instance_of_a_gpu_nor_one_that_fits_nowhere() -> None:
+    # GPU 0: a = 100 x 60 alone; F = 100 x 50 overlaps a wherever it goes: moving a (the GPU's
+    # only instance) would just swap GPUs -> not a spot. GPU 1 opens.
+    p = make_placer("mra-room", max_gpus=3)
+    p.place("a", 100, 60)
+    assert p.place("F", 100, 50).gpu == 1
+    # GPU 0: a + t = 60 x 40 at (0,60); GPU 1: F + u = 90 x 50 at (0,50) (full). G = 100 x 40
+    # fits nowhere; GPU 0's spot (0,60)-(100,100) is blocked by t alone, but t (60 x 40) fits
+    # no other GPU in use (GPU 1 is full) -> nothing moves, GPU 2 opens.
+    assert p.place("t", 60, 40) == Binding("t", 0, R(0, 60, 60, 100))
+    assert p.place("u", 90, 50) == Binding("u", 1, R(0, 50, 90, 100))
+    assert p.place("G", 100, 40).gpu == 2
+    assert p.take_moves() == []
+    assert isinstance(p, RoomDefragPlacer) and p.rooms == 0
+
+
 def test_move_within_a_gpu_keeps_its_old_fields() -> None:
     # Move built the old way (no old_gpu) is a move within one GPU
     m = Move("b", 3, R(20, 0, 40, 20), R(0, 0, 20, 20))
@@ -465,7 +536,7 @@ def test_errors(name: str) -> None:
 def test_make_placer_errors() -> None:
     with pytest.raises(
         UnknownPlacer,
-        match="unknown placer 'nope'.*best-fit, first-fit, mra, mra-defrag, time-share",
+        match="unknown placer 'nope'.*best-fit, first-fit, mra, mra-defrag, mra-room, time-share",
     ):
         make_placer("nope", max_gpus=1)
     with pytest.raises(ValueError, match="max_gpus"):
@@ -480,6 +551,17 @@ def test_make_placer_errors() -> None:
         make_placer("mra", max_gpus=1, defrag=True, margin_pct=-1)
     with pytest.raises(ValueError, match="max_drains"):
         DefragMaxRectsPlacer(1).defragment(max_drains=-1)
+    for bad in (
+        {"room_max_moves": -1},
+        {"room_gpus": -1},
+        {"room_tries": -1},
+        {"migration_burst": -1},
+        {"migration_burst": float("inf")},
+        {"max_migrations_per_release": -0.1},
+        {"max_migrations_per_release": float("nan")},
+    ):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            make_placer("mra-room", max_gpus=1, **bad)
 
 
 def test_defrag_option_of_mra() -> None:
@@ -520,6 +602,17 @@ VARIANTS = [(n, {}) for n in ALL] + [
     # drains whenever a GPU can be emptied (every GPU is sparse, no margin), and re-packs often
     ("mra-defrag", {"sparse_pct": 100, "margin_pct": 0}),
     ("mra", {"defrag": True, "sparse_pct": 100, "margin_pct": 0, "repack_threshold": 2}),
+    # drains and makes room whenever it can, under a tight budget, re-packing often
+    (
+        "mra-room",
+        {
+            "sparse_pct": 100,
+            "margin_pct": 0,
+            "repack_threshold": 4,
+            "max_migrations_per_release": 0.5,
+            "migration_burst": 2,
+        },
+    ),
 ]
 
 ops = st.lists(
@@ -570,8 +663,22 @@ def _check_cross_gpu_moves(
 ) -> None:
     """Cross-GPU moves (defragmentation) happen only on release, from at most one GPU, which
     they leave empty (all-or-nothing), and only to GPUs that were already in use; a release
-    never adds a GPU. Placers other than "mra-defrag" never move across GPUs."""
+    never adds a GPU. "mra-room" also moves on place: from the GPU the new instance went to,
+    to other GPUs in use, and never opens a GPU; it keeps its migration budget. Placers other
+    than "mra-defrag" and "mra-room" never move across GPUs."""
     cross = [m for m in moves if m.is_cross_gpu]
+    if isinstance(p, RoomDefragPlacer):
+        rate = p.max_migrations_per_release
+        if rate is not None:
+            assert p.migrations <= rate * p.releases + p.migration_burst + 1e-9
+    if not released and isinstance(p, RoomDefragPlacer) and cross:
+        sources = {m.old_gpu for m in cross}
+        assert len(sources) == 1 and len(cross) <= p.room_max_moves
+        (src,) = sources
+        assert src is not None and p.instances_on(src)  # the new instance is there
+        assert {m.gpu for m in cross} <= in_use - sources
+        assert p.gpus_used() == used_before
+        return
     if not released or not isinstance(p, DefragMaxRectsPlacer):
         assert not cross
         return
@@ -646,14 +753,20 @@ def test_first_instance_and_exact_fits(name: str, sizes: list[tuple[int, int]]) 
         assert p.gpus_used() == before + (0 if fits_open else 1)
 
 
+@pytest.mark.parametrize(
+    ("name", "kw"), [("mra-defrag", {}), ("mra-room", {"room_max_moves": 0}), ("mra-room", {})]
+)
 @settings(max_examples=40, deadline=None)
 @given(seq=ops)
-def test_defrag_that_never_fires_is_exactly_mra(seq: list[tuple[int, int, int, int]]) -> None:
+def test_defrag_that_never_fires_is_exactly_mra(
+    name: str, kw: dict[str, object], seq: list[tuple[int, int, int, int]]
+) -> None:
     """With no GPU sparse (``sparse_pct=0``) "mra-defrag" makes the very decisions of "mra"
     (same bindings, free lists and re-pack moves): the extension only adds cross-GPU drains,
-    and placement itself is MRA's."""
+    and placement itself is MRA's. So does "mra-room" that never makes room — and, with
+    room, whenever no instance moved across GPUs (checked until the first such move)."""
     ref = make_placer("mra", max_gpus=3, repack_threshold=4)
-    off = make_placer("mra-defrag", max_gpus=3, repack_threshold=4, sparse_pct=0)
+    off = make_placer(name, max_gpus=3, repack_threshold=4, sparse_pct=0, **kw)
     live: list[str] = []
     for k, (op, wq, hq, pick) in enumerate(seq):
         if op == 0 and live:
@@ -667,8 +780,15 @@ def test_defrag_that_never_fires_is_exactly_mra(seq: list[tuple[int, int, int, i
                 with pytest.raises(NoCapacity):
                     off.place(f"i{k}", wq * GRID, hq * GRID)
                 continue
-            assert off.place(f"i{k}", wq * GRID, hq * GRID) == b
+            got = off.place(f"i{k}", wq * GRID, hq * GRID)
+            moved = off.take_moves()
+            if any(m.is_cross_gpu for m in moved):
+                assert name == "mra-room" and not kw and got.gpu != b.gpu
+                return  # from here on the two differ by design
+            assert got == b
+            assert moved == ref.take_moves()
             live.append(b.instance_id)
+            continue
         assert off.take_moves() == ref.take_moves()
         assert off.bindings() == ref.bindings()
         assert [off.free_rects(g) for g in range(3)] == [ref.free_rects(g) for g in range(3)]
