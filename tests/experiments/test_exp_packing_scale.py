@@ -30,7 +30,7 @@ def test_registered_with_quick_params() -> None:
     assert exp.params(quick=False)["gpus"] == 1000
     assert exp.params(quick=False)["arrivals"] == 5000
     assert exp.params(quick=True)["gpus"] == 100
-    assert "mra-defrag" in exp.params(quick=False)["placers"]
+    assert {"mra-defrag", "mra-room"} <= set(exp.params(quick=False)["placers"])
 
 
 def test_quick_run_invariants(quick: ExperimentResult, tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_quick_run_invariants(quick: ExperimentResult, tmp_path: Path) -> None:
         assert rows[label]["samples"] > 0
         assert rows[label]["gpus_after_drain"] == 0  # every GPU empties when all leave
     # 100 GPUs hold the spatial placers' population; time sharing (100 % SMs each) may not
-    for name in ("mra", "mra-defrag", "first-fit", "best-fit", MRA_LITERAL):
+    for name in ("mra", "mra-defrag", "mra-room", "first-fit", "best-fit", MRA_LITERAL):
         assert rows[name]["rejected"] == 0
         # identical events and no rejections -> identical area bound
         assert rows[name]["area_bound_mean"] == rows["mra"]["area_bound_mean"]
@@ -56,15 +56,15 @@ def test_quick_run_invariants(quick: ExperimentResult, tmp_path: Path) -> None:
     assert rows["time-share"]["gpus_over_area_bound"] > max(
         rows[n]["gpus_over_area_bound"] for n in ("mra", "first-fit", "best-fit")
     )
-    # the cost of consolidation is reported: only mra-defrag migrates across GPUs
+    # the cost of consolidation is reported: only mra-defrag and mra-room migrate across GPUs
     assert set(s["migrations_per_departure"]) == labels
     for label in labels:
         row = rows[label]
         assert row["departures"] > 0 and row["release_us_p50"] > 0
         assert row["migrations_per_departure"] == row["migrations"] / row["departures"]
         assert s["migrations_per_departure"][label] == row["migrations_per_departure"]
-        if label != "mra-defrag":
-            assert row["migrations"] == row["drains"] == 0
+        if label not in ("mra-defrag", "mra-room"):
+            assert row["migrations"] == row["drains"] == row["rooms"] == 0
     # the row-pattern bound is at least the area bound, and no placer beats it either
     assert s["pattern_bound_over_area_bound"] >= 1.0
     for label in labels - {"time-share"}:  # time sharing rejects: no ratio to it
@@ -76,6 +76,11 @@ def test_quick_run_invariants(quick: ExperimentResult, tmp_path: Path) -> None:
     # the same events, fewer GPUs: defragmentation beats the paper's MRA it extends
     assert d["gpus_over_area_bound"] < rows["mra"]["gpus_over_area_bound"]
     assert s["mra_defrag_within_target"] == (d["gpus_over_area_bound"] <= s["mra_target"])
+    # mra-room: every room-making moves 1-2 instances, every drain at least one; its migration
+    # budget (0.3 per release + 20) holds over the run
+    m = rows["mra-room"]
+    assert m["drains"] + m["rooms"] <= m["migrations"]
+    assert m["migrations"] <= 0.3 * m["departures"] + 20
 
     folder = write_result(quick, tmp_path)
     data = json.loads((folder / "results.json").read_text())

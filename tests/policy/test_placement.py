@@ -24,6 +24,7 @@ from gshare.policy.placement import (
     Move,
     NoCapacity,
     Placer,
+    RoomDefragPlacer,
     UnknownInstance,
     UnknownPlacer,
     make_placer,
@@ -35,7 +36,7 @@ from gshare.policy.placement import (
 from gshare.resources import FULL_GPU, GpuShare, Rect
 
 ALL = sorted(PLACERS)
-SPATIAL = ["best-fit", "first-fit", "mra", "mra-defrag"]
+SPATIAL = ["best-fit", "first-fit", "mra", "mra-defrag"]  # "mra-room" may move to avoid opening
 
 
 def R(x1: float, y1: float, x2: float, y2: float) -> Rect:
@@ -134,7 +135,7 @@ def test_fast_fig11_case() -> None:
     # Time sharing takes 100 % SMs each: quotas 2 x 60 + 6 x 40 = 360 % -> >= 4 GPUs, and
     # first fit gives 60+40, 60+40, 40+40, 40+40 = exactly 4.
     pods = [("bert", 60, 50)] * 2 + [("rnnt", 40, 24)] * 2 + [("resnet", 40, 12)] * 4
-    expected_gpus = {"mra": 1, "mra-defrag": 1, "first-fit": 1, "best-fit": 1, "time-share": 4}
+    expected_gpus = {n: 1 for n in ALL} | {"time-share": 4}
     for name in ALL:
         p = make_placer(name, max_gpus=4)
         for k, (fn, w, h) in enumerate(pods):
@@ -307,125 +308,6 @@ def test_time_share_forces_full_sms_and_compacts_split_quota() -> None:
     assert p.place("e", 10, 10).gpu == 1  # GPU 0 has 0 % left
 
 
-# -- cross-GPU defragmentation ("mra-defrag", gshare's extension) ---------------------------------
-
-
-def _one_small_left(name: str, **kw: object) -> Placer:
-    # a = 60 x 100 -> GPU 0 (0,0); a2 = 40 x 100 fills GPU 0's (60,0)-(100,100) exactly.
-    # b = 50 x 100 fits no GPU in use -> GPU 1 (0,0); s = 30 x 30 -> GPU 1's only free
-    # rectangle (50,0)-(100,100) -> (50,0)-(80,30).
-    # a2 leaves: GPU 0 holds 6,000 (60 %, not sparse), GPU 1 5,000 + 900 = 5,900 (59 %, not
-    # sparse); Σ area 11,900 -> bound ⌈1.19⌉ = 2 = GPUs used: nothing to gain, nothing moves.
-    # b leaves: GPU 1 holds s alone, 900 = 9 % < 50 % -> sparse; Σ area 6,900 -> bound 1, and
-    # 2 GPUs > 1 x (1 + 5 %) -> drain GPU 1 (what "mra-defrag" does; "mra" never moves).
-    p = make_placer(name, max_gpus=2, **kw)
-    assert p.place("a", 60, 100).gpu == 0
-    assert p.place("a2", 40, 100) == Binding("a2", 0, R(60, 0, 100, 100))
-    assert p.place("b", 50, 100).gpu == 1
-    assert p.place("s", 30, 30) == Binding("s", 1, R(50, 0, 80, 30))
-    p.release("a2")
-    assert p.take_moves() == []
-    p.release("b")
-    return p
-
-
-@pytest.mark.parametrize(
-    ("name", "kw", "drained"),
-    [
-        # the paper's MRA: GPU 1 stays open for s until s leaves
-        ("mra", {}, False),
-        ("mra-defrag", {}, True),
-        ("mra", {"defrag": True}, True),
-        # sparse means allocated area < sparse_pct % of 10,000: 900 < 1,000 (10 %) drains,
-        # 900 < 900 (9 %) does not
-        ("mra-defrag", {"sparse_pct": 10}, True),
-        ("mra-defrag", {"sparse_pct": 9}, False),
-        # margin: 2 GPUs used > bound 1 x (1 + 99 %) = 1.99 drains; > 1 x (1 + 100 %) = 2 not
-        ("mra-defrag", {"margin_pct": 99}, True),
-        ("mra-defrag", {"margin_pct": 100}, False),
-    ],
-)
-def test_defrag_empties_a_gpu_left_with_one_small_instance(
-    name: str, kw: dict[str, object], drained: bool
-) -> None:
-    p = _one_small_left(name, **kw)
-    if not drained:
-        assert p.take_moves() == []
-        assert p.gpus_used() == 2 and p.binding("s") == Binding("s", 1, R(50, 0, 80, 30))
-        return
-    # s = 30 x 30 goes by MRA's best-area fit to the only other GPU in use: GPU 0's free
-    # (60,0)-(100,100) (area 4,000), bottom-left -> (60,0)-(90,30); GPU 1 is empty again
-    moves = p.take_moves()
-    assert moves == [Move("s", 0, R(50, 0, 80, 30), R(60, 0, 90, 30), old_gpu=1)]
-    assert moves[0].is_cross_gpu and (moves[0].old_gpu, moves[0].new_gpu) == (1, 0)
-    assert p.gpus_used() == 1
-    assert p.binding("s") == Binding("s", 0, R(60, 0, 90, 30))
-    assert p.instances_on(1) == {} and p.free_rects(1) == [FULL_GPU]
-    # GPU 0's free space after s: right of s (90,0)-(100,100), above s (60,30)-(100,100)
-    assert p.free_rects(0) == [R(90, 0, 100, 100), R(60, 30, 100, 100)]
-    assert isinstance(p, DefragMaxRectsPlacer)
-    assert (p.drains, p.migrations, p.area_bound()) == (1, 1, 1)
-    # the emptied GPU is the lowest unused one: the next GPU opened
-    assert p.place("big", 100, 100).gpu == 1
-
-
-def test_defrag_is_all_or_nothing() -> None:
-    # as in _one_small_left, but GPU 1 also holds t = 45 x 40: after s at (50,0)-(80,30),
-    # GPU 1's free rectangles are (80,0)-(100,100) (20 wide) and (50,30)-(100,100) (50 x 70)
-    # -> t at (50,30)-(95,70).
-    p = make_placer("mra-defrag", max_gpus=2)
-    p.place("a", 60, 100)
-    p.place("a2", 40, 100)
-    p.place("b", 50, 100)
-    assert p.place("s", 30, 30) == Binding("s", 1, R(50, 0, 80, 30))
-    assert p.place("t", 45, 40) == Binding("t", 1, R(50, 30, 95, 70))
-    p.release("a2")  # GPU 0 free (60,0)-(100,100), 40 wide; 60 % and 77 % loaded: no drain
-    # b leaves: GPU 1 holds 900 + 1,800 = 2,700 (27 %, sparse); Σ 8,700 -> bound 1 < 2 used.
-    # Largest first: t = 45 x 40 fits no other GPU (GPU 0's only free rectangle is 40 wide),
-    # so nothing moves — not even s, which alone would fit.
-    p.release("b")
-    assert p.take_moves() == []
-    assert p.gpus_used() == 2
-    assert p.instances_on(1) == {"s": R(50, 0, 80, 30), "t": R(50, 30, 95, 70)}
-    assert isinstance(p, DefragMaxRectsPlacer) and (p.drains, p.drain_attempts) == (0, 1)
-    # t leaves: GPU 1 holds s alone (9 %), which fits GPU 0's (60,0)-(100,100) -> drained
-    p.release("t")
-    assert p.take_moves() == [Move("s", 0, R(50, 0, 80, 30), R(60, 0, 90, 30), old_gpu=1)]
-    assert p.gpus_used() == 1
-
-
-def test_defragment_on_demand_drains_a_sparse_gpu_release_did_not_try() -> None:
-    # GPU 0: a = 60 x 100 + a2 = 40 x 100 (full). GPU 1: B = 45 x 100 + x1 = 55 x 100 (full).
-    # GPU 2: c = 40 x 100 at (0,0), s = 30 x 30 at (40,0): 4,900 (49 %).
-    p = make_placer("mra-defrag", max_gpus=3)
-    for iid, w, h in [("a", 60, 100), ("a2", 40, 100), ("B", 45, 100), ("x1", 55, 100)]:
-        p.place(iid, w, h)
-    assert p.place("c", 40, 100) == Binding("c", 2, R(0, 0, 40, 100))
-    assert p.place("s", 30, 30) == Binding("s", 2, R(40, 0, 70, 30))
-    # x1 leaves: GPU 1 holds B = 4,500 (45 %, sparse); Σ 19,400 -> bound 2 < 3 used; but B
-    # (full height, 45 wide) fits neither full GPU 0 nor GPU 2 (free: 30 wide full height, or
-    # 70 high) -> no move
-    p.release("x1")
-    # a2 leaves: GPU 0 = 60 %, not sparse; the least-loaded GPU is GPU 1 (4,500 < 4,900),
-    # which still cannot move -> no move; GPU 2 is not tried (one candidate per rule)
-    p.release("a2")
-    assert p.take_moves() == []
-    assert p.gpus_used() == 3
-    assert isinstance(p, DefragMaxRectsPlacer)
-    # defragment(): sparse GPUs least-loaded first: GPU 1 fails again, GPU 2 (49 %) drains.
-    # Largest first: c = 40 x 100 -> GPU 0's (60,0)-(100,100) (area 4,000, exact) beats GPU
-    # 1's (45,0)-(100,100) (5,500); then s = 30 x 30 -> GPU 1's (45,0)-(100,100) -> (45,0)
-    assert p.defragment() == 1
-    assert p.take_moves() == [
-        Move("c", 0, R(0, 0, 40, 100), R(60, 0, 100, 100), old_gpu=2),
-        Move("s", 1, R(40, 0, 70, 30), R(45, 0, 75, 30), old_gpu=2),
-    ]
-    assert p.gpus_used() == 2 and p.free_rects(2) == [FULL_GPU]
-    # Σ 6,000 + 4,500 + 4,900 = 15,400 -> bound 2 = GPUs used: nothing more to do
-    assert p.area_bound() == 2
-    assert p.defragment(max_drains=5) == 0
-
-
 def test_move_within_a_gpu_keeps_its_old_fields() -> None:
     # Move built the old way (no old_gpu) is a move within one GPU
     m = Move("b", 3, R(20, 0, 40, 20), R(0, 0, 20, 20))
@@ -465,7 +347,7 @@ def test_errors(name: str) -> None:
 def test_make_placer_errors() -> None:
     with pytest.raises(
         UnknownPlacer,
-        match="unknown placer 'nope'.*best-fit, first-fit, mra, mra-defrag, time-share",
+        match="unknown placer 'nope'.*best-fit, first-fit, mra, mra-defrag, mra-room, time-share",
     ):
         make_placer("nope", max_gpus=1)
     with pytest.raises(ValueError, match="max_gpus"):
@@ -480,6 +362,17 @@ def test_make_placer_errors() -> None:
         make_placer("mra", max_gpus=1, defrag=True, margin_pct=-1)
     with pytest.raises(ValueError, match="max_drains"):
         DefragMaxRectsPlacer(1).defragment(max_drains=-1)
+    for bad in (
+        {"room_max_moves": -1},
+        {"room_gpus": -1},
+        {"room_tries": -1},
+        {"migration_burst": -1},
+        {"migration_burst": float("inf")},
+        {"max_migrations_per_release": -0.1},
+        {"max_migrations_per_release": float("nan")},
+    ):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            make_placer("mra-room", max_gpus=1, **bad)
 
 
 def test_defrag_option_of_mra() -> None:
@@ -520,6 +413,17 @@ VARIANTS = [(n, {}) for n in ALL] + [
     # drains whenever a GPU can be emptied (every GPU is sparse, no margin), and re-packs often
     ("mra-defrag", {"sparse_pct": 100, "margin_pct": 0}),
     ("mra", {"defrag": True, "sparse_pct": 100, "margin_pct": 0, "repack_threshold": 2}),
+    # drains and makes room whenever it can, under a tight budget, re-packing often
+    (
+        "mra-room",
+        {
+            "sparse_pct": 100,
+            "margin_pct": 0,
+            "repack_threshold": 4,
+            "max_migrations_per_release": 0.5,
+            "migration_burst": 2,
+        },
+    ),
 ]
 
 ops = st.lists(
@@ -570,8 +474,22 @@ def _check_cross_gpu_moves(
 ) -> None:
     """Cross-GPU moves (defragmentation) happen only on release, from at most one GPU, which
     they leave empty (all-or-nothing), and only to GPUs that were already in use; a release
-    never adds a GPU. Placers other than "mra-defrag" never move across GPUs."""
+    never adds a GPU. "mra-room" also moves on place: from the GPU the new instance went to,
+    to other GPUs in use, and never opens a GPU; it keeps its migration budget. Placers other
+    than "mra-defrag" and "mra-room" never move across GPUs."""
     cross = [m for m in moves if m.is_cross_gpu]
+    if isinstance(p, RoomDefragPlacer):
+        rate = p.max_migrations_per_release
+        if rate is not None:
+            assert p.migrations <= rate * p.releases + p.migration_burst + 1e-9
+    if not released and isinstance(p, RoomDefragPlacer) and cross:
+        sources = {m.old_gpu for m in cross}
+        assert len(sources) == 1 and len(cross) <= p.room_max_moves
+        (src,) = sources
+        assert src is not None and p.instances_on(src)  # the new instance is there
+        assert {m.gpu for m in cross} <= in_use - sources
+        assert p.gpus_used() == used_before
+        return
     if not released or not isinstance(p, DefragMaxRectsPlacer):
         assert not cross
         return
@@ -646,14 +564,20 @@ def test_first_instance_and_exact_fits(name: str, sizes: list[tuple[int, int]]) 
         assert p.gpus_used() == before + (0 if fits_open else 1)
 
 
+@pytest.mark.parametrize(
+    ("name", "kw"), [("mra-defrag", {}), ("mra-room", {"room_max_moves": 0}), ("mra-room", {})]
+)
 @settings(max_examples=40, deadline=None)
 @given(seq=ops)
-def test_defrag_that_never_fires_is_exactly_mra(seq: list[tuple[int, int, int, int]]) -> None:
+def test_defrag_that_never_fires_is_exactly_mra(
+    name: str, kw: dict[str, object], seq: list[tuple[int, int, int, int]]
+) -> None:
     """With no GPU sparse (``sparse_pct=0``) "mra-defrag" makes the very decisions of "mra"
     (same bindings, free lists and re-pack moves): the extension only adds cross-GPU drains,
-    and placement itself is MRA's."""
+    and placement itself is MRA's. So does "mra-room" that never makes room — and, with
+    room, whenever no instance moved across GPUs (checked until the first such move)."""
     ref = make_placer("mra", max_gpus=3, repack_threshold=4)
-    off = make_placer("mra-defrag", max_gpus=3, repack_threshold=4, sparse_pct=0)
+    off = make_placer(name, max_gpus=3, repack_threshold=4, sparse_pct=0, **kw)
     live: list[str] = []
     for k, (op, wq, hq, pick) in enumerate(seq):
         if op == 0 and live:
@@ -667,8 +591,15 @@ def test_defrag_that_never_fires_is_exactly_mra(seq: list[tuple[int, int, int, i
                 with pytest.raises(NoCapacity):
                     off.place(f"i{k}", wq * GRID, hq * GRID)
                 continue
-            assert off.place(f"i{k}", wq * GRID, hq * GRID) == b
+            got = off.place(f"i{k}", wq * GRID, hq * GRID)
+            moved = off.take_moves()
+            if any(m.is_cross_gpu for m in moved):
+                assert name == "mra-room" and not kw and got.gpu != b.gpu
+                return  # from here on the two differ by design
+            assert got == b
+            assert moved == ref.take_moves()
             live.append(b.instance_id)
+            continue
         assert off.take_moves() == ref.take_moves()
         assert off.bindings() == ref.bindings()
         assert [off.free_rects(g) for g in range(3)] == [ref.free_rects(g) for g in range(3)]

@@ -107,7 +107,7 @@ def test_unknown_placer_is_a_one_line_error(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert (
         r.stderr.strip() == "gshare: error: unknown placer 'nope' "
-        "(known: best-fit, first-fit, mra, mra-defrag, time-share)"
+        "(known: best-fit, first-fit, mra, mra-defrag, mra-room, time-share)"
     )
 
 

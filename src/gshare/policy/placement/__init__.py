@@ -9,8 +9,8 @@ Who calls it: the controller of each world — the simulator (``sim``) and the l
 (``runtime``) — owns one ``Placer`` per cluster. It calls ``place`` for every instance the
 autoscaler starts and ``release`` for every instance it stops, then ``take_moves`` and applies
 any ``Move`` (an instance whose rectangle a re-pack changed: new MPS SM band / time offset; or,
-with ``"mra-defrag"``, an instance moved to another GPU: start a replacement there, drain the
-old one).
+with ``"mra-defrag"`` / ``"mra-room"``, an instance moved to another GPU: start a replacement
+there, drain the old one).
 The placer is the policy's explicit state: it holds the free-space bookkeeping and returns every
 decision as typed data (``Binding``, ``Move``); it does no I/O and reads no clock.
 
@@ -25,6 +25,10 @@ Placers (registry ``PLACERS``, built by ``make_placer``):
   after a release, a sparse GPU (allocated area < ``sparse_pct``) whose instances all fit on
   the other GPUs in use is emptied into them by MRA's best-area fit (all-or-nothing, at most
   one GPU per release, only while GPUs used exceed the area bound by ``margin_pct``);
+* ``"mra-room"`` — ``"mra-defrag"`` plus making room at arrival (gshare's, not in the paper):
+  when nothing in use fits, up to ``room_max_moves`` instances blocking a spot on a fairly
+  empty GPU are moved to other GPUs instead of opening one; drains and these moves share one
+  migration budget (``max_migrations_per_release`` x releases + ``migration_burst``);
 * ``"first-fit"`` — the lowest-index GPU whose maximal-rectangles free list fits, bottom-left;
 * ``"best-fit"`` — the GPU with the least free area after placement (that fits), bottom-left;
 * ``"time-share"`` — KubeShare-style time sharing (Yeh et al., 2020, the paper's baseline):
@@ -42,7 +46,7 @@ Units: widths and heights are percentages (``_pct``); an area is quota % x SM % 
 10,000, FaST-GShare's "secondCores").
 
 Modules: ``geometry`` (boxes, free-rectangle maintenance, the public rectangle functions),
-``base`` (``Binding``, ``Move``, errors, the ``Placer`` base class), ``mra``, ``defrag``,
+``base`` (``Binding``, ``Move``, errors, the ``Placer`` base class), ``mra``, ``defrag``, ``room``,
 ``baselines`` (first fit, best fit, time sharing) and ``registry`` (``PLACERS``,
 ``make_placer``). Tuning notes and measurements: ``docs/journal/placement.md``.
 """
@@ -71,11 +75,22 @@ from gshare.policy.placement.geometry import (
 )
 from gshare.policy.placement.mra import DEFAULT_REPACK_THRESHOLD, MaxRectsPlacer
 from gshare.policy.placement.registry import PLACERS, make_placer
+from gshare.policy.placement.room import (
+    DEFAULT_MAX_MIGRATIONS_PER_RELEASE,
+    DEFAULT_MIGRATION_BURST,
+    DEFAULT_ROOM_MAX_MOVES,
+    DEFAULT_ROOM_SPARSE_PCT,
+    RoomDefragPlacer,
+)
 
 __all__ = [
     "DEFAULT_DEFRAG_MARGIN_PCT",
     "DEFAULT_DEFRAG_SPARSE_PCT",
+    "DEFAULT_MAX_MIGRATIONS_PER_RELEASE",
+    "DEFAULT_MIGRATION_BURST",
     "DEFAULT_REPACK_THRESHOLD",
+    "DEFAULT_ROOM_MAX_MOVES",
+    "DEFAULT_ROOM_SPARSE_PCT",
     "PLACERS",
     "BestFitPlacer",
     "Binding",
@@ -85,6 +100,7 @@ __all__ = [
     "Move",
     "NoCapacity",
     "Placer",
+    "RoomDefragPlacer",
     "TimeSharePlacer",
     "UnknownInstance",
     "UnknownPlacer",

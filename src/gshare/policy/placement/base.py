@@ -37,9 +37,10 @@ class Move:
     """A placed instance changed rectangle, and possibly GPU; returned by ``Placer.take_moves``.
 
     Within one GPU (a re-pack or a compaction; ``old_gpu == gpu``) the mechanism applies it by
-    giving the instance its new SM band / time offset. Across GPUs (``"mra-defrag"``;
-    ``old_gpu != gpu``, see ``is_cross_gpu``) it starts a replacement instance on ``gpu`` in
-    ``new`` and drains the old one on ``old_gpu`` (serverless instances are stateless).
+    giving the instance its new SM band / time offset. Across GPUs (``"mra-defrag"``,
+    ``"mra-room"``; ``old_gpu != gpu``, see ``is_cross_gpu``) it starts a replacement instance
+    on ``gpu`` in ``new`` and drains the old one on ``old_gpu`` (serverless instances are
+    stateless).
     """
 
     instance_id: str
@@ -182,9 +183,10 @@ class Placer(ABC):
 
     def take_moves(self) -> list[Move]:
         """Moves since the last call (oldest first), and forget them. Only ``"mra"`` re-packs
-        (and ``"time-share"`` compacts) within a GPU, only ``"mra-defrag"`` also moves
-        instances across GPUs (``Move.is_cross_gpu``); the others never move an instance. An
-        instance may move more than once between two calls: apply the moves in order."""
+        (and ``"time-share"`` compacts) within a GPU, only ``"mra-defrag"`` and ``"mra-room"``
+        also move instances across GPUs (``Move.is_cross_gpu``); the others never move an
+        instance. An instance may move more than once between two calls: apply the moves in
+        order."""
         moves, self._moves = self._moves, []
         return moves
 

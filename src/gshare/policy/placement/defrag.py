@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
+from collections.abc import Iterable
 from itertools import islice
 from typing import ClassVar, Final
 
@@ -152,9 +153,25 @@ class DefragMaxRectsPlacer(MaxRectsPlacer):
         """Plan every instance of ``g`` onto the other in-use GPUs (NOTE, step 3) and apply
         the plan only if all fit. True when ``g`` was emptied."""
         self.drain_attempts += 1
+        planned = self._plan_elsewhere(self._on_gpu[g], g)
+        if planned is None:
+            return False  # all-or-nothing: nothing has changed
+        self._apply_plan(*planned)
+        self._emptied(g)
+        self.drains += 1
+        self._repack_receivers(planned[0])
+        return True
+
+    def _plan_elsewhere(
+        self, instances: Iterable[str], g: int
+    ) -> tuple[dict[int, list[Box]], list[tuple[str, int, Box]]] | None:
+        """Plan ``instances`` (all on GPU ``g``), largest area first, onto the in-use GPUs
+        other than ``g`` with MRA's steps (NOTE, step 3), on copies of the receivers' free
+        lists; changes nothing. Returns (receiver -> its free list after the plan, [(instance,
+        receiver, rectangle)]), or None when one instance fits nowhere."""
         size = self._size
         order = sorted(
-            self._on_gpu[g],
+            instances,
             key=lambda i: (-size[i][0] * size[i][1], -size[i][1], -size[i][0], i),
         )
         planned: dict[int, list[Box]] = {}  # receivers' free lists after the plan so far
@@ -183,24 +200,31 @@ class DefragMaxRectsPlacer(MaxRectsPlacer):
                         if best is None or k < best:
                             best = k
             if best is None:
-                return False  # all-or-nothing: nothing has changed
+                return None
             gpu = best[1]
             chosen: Box = (best[3], best[2], best[4], best[5])
             placed, joint = _place_and_new_joint_rect(chosen, w, h)
             free = planned.get(gpu, self._free[gpu])
             planned[gpu] = _cut((r for r in free if r != chosen), placed, joint)
             plan.append((iid, gpu, placed))
+        return planned, plan
+
+    def _apply_plan(self, planned: dict[int, list[Box]], plan: list[tuple[str, int, Box]]) -> None:
+        """Apply a plan of ``_plan_elsewhere``: the receivers' new free lists and every move
+        (reported by ``take_moves``, counted in ``migrations``). The caller then rebuilds the
+        source GPU and calls ``_repack_receivers``."""
         for gpu, free in planned.items():
             self._set_free(gpu, free)
         for iid, gpu, placed in plan:
             self._move(iid, gpu, placed)
-        self._emptied(g)
-        self.drains += 1
         self.migrations += len(plan)
+
+    def _repack_receivers(self, planned: dict[int, list[Box]]) -> None:
+        """Re-pack (as "mra" does) each receiver of a plan whose free list grew past
+        ``repack_threshold``."""
         for gpu in sorted(planned):
             if len(self._free[gpu]) > self.repack_threshold:
                 self._repack(gpu)
-        return True
 
     # -- load bookkeeping: every change of an instance's GPU goes through these three ---------
 

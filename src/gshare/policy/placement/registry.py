@@ -12,10 +12,12 @@ from gshare.policy.placement.base import Placer, UnknownPlacer
 from gshare.policy.placement.baselines import BestFitPlacer, FirstFitPlacer, TimeSharePlacer
 from gshare.policy.placement.defrag import DefragMaxRectsPlacer
 from gshare.policy.placement.mra import MaxRectsPlacer
+from gshare.policy.placement.room import RoomDefragPlacer
 
 PLACERS: dict[str, Callable[..., Placer]] = {
     MaxRectsPlacer.name: MaxRectsPlacer,
     DefragMaxRectsPlacer.name: DefragMaxRectsPlacer,
+    RoomDefragPlacer.name: RoomDefragPlacer,
     FirstFitPlacer.name: FirstFitPlacer,
     BestFitPlacer.name: BestFitPlacer,
     TimeSharePlacer.name: TimeSharePlacer,
