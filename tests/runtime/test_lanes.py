@@ -207,6 +207,38 @@ def test_the_instance_waits_for_the_gateway_to_read_before_reusing_answers(
     assert g.take_response(third) == b"c" * LANE_MIN_BYTES
 
 
+def test_answers_after_the_ring_emptied_start_again_at_the_front(
+    pair: tuple[GatewayLanes, InstanceLanes],
+) -> None:
+    g, inst = pair
+    half = (2 * MiB - HEADER_BYTES) // 2
+    for n in (LANE_MIN_BYTES, half, LANE_MIN_BYTES, half, half):
+        ref = inst.put_response([b"r" * n])
+        assert ref is not None
+        pos, _ = LANE_REF.unpack(ref)
+        assert pos % (2 * MiB - HEADER_BYTES) == 0  # the front, every time: nothing unread
+        assert g.take_response(ref) == b"r" * n
+
+
+def test_lent_answers_are_reused_only_once_given_back_in_lane_order(
+    pair: tuple[GatewayLanes, InstanceLanes],
+) -> None:
+    g, inst = pair
+    half = (2 * MiB - HEADER_BYTES) // 2
+    first = inst.put_response([b"a" * half])
+    assert first is not None
+    view, loan = g.borrow_response(first)
+    assert bytes(view[:3]) == b"aaa"
+    second = inst.put_response([b"b" * half])
+    assert second is not None
+    assert g.take_response(second) == b"b" * half  # copied and given back...
+    # ...but the lent first answer still holds the lane: nothing may overwrite it
+    assert inst.put_response([b"c" * LANE_MIN_BYTES]) is None
+    assert bytes(view[:3]) == b"aaa"
+    g.give_back(loan)
+    assert inst.put_response([b"c" * LANE_MIN_BYTES]) is not None
+
+
 @pytest.mark.parametrize(
     "pos, n",
     [(0, 0), (4 * MiB - 10, 100), (1 << 62, 10), (4 * MiB, LANE_MIN_BYTES)],
@@ -224,9 +256,14 @@ def test_a_reference_outside_the_lane_is_refused(
 def test_an_answer_reference_outside_the_response_lane_is_refused(
     pair: tuple[GatewayLanes, InstanceLanes],
 ) -> None:
-    g, _inst = pair
+    g, inst = pair
     with pytest.raises(LaneError, match="outside the response lane"):
-        g.take_response(LANE_REF.pack(2 * MiB, 10))
+        g.take_response(LANE_REF.pack(2 * MiB - 100, 200))  # past the lane's end
+    ref = inst.put_response([b"x" * LANE_MIN_BYTES])
+    assert ref is not None
+    g.take_response(ref)
+    with pytest.raises(LaneError, match="outside the response lane"):
+        g.take_response(ref)  # before what was already read
 
 
 def test_lanes_smaller_than_announced_are_refused() -> None:

@@ -23,6 +23,7 @@ from gshare.runtime.gateway.shm import (
     prepare_http,
 )
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.instance.protocol import payload_bytes
 from gshare.runtime.oip.codec import decode_http, http_parts
 from gshare.runtime.oip.grpc_messages import decode_grpc, encode_grpc, parameter_value, pb
 from gshare.runtime.oip.header import TRANSPORT_GRPC, TRANSPORT_HTTP, unwrap
@@ -127,7 +128,7 @@ def test_http_rewrite_reads_regions_and_keeps_other_tensors_in_order(
     chunks = [body[:7], body[7 : len(js) + 5], body[len(js) + 5 :]]  # split inside each part
     assert mentions_shm(chunks, len(js))
     payload, outputs = prepare_http(reg, chunks, len(js), 3)
-    transport, header_len, version, new_body = unwrap(payload)
+    transport, header_len, version, new_body = unwrap(payload_bytes(payload))
     assert (transport, version) == (TRANSPORT_HTTP, 3)
     header, arrays = decode_http(new_body, header_len)  # what the instance sees
     assert [t.name for t in header.inputs] == ["b", "a", "c"]
@@ -169,7 +170,7 @@ def test_http_rewrite_of_a_json_body_with_every_output_in_regions(
         ],
     }
     payload, outputs = prepare_http(reg, [orjson.dumps(doc)], -1, 1)
-    _, header_len, _, body = unwrap(payload)
+    _, header_len, _, body = unwrap(payload_bytes(payload))
     assert header_len == -1  # no binary part was needed
     header, arrays = decode_http(body, header_len)
     ajs, blobs = http_parts(header, "echo", 1, {"x": arrays["x"]})
@@ -200,7 +201,7 @@ def test_grpc_rewrite_appends_raw_contents_in_input_order(
     req.outputs.add(name="b")
     assert grpc_mentions_shm(req)
     payload, outputs = prepare_grpc(reg, req, 2)
-    transport, _, version, body = unwrap(payload)
+    transport, _, version, body = unwrap(payload_bytes(payload))
     assert (transport, version) == (TRANSPORT_GRPC, 2)
     header, arrays = decode_grpc(body)
     assert arrays["a"].tolist() == a.tolist() and arrays["b"].tolist() == b.tolist()

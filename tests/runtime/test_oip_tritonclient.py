@@ -12,6 +12,7 @@ Functions: ``mlp`` (the built-in, tiny: FP32 [n, 64] → INT64 label and FP32 sc
 from __future__ import annotations
 
 import json
+import os
 import queue
 import socket
 import struct
@@ -192,6 +193,43 @@ def test_large_tensors_travel_through_shared_memory_lanes(served: Served) -> Non
     for direction in ("request", "response"):
         assert moved(direction, "lane") >= 2 * x.nbytes, direction
         assert moved(direction, "socket") < x.nbytes, f"a tensor {direction} took the socket"
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_large_tensors_in_shared_memory_regions_travel_through_the_lanes(
+    served: Served, transport: str
+) -> None:
+    """Triton's system shared memory with lanes on: the input goes from its region into the
+    request lane, the answer from the response lane into the output region (over HTTP it is
+    lent, not copied out first), and the output region holds the tensor."""
+    import tritonclient.utils.shared_memory as shm
+
+    c = served.http if transport == "http" else served.grpc
+    mod = httpclient if transport == "http" else grpcclient
+    x = np.random.default_rng(3).random((1, 1 << 18), dtype=np.float32)
+    keys = [f"/gshare-lanes-{os.getpid()}-{transport}-{d}" for d in ("in", "out")]
+    handles = [shm.create_shared_memory_region(k.strip("/"), k, x.nbytes) for k in keys]
+    try:
+        shm.set_shared_memory_region(handles[0], [x])
+        c.register_system_shared_memory("lane_in", keys[0], x.nbytes)
+        c.register_system_shared_memory("lane_out", keys[1], x.nbytes)
+        before = payload_bytes(served.url)
+        for _ in range(3):  # the lent answers are given back: the lane keeps serving
+            i = mod.InferInput("x", list(x.shape), "FP32")
+            i.set_shared_memory("lane_in", x.nbytes)
+            o = mod.InferRequestedOutput("output0")
+            o.set_shared_memory("lane_out", x.nbytes)
+            c.infer("echo", [i], outputs=[o])
+            got = shm.get_contents_as_numpy(handles[1], np.float32, list(x.shape))
+            np.testing.assert_array_equal(got, x)
+        after = payload_bytes(served.url)
+        for direction in ("request", "response"):
+            lane = after[(direction, "lane")] - before.get((direction, "lane"), 0.0)
+            assert lane >= 3 * x.nbytes, direction
+    finally:
+        c.unregister_system_shared_memory()
+        for h in handles:
+            shm.destroy_shared_memory_region(h)
 
 
 def test_parameters_requested_outputs_and_request_id(served: Served) -> None:

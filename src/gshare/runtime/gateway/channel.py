@@ -10,8 +10,10 @@ sends ``Pending`` requests on them and gets every answer and every lost connecti
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,6 +45,13 @@ class Pending:
     channel: InstanceChannel | None = None
     watcher: asyncio.Task[None] | None = None
     """Watches the client's connection once the request waits (``DISCONNECT_WATCH_S``)."""
+    borrow: bool = False
+    """Its caller takes an answer in a shared-memory lane as a view, not a copy, and calls
+    ``release`` once it has used it (``OipService.call_borrowed``)."""
+    borrowed: memoryview | None = None
+    """A borrowed answer (its result's payload is then empty)."""
+    release: Callable[[], None] | None = None
+    """Set with a borrowed answer: gives its bytes back to the instance."""
 
 
 class ChannelOwner(Protocol):
@@ -145,23 +154,29 @@ class InstanceChannel(asyncio.Protocol):
         for f in frames:
             req_id, status, enc, q_ms, tw_ms, ex_ms, batch = P.RESP_REST.unpack_from(f)
             payload = f[P.RESP_FIXED :]
+            p = self.inflight.pop(req_id, None)
             if lanes is not None:
                 lanes.release_request(req_id)  # answered: the instance is done with its bytes
                 if enc & ENC_IN_LANE:
                     try:
-                        payload = lanes.take_response(payload)
+                        if p is not None and p.borrow and status == P.ST_OK and not p.future.done():
+                            view, loan = lanes.borrow_response(payload)
+                            p.borrowed, payload = view, b""
+                            p.release = functools.partial(lanes.give_back, loan)
+                            self._bytes_resp_lane.inc(len(view))
+                        else:
+                            payload = lanes.take_response(payload)
+                            self._bytes_resp_lane.inc(len(payload))
                     except LaneError as e:
                         log.error("instance %s: %s; closing", self.instance_id, e)
                         if self.transport:
                             self.transport.close()
                         return
                     enc &= ~ENC_IN_LANE
-                    self._bytes_resp_lane.inc(len(payload))
                 else:
                     self._bytes_resp_socket.inc(len(payload))
             else:
                 self._bytes_resp_socket.inc(len(payload))
-            p = self.inflight.pop(req_id, None)
             if p is None:
                 continue  # answered already (timed out)
             p.channel = None

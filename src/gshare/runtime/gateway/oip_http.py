@@ -99,8 +99,10 @@ async def serve_infer(
     if mentions_shm(chunks, header_len):
         payload, shm_outputs = prepare_http(oip.shm, chunks, header_len, v)
         del chunks
-        renc, data, m = await oip.call(name, P.ENC_OIP, payload, receive)
-        renc, data = finish_http(renc, data, shm_outputs)
+        # the answer's outputs go straight from the instance's lane into their regions
+        async with oip.call_borrowed(name, P.ENC_OIP, payload, receive) as (renc, lent, m):
+            renc, data = finish_http(renc, lent, shm_outputs)
+            del lent
     else:
         renc, data, m = await oip.call(
             name, P.ENC_OIP, wrap(TRANSPORT_HTTP, header_len, v, chunks), receive

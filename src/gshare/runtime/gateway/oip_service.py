@@ -22,10 +22,13 @@ function at a time).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, cast
 
 from gshare import __version__
+from gshare.runtime.gateway.channel import Pending
 from gshare.runtime.gateway.errors import HttpError, status_of
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.shm import SharedMemoryRegistry
@@ -173,15 +176,23 @@ class OipService:
         return current
 
     async def call(
-        self, function: str, enc: int, payload: P.Payload, receive: Receive | None = None
+        self,
+        function: str,
+        enc: int,
+        payload: P.Payload,
+        receive: Receive | None = None,
+        borrow: list[Pending] | None = None,
     ) -> tuple[int, bytes, tuple[float, float, float, int]]:
         """Run one request on ``function`` through the gateway's queues (``Gateway.submit``):
         its answer ``(encoding, data, measurements)``, or ``HttpError`` with the status the
         instance (or the gateway: 404, 429, 503, 504) gave. Counted in the Prometheus metrics
         and the Triton statistics. ``receive``: the HTTP request's, to cancel it when its
-        client goes away (``Gateway.wait``)."""
+        client goes away (``Gateway.wait``). ``borrow``: ``call_borrowed``'s."""
         gw = self.gw
         p = gw.submit(function, P.OP_INVOKE, enc, payload)
+        if borrow is not None:
+            p.borrow = True
+            borrow.append(p)
         try:
             status, renc, data, m = await gw.wait(p, receive)
         except HttpError as e:
@@ -197,6 +208,25 @@ class OipService:
             err.recorded = True
             raise err
         return renc, data, m
+
+    @contextlib.asynccontextmanager
+    async def call_borrowed(
+        self, function: str, enc: int, payload: P.Payload, receive: Receive | None = None
+    ) -> AsyncIterator[tuple[int, bytes | memoryview, tuple[float, float, float, int]]]:
+        """``call``, whose answer, when it came through a shared-memory lane, is lent as a
+        view of the lane until the ``async with`` block ends (``instance.lanes``): for a
+        caller that writes it elsewhere at once (outputs into a client's shared-memory
+        regions) and so saves a copy. The view must not be kept past the block."""
+        held: list[Pending] = []
+        try:
+            renc, data, m = await self.call(function, enc, payload, receive, borrow=held)
+            view = held[0].borrowed
+            yield renc, (view if view is not None else data), m
+        finally:
+            for p in held:
+                release, p.release, p.borrowed = p.release, None, None
+                if release is not None:
+                    release()
 
 
 __all__ = ["EXTENSIONS", "OipService"]

@@ -31,7 +31,6 @@ and the problem (gRPC: INVALID_ARGUMENT). CUDA shared memory is not supported.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import mmap
 import os
@@ -46,6 +45,7 @@ import orjson
 
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.instance import protocol as P
+from gshare.runtime.oip.grpc_wire import REQUEST_RAW_FIELD, raw_field
 from gshare.runtime.oip.header import (
     BINARY_DATA,
     BINARY_DATA_SIZE,
@@ -125,8 +125,9 @@ class Region:
 
     def read(self, offset: int, size: int) -> memoryview:
         """A view of ``size`` bytes at ``offset`` of the region (bounds checked by the caller:
-        ``SharedMemoryRegistry.reference``). The caller must drop it before the loop runs
-        anything else (it pins the mapping: ``close`` could not unmap it)."""
+        ``SharedMemoryRegistry.reference``). It is the request's input until the request is
+        sent (and re-sent, after a crash): while it lives it pins the mapping, so a region
+        unregistered meanwhile is unmapped when the last such view goes (``close``)."""
         return self._live()[offset : offset + size]
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
@@ -388,15 +389,16 @@ def _params_of(obj: dict[str, object], where: str) -> dict[str, object]:
 
 def prepare_http(
     reg: SharedMemoryRegistry, chunks: Sequence[bytes], header_len: int, version: int
-) -> tuple[bytes, dict[str, Ref]]:
+) -> tuple[P.Payload, dict[str, Ref]]:
     """An HTTP infer body whose JSON part mentions shared memory (``mentions_shm``) → the
     ``ENC_OIP`` payload for the instance and the outputs to write into regions (by name).
 
     Each input with shared-memory parameters becomes binary tensor data read from its
     region; the other inputs keep their ``data`` or binary data (views of ``chunks``, in
     order); each output requested into a region is asked for as binary data. The payload is
-    built by one join (``wrap``). ``HttpError`` 400 for a bad reference or a malformed
-    header (the instance checks the rest of the tensors, as for any request)."""
+    in parts (``wrap``): the inputs are views of their regions and of ``chunks``, copied once,
+    where the request is sent (``Region.read``). ``HttpError`` 400 for a bad reference or a
+    malformed header (the instance checks the rest of the tensors, as for any request)."""
     total = sum(len(c) for c in chunks)
     json_len = header_len if header_len >= 0 else total
     head = b"".join(_slices(chunks, 0, json_len))
@@ -469,22 +471,22 @@ def prepare_http(
             params[BINARY_DATA] = True
             outputs[name] = ref
         js = orjson.dumps(doc)
-        # joined here: the views of the regions are released below (Region.read)
-        return P.payload_bytes(
-            wrap(TRANSPORT_HTTP, len(js) if parts else -1, version, [js, *parts])
-        ), outputs
-    finally:
-        for v in parts:  # no view of a mapping outlives the request's arrival (Region.read)
+        return wrap(TRANSPORT_HTTP, len(js) if parts else -1, version, [js, *parts]), outputs
+    except BaseException:
+        for v in parts:  # a refused request pins no mapping (Region.read)
             v.release()
+        raise
 
 
-def finish_http(renc: int, data: bytes, outputs: Mapping[str, Ref]) -> tuple[int, bytes]:
+def finish_http(
+    renc: int, data: bytes | memoryview, outputs: Mapping[str, Ref]
+) -> tuple[int, bytes]:
     """The instance's HTTP answer (``ENC_JSON`` or ``ENC_OIP_BINARY``: u32 JSON length, JSON,
     binary data) with the outputs of ``outputs`` written into their regions and carrying
     the shared-memory parameters instead of data; the same encodings back. ``HttpError``
     400 when an output does not fit its reference."""
     if not outputs:
-        return renc, data
+        return renc, bytes(data)
     if renc == P.ENC_OIP_BINARY:
         (json_len,) = struct.unpack_from("<I", data)
         doc = orjson.loads(memoryview(data)[4 : 4 + json_len])
@@ -563,27 +565,9 @@ def grpc_mentions_shm(req: GrpcRequest) -> bool:
     )
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-@functools.cache
-def _raw_tag() -> bytes:
-    """The wire tag of ``ModelInferRequest.raw_input_contents`` (from the descriptor)."""
-    from gshare.runtime.oip.grpc_messages import pb  # lazy: only gRPC servers load it
-
-    num = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
-    return _varint(num << 3 | 2)  # wire type 2: length-delimited
-
-
 def prepare_grpc(
     reg: SharedMemoryRegistry, req: GrpcRequest, version: int
-) -> tuple[bytes, dict[str, Ref]]:
+) -> tuple[P.Payload, dict[str, Ref]]:
     """A parsed ``ModelInferRequest`` with shared-memory parameters (``grpc_mentions_shm``) →
     the ``ENC_OIP`` payload for the instance and the outputs to write into regions.
 
@@ -591,8 +575,10 @@ def prepare_grpc(
     others keep theirs, in order: with shared-memory inputs, the others must come as raw
     contents, as tritonclient sends them); the payload is the request without its raw
     contents, then one length-delimited ``raw_input_contents`` field per input (protobuf
-    appends repeated fields), joined once (``wrap``). ``HttpError`` 400 as ``prepare_http``."""
-    from gshare.runtime.oip.grpc_messages import parameter_value as _value  # lazy: as _raw_tag
+    appends repeated fields), in parts as ``prepare_http``'s. ``HttpError`` 400 as
+    ``prepare_http``."""
+    # lazy: only gRPC servers load the protobuf classes
+    from gshare.runtime.oip.grpc_messages import parameter_value as _value
 
     raws = list(req.raw_input_contents)
     refs: list[Ref | None] = []
@@ -633,19 +619,12 @@ def prepare_grpc(
                 del o.parameters[k]
         outputs[o.name] = ref
     req.ClearField("raw_input_contents")
-    tag = _raw_tag()
     parts: list[bytes | memoryview] = [req.SerializeToString()]
     it = iter(raws)
     for r in refs:
         data: bytes | memoryview = next(it) if r is None else r.region.read(r.offset, r.byte_size)
-        parts += [tag, _varint(len(data)), data]
-    try:
-        # joined here: the views of the regions are released below (Region.read)
-        return P.payload_bytes(wrap(TRANSPORT_GRPC, -1, version, parts)), outputs
-    finally:
-        for v in parts:
-            if isinstance(v, memoryview):
-                v.release()
+        parts += [raw_field(REQUEST_RAW_FIELD, len(data)), data]
+    return wrap(TRANSPORT_GRPC, -1, version, parts), outputs
 
 
 def finish_grpc(data: bytes, outputs: Mapping[str, Ref]) -> bytes:
@@ -655,7 +634,7 @@ def finish_grpc(data: bytes, outputs: Mapping[str, Ref]) -> bytes:
     ``HttpError`` 400 when an output does not fit its reference."""
     if not outputs:
         return data
-    from gshare.runtime.oip.grpc_messages import pb, set_parameter  # lazy: as _raw_tag
+    from gshare.runtime.oip.grpc_messages import pb, set_parameter  # lazy: as prepare_grpc
 
     resp = pb.ModelInferResponse.FromString(data)
     raws = resp.raw_output_contents

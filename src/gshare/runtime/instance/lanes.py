@@ -29,9 +29,10 @@ The design (who calls what):
   lane, so a handler's inputs are valid until its ``predict`` returns (as with Triton's shared
   memory); a handler that keeps an input beyond that must copy it.
 * **Response lane**: the instance allocates and writes; the gateway copies each answer out as
-  it reads the frame (frames arrive in the order the instance allocated them) and publishes
-  how far it has read in the lane's first 8 bytes (``RingCursor``), which is what the instance
-  may overwrite next.
+  it reads the frame (frames arrive in the order the instance allocated them) — or lends it
+  as a view to a caller that writes it somewhere at once (an output into a client's
+  shared-memory region) and gives it back — and publishes how far the instance may overwrite
+  in the lane's first 8 bytes (``RingCursor``): up to the first answer not yet given back.
 * **Memory**: a lane is address space until its pages are first written; requests take the
   lowest gap and the response ring starts again at its front whenever it empties
   (``Ring.alloc``), so the memory a lane holds follows the most data in flight on it at once,
@@ -55,7 +56,9 @@ import mmap
 import os
 import socket
 import struct
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 ENC_IN_LANE: Final[int] = 0x80
@@ -206,6 +209,14 @@ def _map(fd: int, size: int) -> mmap.mmap:
 # -- the gateway's side ---------------------------------------------------------------------------
 
 
+@dataclass(eq=False, slots=True)
+class Loan:
+    """A borrowed answer (``GatewayLanes.borrow_response``): where it ends in the lane."""
+
+    end: int
+    returned: bool = False
+
+
 class GatewayLanes:
     """One connection's two lanes on the gateway's side (module doc): it writes requests into
     the request lane and reads answers out of the response lane."""
@@ -232,6 +243,11 @@ class GatewayLanes:
         """Request id → its allocation in the request lane, until the instance answers."""
         self._cursor = RingCursor(self._resp)
         self._resp_ring = Ring(response_bytes - HEADER_BYTES)
+        self._loans: deque[Loan] = deque()
+        """Answers read and not yet given back, in the lane's order."""
+        self._seen_end = 0
+        """Where the last answer read ends."""
+        self._closed = False
         self.requests_in_lane = 0
         self.responses_in_lane = 0
 
@@ -271,23 +287,59 @@ class GatewayLanes:
         if pos is not None:
             self._req_space.release(pos)
 
-    def take_response(self, ref: bytes | memoryview) -> bytes:
-        """Copy an answer out of the response lane (its frame's ``LANE_REF``) and let the
-        instance reuse its bytes. ``LaneError`` when the reference does not fit the lane."""
+    def borrow_response(self, ref: bytes | memoryview) -> tuple[memoryview, Loan]:
+        """An answer in the response lane (its frame's ``LANE_REF``) as a view, and the loan
+        to ``give_back`` once it has been used: until then the instance does not overwrite
+        it (nor anything after it: answers are given back in any order, the instance reuses
+        the lane in order). ``LaneError`` when the reference does not fit the lane."""
         pos, n = LANE_REF.unpack_from(ref)
         ring = self._resp_ring
         off = ring.offset(pos)
-        read = self._cursor.get()
-        if n <= 0 or off + n > ring.size or pos < read or pos + n - read > ring.size:
+        # unread: [the first loan's start or the cursor, the last answer's end); the answer
+        # must start after it and, unless nothing is unread, end within one turn of it
+        unread_from = self._cursor.get()
+        seen = self._seen_end
+        if (
+            n <= 0
+            or off + n > ring.size
+            or pos < seen
+            or (unread_from < seen and pos + n - unread_from > ring.size)
+        ):
             raise LaneError(f"an answer at {pos} ({n} bytes) is outside the response lane")
+        self._seen_end = pos + n
         start = HEADER_BYTES + off
-        data = self._resp[start : start + n]
-        self._cursor.set(pos + n)
+        loan = Loan(pos + n)
+        self._loans.append(loan)
         self.responses_in_lane += 1
-        return data
+        return memoryview(self._resp)[start : start + n], loan
+
+    def give_back(self, loan: Loan) -> None:
+        """A borrowed answer has been used: the instance may overwrite it (and every answer
+        before it that was given back too)."""
+        loan.returned = True
+        loans = self._loans
+        end = -1
+        while loans and loans[0].returned:
+            end = loans.popleft().end
+        if end >= 0 and not self._closed:
+            self._cursor.set(end)
+
+    def take_response(self, ref: bytes | memoryview) -> bytes:
+        """A copy of an answer in the response lane, whose bytes the instance may then reuse
+        (``borrow_response``, copied, given back)."""
+        view, loan = self.borrow_response(ref)
+        try:
+            return bytes(view)
+        finally:
+            view.release()
+            self.give_back(loan)
 
     def close(self) -> None:
-        """Unmap both lanes (the connection is gone)."""
+        """Unmap both lanes (the connection is gone; a borrowed answer's view keeps its
+        mapping until it goes)."""
+        if self._closed:
+            return
+        self._closed = True
         self.close_fds()
         self._cursor.release()
         for mm in (self._req, self._resp):
@@ -388,6 +440,7 @@ __all__ = [
     "GatewayLanes",
     "InstanceLanes",
     "LaneError",
+    "Loan",
     "Ring",
     "nbytes",
     "RingCursor",
