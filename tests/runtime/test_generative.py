@@ -290,3 +290,15 @@ def test_predict_and_generate_of_the_builtin(lm: CausalLM) -> None:
     assert [o["tokens"] for o in out] == [4, 3]
     streamed = "".join(lm.generate("hello", {"max_tokens": 4}))
     assert streamed == out[0]["text"]
+
+
+def test_close_cancels_everything_and_engines_may_share_a_handler(lm: CausalLM) -> None:
+    first = GenerationEngine(lm)
+    left = first.submit(PROMPTS[0], GenerationParams(max_tokens=50))
+    first.step()
+    second = GenerationEngine(lm)  # its ids never collide with the first engine's caches
+    h = second.submit(PROMPTS[0], GenerationParams(max_tokens=5))
+    second.run_until_idle()
+    assert h.finish_reason is FinishReason.LENGTH and h.seq_id != left.seq_id
+    first.close()
+    assert left.finish_reason is FinishReason.CANCELLED and lm.kv_tokens(left.seq_id) == 0

@@ -29,6 +29,7 @@ Who calls it: the instance (``load`` once; phase 2), the engine (``generation_sp
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
@@ -65,6 +66,16 @@ VARIANTS: Final[dict[str, dict[str, int]]] = {
 _Layer = tuple[torch.Tensor, torch.Tensor]
 
 
+@dataclass(slots=True)
+class _Batch:
+    """The persistent decode batch: ``ids``' caches stacked, row i left-padded by ``pads[i]``."""
+
+    ids: tuple[str, ...]
+    pads: list[int]
+    length: int
+    layers: list[_Layer]
+
+
 class CausalLM:
     """The built-in causal LM (module doc)."""
 
@@ -79,6 +90,8 @@ class CausalLM:
         self.module: nn.Module | None = None
         self.device = "cpu"
         self._kv: dict[str, list[_Layer]] = {}
+        """Per-sequence caches of the sequences that are not in ``_batch``."""
+        self._batch: _Batch | None = None
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -131,6 +144,7 @@ class CausalLM:
             module.to(device)
         self.module, self.device = module, device
         self._kv.clear()
+        self._batch = None
 
     def _model(self) -> nn.Module:
         if self.module is None:
@@ -167,13 +181,49 @@ class CausalLM:
         return self.tokenizer.token_bytes(token_id)
 
     def free(self, seq_id: str) -> None:
+        if self._batch is not None and seq_id in self._batch.ids:
+            self._unbatch()
         self._kv.pop(seq_id, None)
 
     def kv_tokens(self, seq_id: str) -> int:
         """Tokens the cache of ``seq_id`` holds (0 when it has none; tests check the engine's
         count against it)."""
+        bt = self._batch
+        if bt is not None and seq_id in bt.ids:
+            return bt.length - bt.pads[bt.ids.index(seq_id)]
         kv = self._kv.get(seq_id)
         return 0 if kv is None else int(kv[0][0].shape[2])
+
+    def _unbatch(self) -> None:
+        """Give every sequence of the persistent batch its own cache back (rows cut out of the
+        batch without their padding; no copy for a batch of one without padding)."""
+        bt, self._batch = self._batch, None
+        if bt is None:
+            return
+        for i, sid in enumerate(bt.ids):
+            if len(bt.ids) == 1 and bt.pads[0] == 0:
+                self._kv[sid] = bt.layers
+                continue
+            p = bt.pads[i]
+            self._kv[sid] = [
+                (k[i : i + 1, :, p:].clone(), v[i : i + 1, :, p:].clone()) for k, v in bt.layers
+            ]
+
+    def _batch_for(self, seqs: Sequence[SeqView]) -> _Batch:
+        """The persistent batch of exactly ``seqs`` (in order): kept from the last decode when
+        it is the same sequences, else rebuilt from their own caches."""
+        ids = tuple(s.seq_id for s in seqs)
+        if self._batch is not None and self._batch.ids == ids:
+            return self._batch
+        self._unbatch()
+        lens = [self.kv_tokens(sid) for sid in ids]
+        longest = max(lens)
+        if len(ids) == 1:
+            layers = self._kv.pop(ids[0])
+        else:
+            layers = stack_left_padded([self._kv.pop(sid) for sid in ids], lens, longest)
+        self._batch = _Batch(ids, [longest - n for n in lens], longest, layers)
+        return self._batch
 
     @torch.no_grad()
     def prefill(self, work: Sequence[PrefillWork]) -> list[int | None]:
@@ -184,6 +234,8 @@ class CausalLM:
         out_tokens: list[int | None] = []
         for w in work:
             seq, c, n = w.seq, w.seq.cached_tokens, w.n_tokens
+            if self._batch is not None and seq.seq_id in self._batch.ids:
+                self._unbatch()
             if c != self.kv_tokens(seq.seq_id):
                 raise RuntimeError(
                     f"{seq.seq_id}: engine counts {c} cached tokens, cache holds "
@@ -221,34 +273,22 @@ class CausalLM:
                     f"{s.seq_id}: not ready to decode ({n} cached of "
                     f"{len(s.token_ids)} tokens, cache {self.kv_tokens(s.seq_id)})"
                 )
-        batch, longest = len(seqs), max(lens)
-        if batch == 1:
-            layers = self._kv[seqs[0].seq_id]
-        else:
-            layers = stack_left_padded([self._kv[s.seq_id] for s in seqs], lens, longest)
-        mask = torch.zeros(batch, longest + 1, dtype=torch.long, device=self.device)
-        for i, n in enumerate(lens):
-            mask[i, longest - n :] = 1
+        bt = self._batch_for(seqs)
+        mask = torch.ones(len(seqs), bt.length + 1, dtype=torch.long, device=self.device)
+        for i, pad in enumerate(bt.pads):
+            mask[i, :pad] = 0
         out = model(
             input_ids=torch.tensor([[s.token_ids[-1]] for s in seqs], device=self.device),
-            past_key_values=DynamicCache(ddp_cache_data=layers),
+            past_key_values=DynamicCache(ddp_cache_data=bt.layers),
             attention_mask=mask,
             position_ids=torch.tensor([[n] for n in lens], device=self.device),
             use_cache=True,
         )
-        new = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        tokens: list[int] = []
-        for i, s in enumerate(seqs):
-            if batch == 1:
-                self._kv[s.seq_id] = new
-            else:
-                start = longest - lens[i]
-                self._kv[s.seq_id] = [
-                    (k[i : i + 1, :, start:].clone(), v[i : i + 1, :, start:].clone())
-                    for k, v in new
-                ]
-            tokens.append(pick_token(out.logits[i, -1], s.params, len(s.token_ids)))
-        return tokens
+        bt.layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        bt.length += 1
+        return [
+            pick_token(out.logits[i, -1], s.params, len(s.token_ids)) for i, s in enumerate(seqs)
+        ]
 
     # -- the streamed contract and predict -------------------------------------------------------
 

@@ -56,6 +56,9 @@ from gshare.runtime.instance.generative.contract import (
 from gshare.runtime.instance.generative.tokenizer import TextStream
 from gshare.runtime.instance.models import InputError
 
+_SEQ_IDS = itertools.count()
+"""Sequence ids unique in the process (engines may share a handler, whose caches are by id)."""
+
 
 class StepHooks(Protocol):
     """The instance's token gate around each step (module doc)."""
@@ -200,7 +203,6 @@ class GenerationEngine:
         self._incoming: list[SequenceHandle] = []
         self._cancel: set[str] = set()
         self._cond = threading.Condition()
-        self._ids = itertools.count()
         self._kv_limit = self.config.kv.init_bytes
         self._kv_cap: int | None = None
         self._c = EngineCounters(kv_limit_bytes=self._kv_limit)
@@ -224,7 +226,7 @@ class GenerationEngine:
         ids = self.model.encode_prompt(inputs)
         if not ids:
             raise InputError("the prompt has no tokens")
-        sid = seq_id or f"seq-{next(self._ids)}"
+        sid = seq_id or f"seq-{next(_SEQ_IDS)}"
         h = SequenceHandle(sid, SeqView(sid, list(ids), params), priority, self.clock(), on_chunk)
         with self._cond:
             self._incoming.append(h)
@@ -314,6 +316,17 @@ class GenerationEngine:
             self.step()
             n += 1
         return n
+
+    def close(self) -> None:
+        """Cancel every live and submitted sequence now (engine thread): their KV is freed."""
+        with self._cond:
+            new, self._incoming = self._incoming, []
+        for h in new:
+            self._live[h.seq_id] = h
+        for h in list(self._live.values()):
+            self._finish(h, FinishReason.CANCELLED)
+            self._count(cancelled=1)
+        self._set_kv()
 
     def serve(self, stop: threading.Event, idle_wait_s: float = 0.05) -> None:
         """The engine thread's loop: step while there is work, else ``hooks.idle()`` and wait
