@@ -302,3 +302,17 @@ def test_close_cancels_everything_and_engines_may_share_a_handler(lm: CausalLM) 
     assert h.finish_reason is FinishReason.LENGTH and h.seq_id != left.seq_id
     first.close()
     assert left.finish_reason is FinishReason.CANCELLED and lm.kv_tokens(left.seq_id) == 0
+
+
+def test_the_builtin_loads_shared_weights_without_copying_them(lm: CausalLM) -> None:
+    from gshare.runtime.instance.loading import handler_class
+    from gshare.runtime.instance.models import shares_weights
+
+    cls = handler_class("gshare.runtime.instance.generative.causal_lm:TinyCausalLM")
+    shared = cls().initial_weights()  # what the node's model store would hold
+    h = cls()
+    h.load(shared, "cpu")
+    assert h.module is not None and shares_weights(h.module, shared)
+    assert h.predict(["hello"], parameters=[{"max_tokens": 8}]) == lm.predict(
+        ["hello"], parameters=[{"max_tokens": 8}]
+    )

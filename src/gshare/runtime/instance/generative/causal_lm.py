@@ -16,11 +16,14 @@ gpt2-small  12 layers, hidden 768, 12 heads (GPT-2)    85 M    72 KiB (fp32)    
 (gpt2-small has GPT-2 small's shape except its vocabulary: 260 byte ids, not 50,257 BPE ids.)
 
 The KV cache is per sequence (``_kv``: per layer a key and a value tensor ``[1, heads, len,
-head_dim]``). ``decode`` batches sequences of different lengths by stacking their caches each
-step, left-padded to the longest, with an attention mask over the padding and each sequence's
-own position ids; the new caches are cut back out (copied) after the step. bench/generate.py
-measures this against decoding each sequence alone and against a persistent padded batch
-(HF ``generate``'s layout, which has to be rebuilt whenever a sequence joins or leaves).
+head_dim]``) while a sequence is not decoding. ``decode`` batches sequences of different
+lengths in a *persistent padded batch* (``_Batch``): their caches stacked, each row left-padded
+to the longest, with an attention mask over the padding and each sequence's own position ids.
+The batch is kept from step to step while the same sequences decode (HF appends one token to
+it), and rebuilt — its rows cut back out (copied), the new set stacked — when a sequence joins,
+leaves, prefills or is freed. bench/generate.py measured, for 16 sequences of 16 to 200 tokens
+on the tiny model (one CPU thread): 1.2 ms per step kept, 4.1 ms rebuilt at every step, 7.3 ms
+decoding each sequence alone.
 
 Who calls it: the instance (``load`` once; phase 2), the engine (``generation_spec``,
 ``encode_prompt``, ``prefill``, ``decode``, ``free``, ``token_bytes``) on its one thread.
@@ -260,7 +263,8 @@ class CausalLM:
 
     @torch.no_grad()
     def decode(self, seqs: Sequence[SeqView]) -> list[int]:
-        """One token for each sequence, in one batched forward (module doc: stacked caches)."""
+        """One token for each sequence, in one batched forward (module doc: the persistent
+        padded batch)."""
         from transformers import DynamicCache
 
         if not seqs:

@@ -19,6 +19,10 @@ ready (``DeviceGate.idle_tokens``). ``kv_grant(limit_bytes) -> bool`` asks for a
 instance's memory governor / the node's ledger); refused, the engine plans again under the
 limit it holds (the policy preempts or refuses; the instance is never killed).
 
+NOTE: FaST-GShare §3.3.2 — a decode step is one burst of the instance's time token, so shares
+and quotas hold per step; Orca §3 — the iteration-level loop itself (the decision is the
+policy's).
+
 What must hold: ``submit``, ``cancel``, ``counters`` and a handle's ``drain`` are thread-safe;
 ``step`` / ``serve`` run on one thread only (the handler's calls come from it); a sequence's
 chunks are emitted in order and exactly one is last; a finished, cancelled or refused sequence's
