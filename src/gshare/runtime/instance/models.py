@@ -35,6 +35,13 @@ An instance process serves a function through an object with two methods::
 * ``build_on_meta`` and ``load_weights`` are the two helpers a user handler needs to build its
   ``torch.nn.Module`` without allocating and to adopt the shared tensors without copying them.
 
+Generative handlers (language models that stream tokens) implement this convention too —
+``predict`` answering the whole completion — and add the generative contract of
+``instance.generative.contract``: step-wise ``prefill`` / ``decode`` / ``free`` over sequences
+with KV caches (the instance's engine batches them at the iteration level) or a streamed
+``generate(inputs, parameters)`` yielding text chunks. The built-in causal LM is
+``instance.generative.causal_lm``; the guide is docs/generative.md.
+
 Payloads (what ``predict`` receives, by request encoding — ``instance.protocol``): raw bytes
 (``ENC_RAW``), a parsed JSON document (``ENC_JSON``), or for the Open Inference Protocol a
 ``torch.Tensor`` shaped like ``input_spec()`` with its leading batch dimension (``ENC_OIP``;
