@@ -211,8 +211,9 @@ def _map(fd: int, size: int) -> mmap.mmap:
 
 @dataclass(eq=False, slots=True)
 class Loan:
-    """A borrowed answer (``GatewayLanes.borrow_response``): where it ends in the lane."""
+    """A borrowed answer (``GatewayLanes.borrow_response``): where it is in the lane."""
 
+    start: int
     end: int
     returned: bool = False
 
@@ -295,20 +296,18 @@ class GatewayLanes:
         pos, n = LANE_REF.unpack_from(ref)
         ring = self._resp_ring
         off = ring.offset(pos)
-        # unread: [the first loan's start or the cursor, the last answer's end); the answer
-        # must start after it and, unless nothing is unread, end within one turn of it
-        unread_from = self._cursor.get()
-        seen = self._seen_end
+        # the answer starts after the last one read and, if an earlier one is still lent,
+        # ends within one turn of that one's start (the instance may not overwrite it)
         if (
             n <= 0
             or off + n > ring.size
-            or pos < seen
-            or (unread_from < seen and pos + n - unread_from > ring.size)
+            or pos < self._seen_end
+            or (self._loans and pos + n - self._loans[0].start > ring.size)
         ):
             raise LaneError(f"an answer at {pos} ({n} bytes) is outside the response lane")
         self._seen_end = pos + n
         start = HEADER_BYTES + off
-        loan = Loan(pos + n)
+        loan = Loan(pos, pos + n)
         self._loans.append(loan)
         self.responses_in_lane += 1
         return memoryview(self._resp)[start : start + n], loan
