@@ -53,9 +53,10 @@ class Pending:
     """A borrowed answer (its result's payload is then empty)."""
     release: Callable[[], None] | None = None
     """Set with a borrowed answer: gives its bytes back to the instance."""
-    chunks: asyncio.Queue[bytes | None] | None = None
-    """A streamed request's (``OP_GENERATE``, ``gateway.streams``): its ``ST_CHUNK`` payloads
-    in order, then None once its future is done (answered, failed or cancelled)."""
+    chunks: asyncio.Queue[tuple[bytes, int] | None] | None = None
+    """A streamed request's (``OP_GENERATE``, ``gateway.streams``): its ``ST_CHUNK`` frames'
+    payloads and ``batch`` fields in order, then None once its future is done (answered,
+    failed or cancelled)."""
 
 
 class ChannelOwner(Protocol):
@@ -161,7 +162,7 @@ class InstanceChannel(asyncio.Protocol):
             req_id, status, enc, q_ms, tw_ms, ex_ms, batch = P.RESP_REST.unpack_from(f)
             payload = f[P.RESP_FIXED :]
             if status == P.ST_CHUNK or status == P.ST_STATS:
-                self._stream_frame(req_id, status, payload)
+                self._stream_frame(req_id, status, payload, batch)
                 continue
             p = self.inflight.pop(req_id, None)
             if lanes is not None:
@@ -193,7 +194,7 @@ class InstanceChannel(asyncio.Protocol):
         self.close_if_retired_and_idle()
         self.gateway.dispatch(self.function)
 
-    def _stream_frame(self, req_id: int, status: int, payload: bytes) -> None:
+    def _stream_frame(self, req_id: int, status: int, payload: bytes, batch: int) -> None:
         """A chunk of a streamed answer to its consumer (the request stays in flight), or an
         instance's engine counters (always inline: ``instance.protocol``)."""
         if status == P.ST_STATS:
@@ -205,7 +206,7 @@ class InstanceChannel(asyncio.Protocol):
             # a stream that has begun is not re-sent elsewhere when this connection drops
             # (its client has part of the answer): the loss fails it (Gateway.on_channel_lost)
             p.attempts = max(p.attempts, 1)
-            p.chunks.put_nowait(payload)
+            p.chunks.put_nowait((payload, batch))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

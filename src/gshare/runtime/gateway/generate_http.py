@@ -9,8 +9,9 @@ is a JSON object: ``text_input`` (the prompt, required), ``parameters`` (an obje
 the top level, as Triton's generate examples send them), optional ``id`` and ``stream``
 (ignored: the route decides). Any other key is a 400. The answer: ``{"model_name",
 "model_version", "text_output", "finish_reason", "usage"}`` (``id`` echoed); each event of
-``generate_stream`` the same with the new text as ``text_output`` (``finish_reason`` and
-``usage`` in the last); an error after the stream began is one event ``{"error": message}``.
+``generate_stream`` the same with the new text as ``text_output`` and ``batch``, the number of
+sequences in the decode step that produced it (``finish_reason`` and ``usage`` instead in the
+last); an error after the stream began is one event ``{"error": message}``.
 """
 
 from __future__ import annotations
@@ -120,8 +121,9 @@ async def serve_generate(
     try:
         ev: Piece | Done | None = first
         while ev is not None:
-            last = _end(ev) if isinstance(ev, Done) else {}
-            if (ev.text or last) and not await sse.event({**base, "text_output": ev.text, **last}):
+            last = isinstance(ev, Done)
+            more = _end(ev) if isinstance(ev, Done) else {"batch": ev.batch}
+            if (ev.text or last) and not await sse.event({**base, "text_output": ev.text, **more}):
                 return
             if last:
                 break

@@ -61,6 +61,8 @@ class Piece:
 
     text: str
     tokens: int
+    batch: int = 0
+    """Sequences in the decode step that produced it (continuous batching at work)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +178,7 @@ class Generation:
         self, gw: Gateway, name: str, g: GenerativeRoute, p: Any, receive: Receive | None
     ) -> None:
         self.gw, self.name, self.g, self.p = gw, name, g, p
-        q: asyncio.Queue[bytes | None] = asyncio.Queue()
+        q: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
         p.chunks = q
         p.future.add_done_callback(lambda _f: q.put_nowait(None))
         g.awaiting_first += 1
@@ -207,7 +209,7 @@ class Generation:
         """The generation's pieces, then ``Done``; ``HttpError`` when it fails (module doc).
         Closing the iterator early cancels the generation."""
         p, gw = self.p, self.gw
-        q: asyncio.Queue[bytes | None] = p.chunks
+        q: asyncio.Queue[tuple[bytes, int] | None] = p.chunks
         try:
             while True:
                 try:
@@ -220,8 +222,8 @@ class Generation:
                     ) from None
                 if item is None:
                     break
-                doc = orjson.loads(item)
-                piece = Piece(str(doc.get("text", "")), int(doc.get("tokens", 0)))
+                doc = orjson.loads(item[0])
+                piece = Piece(str(doc.get("text", "")), int(doc.get("tokens", 0)), item[1])
                 if piece.tokens and self._first_s is None:
                     self._first_s = time.perf_counter()
                     self._got_first()

@@ -135,6 +135,7 @@ class EngineHost:
         self._conns: dict[int, Conn] = {}
         """Connections that submitted a generation: where ``ST_STATS`` frames go."""
         self._out: list[tuple[Conn, bytes]] = []
+        self._chunks: list[Chunk] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._last_stats_s = 0.0
@@ -229,16 +230,21 @@ class EngineHost:
         while not self._stop.is_set():
             self._wake.clear()
             ran = False
+            batch = 0
             try:
                 if self.engine.has_work:
-                    ran = not self.engine.step().decision.idle
+                    d = self.engine.step().decision
+                    ran = not d.idle
+                    batch = len(d.prefill) + len(d.decode)
             finally:
+                self._frames(batch)
                 self._flush(working=ran)
             if ran:
                 continue
             self.hooks.idle()
             self._wake.wait(0.05)
         self.engine.close()
+        self._frames(0)
         self._flush(working=False)
 
     def stop(self) -> None:
@@ -250,28 +256,28 @@ class EngineHost:
         return cap <= 0 or limit_bytes <= cap
 
     def _on_chunk(self, c: Chunk) -> None:
-        """A chunk of the step being run (engine thread): queued, written by ``_flush``."""
-        with self._lock:
-            r = self._by_seq.get(c.seq_id)
-            if r is None:
-                return
+        """A chunk of the step being run (engine thread): kept for ``_frames``."""
+        self._chunks.append(c)
+
+    def _frames(self, batch: int) -> None:
+        """The step's chunks as frames (``batch``: the sequences the step ran)."""
+        chunks, self._chunks = self._chunks, []
+        for c in chunks:
+            with self._lock:
+                r = self._by_seq.get(c.seq_id)
+                if r is None:
+                    continue
+                if c.last:
+                    del self._by_seq[c.seq_id]
+                    self._by_req.pop((id(r.conn), r.req_id), None)
             if c.last:
-                del self._by_seq[c.seq_id]
-                self._by_req.pop((id(r.conn), r.req_id), None)
-        if not c.last:
-            if r.streamed:
+                self._out.append((r.conn, self._final(r, c)))
+            elif r.streamed:
                 body = json.dumps({"text": c.text, "tokens": len(c.token_ids)}).encode()
-                running = self.engine.counters().running
-                self._out.append(
-                    (
-                        r.conn,
-                        P.encode_response(r.req_id, P.ST_CHUNK, P.ENC_JSON, body, batch=running),
-                    )
-                )
+                frame = P.encode_response(r.req_id, P.ST_CHUNK, P.ENC_JSON, body, batch=batch)
+                self._out.append((r.conn, frame))
             else:
                 r.text.append(c.text)
-            return
-        self._out.append((r.conn, self._final(r, c)))
 
     def _final(self, r: _Request, c: Chunk) -> bytes:
         reason = c.finish_reason
