@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.generation import parse_stats
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.lanes import ENC_IN_LANE, GatewayLanes, LaneError, send_with_fds
@@ -189,6 +190,10 @@ class InstanceChannel(asyncio.Protocol):
                 self._bytes_resp_socket.inc(len(payload))
             if p is None:
                 continue  # answered already (timed out)
+            if status == P.ST_CANCELLED and p.chunks is not None and not p.future.done():
+                # a generation the instance stopped without being asked (it is stopping)
+                msg = f"instance {self.instance_id} stopped while generating; try again"
+                p.future.set_exception(HttpError(503, msg))
             p.channel = None
             self.gateway.on_response(self, p, status, enc, payload, (q_ms, tw_ms, ex_ms, batch))
         self.close_if_retired_and_idle()

@@ -272,6 +272,8 @@ class EngineHost:
                     self._by_req.pop((id(r.conn), r.req_id), None)
             if c.last:
                 self._out.append((r.conn, self._final(r, c)))
+            elif r.conn.transport is None:  # the gateway's connection is gone: stop it
+                self.engine.cancel(c.seq_id)
             elif r.streamed:
                 body = json.dumps({"text": c.text, "tokens": len(c.token_ids)}).encode()
                 frame = P.encode_response(r.req_id, P.ST_CHUNK, P.ENC_JSON, body, batch=batch)
