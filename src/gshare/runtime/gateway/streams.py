@@ -36,6 +36,7 @@ import orjson
 from starlette.types import Receive
 
 from gshare.policy.admission import Admit, admit
+from gshare.runtime.gateway.channel import Pending
 from gshare.runtime.gateway.errors import HttpError, status_of
 from gshare.runtime.gateway.generation import GenerativeRoute
 from gshare.runtime.gateway.router import RETRY_AFTER_MS_HEADER, Gateway
@@ -175,7 +176,7 @@ class Generation:
     """One admitted generation (module doc)."""
 
     def __init__(
-        self, gw: Gateway, name: str, g: GenerativeRoute, p: Any, receive: Receive | None
+        self, gw: Gateway, name: str, g: GenerativeRoute, p: Pending, receive: Receive | None
     ) -> None:
         self.gw, self.name, self.g, self.p = gw, name, g, p
         q: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
@@ -209,7 +210,8 @@ class Generation:
         """The generation's pieces, then ``Done``; ``HttpError`` when it fails (module doc).
         Closing the iterator early cancels the generation."""
         p, gw = self.p, self.gw
-        q: asyncio.Queue[tuple[bytes, int] | None] = p.chunks
+        q = p.chunks
+        assert q is not None  # set in __init__
         try:
             while True:
                 try:
