@@ -22,12 +22,15 @@ What must hold: the engine's ``step`` runs on the engine thread only (``serve``)
 also the gate's worker thread (its preemption points); ``submit`` and ``cancel`` run on the IO
 thread and only touch the engine through its thread-safe ``submit`` / ``cancel`` and the
 host's lock; every accepted request gets exactly one final frame (a disconnect's included:
-``ST_CANCELLED`` once the engine freed its KV).
+``ST_CANCELLED`` once the engine freed its KV; a step that fails inside the engine itself ends
+every live sequence that way, and the gateway answers them 503).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +56,8 @@ if TYPE_CHECKING:
     from gshare.runtime.instance.gate import DeviceGate
     from gshare.runtime.instance.launch import InstanceLaunch
     from gshare.runtime.instance.wire import Conn, Item
+
+log = logging.getLogger("gshare.runtime.instance.server")
 
 DEFAULT_MAX_BATCH_SEQS = 16
 """Sequences per decode step when the function's ``batching.max_batch`` is 1 (the default):
@@ -236,6 +241,10 @@ class EngineHost:
                     d = self.engine.step().decision
                     ran = not d.idle
                     batch = len(d.prefill) + len(d.decode)
+            except Exception:  # never let the engine thread die: its live sequences end
+                log.exception("instance %s: the engine failed a step", self.launch.instance_id)
+                with contextlib.suppress(Exception):
+                    self.engine.close()
             finally:
                 self._frames(batch)
                 self._flush(working=ran)
