@@ -15,6 +15,7 @@ YAML form (``load_function_spec``)::
       mem_mb: 2048                  # memory limit, MiB (0: none) | auto | {init, step, max}
     batching: {max_batch: 8, max_wait_ms: 5}
     slo_ms: 100
+    # slo: {ttft_ms: 500, tpot_ms: 50}  # generative functions: time to first token, per token
     min_instances: 0
     max_instances: 4
     priority: 0                     # 0..9, higher is more important
@@ -93,6 +94,13 @@ dpt         depth estimation (DPT, ViT-S/16)       image [3, 128, 128] → depth
 
 Image models accept any height and width (resized to their input size)."""
 
+GENERATIVE_MODELS: Final[tuple[str, ...]] = ("causal-lm-tiny", "causal-lm-gpt2-small")
+"""Built-in generative models (``gshare.runtime.instance.generative.causal_lm``: a GPT-2
+architecture with random weights and a byte tokenizer; docs/generative.md): a prompt in, text
+out token by token, served by the instance's engine (continuous batching) and reachable over
+the OpenAI-compatible and OIP generate routes. ``causal-lm-gpt2-small`` is the tiny one under
+the test-size override."""
+
 MAX_SLO_MS: Final[float] = 3_600_000.0
 """Largest accepted SLO: one hour."""
 MAX_INSTANCES: Final[int] = 1024
@@ -114,7 +122,7 @@ _HANDLER_RE: Final = re.compile(rf"^(?:{_IDENT}(?:\.{_IDENT})*|[^:]+\.py):{_IDEN
 FIELD_RULES: Final[Mapping[str, str]] = {
     "name": "a DNS label: 1..63 characters of a-z, 0-9 and '-', starting and ending with a "
     "letter or digit",
-    "model": f"one of {', '.join(BUILTIN_MODELS)}",
+    "model": f"one of {', '.join(BUILTIN_MODELS + GENERATIVE_MODELS)}",
     "handler": "'module:Class' (a dotted module path or a .py file, ':', a class name)",
     "weights": "a path to a .safetensors file",
     "device": "one of cpu, cuda, auto",
@@ -131,6 +139,9 @@ FIELD_RULES: Final[Mapping[str, str]] = {
     "batching.max_batch": f"an integer in [1, {MAX_BATCH}]",
     "batching.max_wait_ms": f"a number in [0, {MAX_WAIT_MS:.0f}]",
     "slo_ms": f"a number in (0, {MAX_SLO_MS:.0f}] or null",
+    "slo": "a mapping with ttft_ms, tpot_ms (generative functions only)",
+    "slo.ttft_ms": f"a number in (0, {MAX_SLO_MS:.0f}] or null",
+    "slo.tpot_ms": f"a number in (0, {MAX_SLO_MS:.0f}] or null",
     "min_instances": "an integer in [0, max_instances]",
     "max_instances": f"an integer in [1, {MAX_INSTANCES}]",
     "priority": "an integer in [0, 9]",
@@ -248,6 +259,17 @@ class Batching(BaseModel):
     max_wait_ms: Num = Field(default=5.0, ge=0, le=MAX_WAIT_MS)
 
 
+class TokenSlo(BaseModel):
+    """A generative function's objectives per token: time to first token (arrival at the
+    gateway to the first streamed chunk, ms; requests that would miss it are shed at once with
+    429) and mean time per output token after the first (ms; measured and reported)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    ttft_ms: Num | None = Field(default=None, gt=0, le=MAX_SLO_MS)
+    tpot_ms: Num | None = Field(default=None, gt=0, le=MAX_SLO_MS)
+
+
 def _resources_tag(v: Any) -> str:
     return "auto" if isinstance(v, str) else "share"
 
@@ -281,6 +303,9 @@ class FunctionSpec(BaseModel):
     batching: Batching = Field(default_factory=Batching)
     slo_ms: Num | None = Field(default=None, gt=0, le=MAX_SLO_MS)
     """Latency objective of one request (arrival to response), ms; None: best effort."""
+    slo: TokenSlo | None = None
+    """A generative function's per-token objectives (``TokenSlo``); a built-in that is not
+    generative refuses it here, a handler that is not at deployment."""
     min_instances: Int = Field(default=0, ge=0)
     max_instances: Int = Field(default=4, ge=1, le=MAX_INSTANCES)
     priority: Int = Field(default=0, ge=0, le=9)
@@ -305,7 +330,7 @@ class FunctionSpec(BaseModel):
     @field_validator("model")
     @classmethod
     def _model_ok(cls, v: str | None) -> str | None:
-        if v is not None and v not in BUILTIN_MODELS:
+        if v is not None and v not in BUILTIN_MODELS + GENERATIVE_MODELS:
             raise ValueError("unknown model")
         return v
 
@@ -328,6 +353,12 @@ class FunctionSpec(BaseModel):
         if (self.model is None) == (self.handler is None):
             got = "both" if self.model is not None else "neither"
             raise ValueError(f"@model: exactly one of model or handler must be set, got {got}")
+        if self.slo is not None and self.model is not None and not self.is_generative_builtin:
+            raise ValueError(
+                f"@slo: ttft_ms and tpot_ms apply to generative functions only (model one of "
+                f"{', '.join(GENERATIVE_MODELS)}, or a handler with the step-wise contract), "
+                f"not to model {self.model}"
+            )
         if self.min_instances > self.max_instances:
             raise ValueError(
                 f"@min_instances: must be an integer in [0, max_instances={self.max_instances}], "
@@ -340,6 +371,10 @@ class FunctionSpec(BaseModel):
     @property
     def is_builtin(self) -> bool:
         return self.model is not None
+
+    @property
+    def is_generative_builtin(self) -> bool:
+        return self.model in GENERATIVE_MODELS
 
     def share(self) -> GpuShare | None:
         """The fixed GPU share, or None when ``resources`` is ``auto``."""
@@ -375,6 +410,7 @@ def _format_errors(e: ValidationError) -> str:
 
 def _allowed_keys(parent: str) -> list[str]:
     models: dict[str, type[BaseModel]] = {
+        "slo": TokenSlo,
         "resources": Resources,
         "batching": Batching,
         "resources.mem_mb": MemSteps,
@@ -449,11 +485,13 @@ def rule_of(path: str) -> str:
 __all__ = [
     "BUILTIN_MODELS",
     "FIELD_RULES",
+    "GENERATIVE_MODELS",
     "Batching",
     "FunctionSpec",
     "MemSteps",
     "Resources",
     "SpecError",
+    "TokenSlo",
     "load_function_spec",
     "parse_function_spec",
     "rule_of",

@@ -11,6 +11,7 @@ from gshare.resources import GpuShare
 from gshare.spec import (
     BUILTIN_MODELS,
     FIELD_RULES,
+    GENERATIVE_MODELS,
     Batching,
     FunctionSpec,
     Resources,
@@ -73,6 +74,10 @@ def test_quota_limit_defaults_to_request_and_share_converts() -> None:
         {"name": "h", "handler": "pkg.mod:Cls"},
         {"name": "h", "handler": "some/dir/file.py:Cls", "weights": "w.safetensors"},
         *[{"name": "m", "model": m} for m in BUILTIN_MODELS],
+        *[{"name": "m", "model": m} for m in GENERATIVE_MODELS],
+        {"name": "g", "model": "causal-lm-tiny", "slo": {"ttft_ms": 500, "tpot_ms": 50}},
+        {"name": "g", "model": "causal-lm-tiny", "slo": {"ttft_ms": None}},
+        {"name": "h", "handler": "pkg.mod:Gen", "slo": {"tpot_ms": 20}},  # checked at deploy
     ],
 )
 def test_valid_edges(data: dict[str, Any]) -> None:
@@ -152,6 +157,11 @@ INVALID: list[tuple[dict[str, Any], str, str]] = [
     (spec(slo_ms=0), "slo_ms", "(0, 3600000] or null, got 0"),
     (spec(slo_ms=3_600_001), "slo_ms", "(0, 3600000]"),
     (spec(slo_ms=float("inf")), "slo_ms", "(0, 3600000]"),
+    (spec(slo={"ttft_ms": 100}), "slo", "generative functions only"),
+    (spec(model="causal-lm-tiny", slo=5), "slo", "a mapping with ttft_ms, tpot_ms"),
+    (spec(model="causal-lm-tiny", slo={"ttft_ms": 0}), "slo.ttft_ms", "(0, 3600000] or null"),
+    (spec(model="causal-lm-tiny", slo={"tpot_ms": -1}), "slo.tpot_ms", "got -1"),
+    (spec(model="causal-lm-tiny", slo={"ttf": 1}), "slo.ttf", "unknown field (allowed: ttft_ms"),
     (spec(min_instances=-1), "min_instances", "an integer in [0, max_instances]"),
     (spec(min_instances=5), "min_instances", "[0, max_instances=4], got 5"),
     (spec(max_instances=0), "max_instances", "an integer in [1, 1024], got 0"),

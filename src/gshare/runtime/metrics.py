@@ -184,7 +184,36 @@ class Metrics:
             registry=r,
         )
 
+        self.generate_ttft = Histogram(
+            "gshare_generate_ttft_seconds",
+            "Generative functions: gateway arrival to the first streamed token",
+            ["function"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.generate_tpot = Histogram(
+            "gshare_generate_tpot_seconds",
+            "Generative functions: mean time per output token after the first, per request",
+            ["function"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.generate_tokens = Counter(
+            "gshare_generate_tokens",
+            "Generative functions: tokens of finished requests, kind prompt or completion",
+            ["function", "kind"],
+            registry=r,
+        )
+        self._engine_source: Collector | None = None
+
         r.register(_ConnectionCounters())
+
+    def add_engine_collector(self, collector: Collector) -> None:
+        """The generative engines' gauges and counters, read at scrape time
+        (``gateway.generation.EngineCollector``); registered once."""
+        if self._engine_source is None:
+            self._engine_source = collector
+            self.registry.register(collector)
 
     def forget_function(self, function: str) -> None:
         """Drop every series of a deleted function (so ``/metrics`` does not keep them)."""

@@ -152,9 +152,19 @@ class ControlApi(ControlPlane):
                 f"invalid function spec: handler/model of {spec.name!r} cannot be loaded: "
                 f"{described.get('error')}",
             )
+        generative = bool(described.get("generative")) or spec.is_generative_builtin
+        if spec.slo is not None and not generative:
+            raise HttpError(
+                400,
+                f"invalid function spec: slo (ttft_ms, tpot_ms) applies to generative functions "
+                f"only, and the handler of {spec.name!r} does not follow the step-wise "
+                f"generative contract (docs/generative.md)",
+            )
         stored = c.state.put_function(spec.name, dump)
         inputs, outputs = _ports(described.get("inputs")), _ports(described.get("outputs"))
-        c.state.set_function_io(spec.name, {"inputs": inputs, "outputs": outputs})
+        c.state.set_function_io(
+            spec.name, {"inputs": inputs, "outputs": outputs, "generative": generative}
+        )
         if exists:  # replace the instances: drain the old ones, the autoscaler starts new ones
             for inst in list(c.instances.values()):
                 if (
@@ -163,7 +173,7 @@ class ControlApi(ControlPlane):
                     and not inst.profiling
                 ):
                     c.drain(inst, "the function was updated")
-        fs = c.register(spec, stored.version, inputs, outputs)
+        fs = c.register(spec, stored.version, inputs, outputs, generative=generative)
         verb = "updated" if exists else "deployed"
         c.state.add_event(spec.name, f"{verb} (version {stored.version}): {_spec_summary(spec)}")
         c.nudge()

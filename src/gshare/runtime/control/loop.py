@@ -80,6 +80,7 @@ from gshare.runtime.control.records import (
     LiveInstance,
 )
 from gshare.runtime.control.state import StateStore, kernel_code_key
+from gshare.runtime.gateway.generation import GenerativeRoute
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.messages import AgentGone, AgentHandle, LiveState, NodeInfo
 from gshare.runtime.metrics import Metrics
@@ -182,7 +183,10 @@ class Controller:
                 self.state.add_event(sf.name, f"cannot restore: {e}", level="error")
                 continue
             io = sf.io or {}
-            self.register(spec, sf.version, io.get("inputs", []), io.get("outputs", []))
+            g = bool(io.get("generative"))
+            self.register(
+                spec, sf.version, io.get("inputs", []), io.get("outputs", []), generative=g
+            )
             self.state.add_event(sf.name, f"restored (version {sf.version}) after a server start")
         self._started = True
         self._task = asyncio.create_task(self._loop(), name="gshare-controller")
@@ -209,6 +213,8 @@ class Controller:
         version: int,
         inputs: list[dict[str, Any]],
         outputs: list[dict[str, Any]] | None = None,
+        *,
+        generative: bool = False,
     ) -> FunctionState:
         """Deploy (or replace) ``spec`` in the loop: its gateway route and candidate configs.
         A replaced function keeps its rate history and invocation count."""
@@ -218,13 +224,15 @@ class Controller:
             control=self.config.control.fresh_state(),
             inputs=inputs,
             outputs=list(outputs or []),
+            generative=generative or spec.is_generative_builtin,
         )
         old = self.functions.get(spec.name)
         if old is not None:
             fs.invocations = old.invocations
             fs.control = ControlState(old.control.predictor)
         self.functions[spec.name] = fs
-        self.gateway.add_function(spec.name, spec.slo_ms, spec.batching.max_batch, inputs)
+        gen = GenerativeRoute.for_spec(spec) if fs.generative else None
+        self.gateway.add_function(spec.name, spec.slo_ms, spec.batching.max_batch, inputs, gen=gen)
         self.refresh_configs(fs)
         return fs
 
@@ -636,7 +644,8 @@ class Controller:
         """The handler's OIP inputs, first reported by a ready instance: kept in the state
         database and on the gateway's route."""
         fs.inputs = inputs
-        self.state.set_function_io(fs.spec.name, {"inputs": inputs, "outputs": fs.outputs})
+        io = {"inputs": inputs, "outputs": fs.outputs, "generative": fs.generative}
+        self.state.set_function_io(fs.spec.name, io)
         r = self.gateway.routes.get(fs.spec.name)
         if r is not None:
             r.inputs = inputs

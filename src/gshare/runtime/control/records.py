@@ -133,6 +133,9 @@ class FunctionState:
     kernel_runs: int = 0
     """Runs of the FIKIT kernel profile kept for it in the state database (0: none yet)."""
     kernel_fetching: bool = False
+    generative: bool = False
+    """A generative function (a built-in causal LM, or a step-wise handler): its gateway route
+    takes prompts (``gateway.streams``)."""
 
 
 __all__ = ["AgentRef", "ControllerConfig", "Device", "FunctionState", "LiveInstance"]

@@ -38,8 +38,12 @@ from gshare.runtime.gateway.asgi import (
 )
 from gshare.runtime.gateway.control_plane import ControlPlane
 from gshare.runtime.gateway.errors import HttpError, error_response, status_of
+from gshare.runtime.gateway.generate_http import generate_target, serve_generate
+from gshare.runtime.gateway.generation import EngineCollector
 from gshare.runtime.gateway.oip_http import infer_target, mount_oip, serve_infer
 from gshare.runtime.gateway.oip_service import OipService
+from gshare.runtime.gateway.openai_api import PREFIX as OPENAI_PREFIX
+from gshare.runtime.gateway.openai_api import serve_openai
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.ui import mount_status_page
 from gshare.runtime.instance import protocol as P
@@ -308,10 +312,12 @@ def mount_control_api(
 
 
 class InvokeFastPath:
-    """ASGI wrapper that serves the invocation hot paths itself — ``POST /function/{name}``
-    and the OIP infer routes (``oip_http.serve_infer``) — and passes everything else to the
-    FastAPI app: they skip FastAPI's routing, request and response objects (about half of the
-    gateway's CPU per request on a trivial function)."""
+    """ASGI wrapper that serves the invocation hot paths itself — ``POST /function/{name}``,
+    the OIP infer routes (``oip_http.serve_infer``) and the generative routes (the OIP
+    generate extension, ``generate_http``, and the OpenAI-compatible ``/v1/...``,
+    ``openai_api``) — and passes everything else to the FastAPI app: they skip FastAPI's
+    routing, request and response objects (about half of the gateway's CPU per request on a
+    trivial function), and stream their answers as they come."""
 
     PREFIX = "/function/"
 
@@ -319,6 +325,7 @@ class InvokeFastPath:
         self.app = app
         self.gw = gw
         self.oip = oip
+        gw.metrics.add_engine_collector(EngineCollector(lambda: engine_stats(gw)))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -327,6 +334,15 @@ class InvokeFastPath:
                 await self._guard(
                     path[len(self.PREFIX) :], self._invoke(scope, receive, send), send
                 )
+                return
+            if path.startswith(OPENAI_PREFIX):
+                await serve_openai(self.gw, scope, receive, send)
+                return
+            gen = generate_target(path)
+            if gen is not None:
+                name, version, stream = gen
+                work = serve_generate(self.oip, scope, receive, send, name, version, stream)
+                await self._guard(name, work, send)
                 return
             target = infer_target(path)
             if target is not None:
@@ -380,6 +396,17 @@ class InvokeFastPath:
             raise err
         media = b"application/json" if renc == P.ENC_JSON else b"application/octet-stream"
         await send_response(send, 200, data, media, [(b"x-gshare-batch", str(m[3]).encode())])
+
+
+def engine_stats(gw: Gateway) -> list[tuple[str, dict[str, float]]]:
+    """The last engine counters of every generative instance connection, by function."""
+    return [
+        (name, ch.engine_stats)
+        for name, r in gw.routes.items()
+        if r.gen is not None
+        for ch in r.channels.values()
+        if ch.engine_stats
+    ]
 
 
 __all__ = [

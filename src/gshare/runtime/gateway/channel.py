@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.generation import parse_stats
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.lanes import ENC_IN_LANE, GatewayLanes, LaneError, send_with_fds
 
@@ -52,6 +54,10 @@ class Pending:
     """A borrowed answer (its result's payload is then empty)."""
     release: Callable[[], None] | None = None
     """Set with a borrowed answer: gives its bytes back to the instance."""
+    chunks: asyncio.Queue[tuple[bytes, int] | None] | None = None
+    """A streamed request's (``OP_GENERATE``, ``gateway.streams``): its ``ST_CHUNK`` frames'
+    payloads and ``batch`` fields in order, then None once its future is done (answered,
+    failed or cancelled)."""
 
 
 class ChannelOwner(Protocol):
@@ -101,6 +107,8 @@ class InstanceChannel(asyncio.Protocol):
         self.lanes: GatewayLanes | None = None
         """The connection's shared-memory lanes (``instance.lanes``; Unix sockets only), set
         by ``Gateway.instance_ready`` before the first request."""
+        self.engine_stats: dict[str, float] = {}
+        """A generative instance's last ``ST_STATS`` counters (``gateway.generation``)."""
 
     def close_if_retired_and_idle(self) -> None:
         """A retired connection closes once nothing is in flight on it."""
@@ -154,6 +162,9 @@ class InstanceChannel(asyncio.Protocol):
         for f in frames:
             req_id, status, enc, q_ms, tw_ms, ex_ms, batch = P.RESP_REST.unpack_from(f)
             payload = f[P.RESP_FIXED :]
+            if status == P.ST_CHUNK or status == P.ST_STATS:
+                self._stream_frame(req_id, status, payload, batch)
+                continue
             p = self.inflight.pop(req_id, None)
             if lanes is not None:
                 lanes.release_request(req_id)  # answered: the instance is done with its bytes
@@ -179,10 +190,28 @@ class InstanceChannel(asyncio.Protocol):
                 self._bytes_resp_socket.inc(len(payload))
             if p is None:
                 continue  # answered already (timed out)
+            if status == P.ST_CANCELLED and p.chunks is not None and not p.future.done():
+                # a generation the instance stopped without being asked (it is stopping)
+                msg = f"instance {self.instance_id} stopped while generating; try again"
+                p.future.set_exception(HttpError(503, msg))
             p.channel = None
             self.gateway.on_response(self, p, status, enc, payload, (q_ms, tw_ms, ex_ms, batch))
         self.close_if_retired_and_idle()
         self.gateway.dispatch(self.function)
+
+    def _stream_frame(self, req_id: int, status: int, payload: bytes, batch: int) -> None:
+        """A chunk of a streamed answer to its consumer (the request stays in flight), or an
+        instance's engine counters (always inline: ``instance.protocol``)."""
+        if status == P.ST_STATS:
+            self.engine_stats = parse_stats(payload)
+            return
+        self._bytes_resp_socket.inc(len(payload))
+        p = self.inflight.get(req_id)
+        if p is not None and p.chunks is not None and not p.future.done():
+            # a stream that has begun is not re-sent elsewhere when this connection drops
+            # (its client has part of the answer): the loss fails it (Gateway.on_channel_lost)
+            p.attempts = max(p.attempts, 1)
+            p.chunks.put_nowait((payload, batch))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -6,7 +6,8 @@ HTTP API — ModelInfer takes the same dispatch path as ``POST /v2/models/{name}
 Who starts it: the server's lifespan (``runtime.server``), after the controller, and stops it
 before the controller (``GrpcServer.stop``). The RPCs: ServerLive, ServerReady, ModelReady,
 ServerMetadata, ModelMetadata, ModelInfer, ModelStreamInfer (each request of the stream
-answered as it completes), ModelConfig, ModelStatistics, RepositoryIndex,
+answered as it completes; a generative function's answer streamed chunk by chunk,
+``grpc_generate``), ModelConfig, ModelStatistics, RepositoryIndex,
 SystemSharedMemory{Status,Register,Unregister} (``oip.shm``; CudaSharedMemory* answer
 INVALID_ARGUMENT: not supported); the others of Triton's service (trace, logging, repository
 load/unload) answer UNIMPLEMENTED. ModelInfer's request is parsed for its model name and
@@ -30,6 +31,7 @@ from google.protobuf.message import DecodeError
 from grpc.aio import ServicerContext
 
 from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.grpc_generate import stream_generate
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.gateway.shm import (
     CUDA_NOT_SUPPORTED,
@@ -132,6 +134,16 @@ class GrpcInferenceService:
             {"models": self.oip.repository_index(req.ready)}, pb.RepositoryIndexResponse()
         )
 
+    def _generative(self, raw: bytes) -> bool:
+        """Whether ``raw`` (a ModelInferRequest) asks a generative function."""
+        head = pb.ModelInferRequest()
+        try:
+            head.ParseFromString(split_message(memoryview(raw), REQUEST_RAW_FIELD)[0])
+        except (OipError, DecodeError):
+            return False  # infer answers it
+        r = self.oip.gw.routes.get(head.model_name)
+        return r is not None and r.gen is not None
+
     async def infer(self, raw: bytes) -> bytes:
         """One serialized ModelInferRequest → its serialized ModelInferResponse."""
         head = pb.ModelInferRequest()
@@ -190,6 +202,10 @@ class GrpcInferenceService:
 
         async def one(raw: bytes) -> None:
             try:
+                if self._generative(raw):  # its answer streamed chunk by chunk
+                    async for chunk in stream_generate(self.oip, raw):
+                        await out.put(chunk)
+                    return
                 resp = pb.ModelInferResponse.FromString(await self.infer(raw))
                 await out.put(pb.ModelStreamInferResponse(infer_response=resp))
             except HttpError as e:

@@ -1,10 +1,9 @@
 """The gateway's router: per-function queues, instance connections and dispatch (HTTP in
 through ``gateway.app``, binary frames out to the instances).
 
-Who uses it: ``server`` builds one ``Gateway`` and its FastAPI app (``app.build_app``) in the
-server process, next to the controller (same asyncio loop). The controller tells the gateway
-which instances are ready (``instance_ready``), draining (``drain``) or gone
-(``instance_gone``), and reads the arrivals it counted (``take_arrivals``) to predict rates.
+Who uses it: ``server`` builds one ``Gateway`` and its app (``app.build_app``) next to the
+controller (same asyncio loop), which tells it which instances are ready (``instance_ready``),
+draining (``drain``) or gone (``instance_gone``) and reads its arrivals (``take_arrivals``).
 
 Data path (``POST /function/{name}``, ``POST /v2/models/{name}/infer``):
 
@@ -18,8 +17,9 @@ Data path (``POST /function/{name}``, ``POST /v2/models/{name}/infer``):
    nudged to start one);
 3. the frame goes over the instance's persistent connection (Unix socket on the same node,
    TCP across nodes; ``instance.protocol``) and the response comes back on it, matched by id;
-4. the HTTP answer carries the function's output; instance errors map to 4xx (the input was
-   rejected) or 5xx (the function raised, the instance crashed or hit its memory limit).
+4. the answer carries the function's output; instance errors map to 4xx (a rejected input)
+   or 5xx (the function raised, the instance crashed or hit its memory limit). A generative
+   function streams its answer chunk by chunk (``gateway.streams``).
 
 Nothing accepted is lost silently: a request waits at most ``request_timeout_s`` (then 504
 naming what it waited for); when an instance's connection drops, every request it held is put
@@ -52,6 +52,7 @@ from gshare.policy.admission import (
 from gshare.policy.routing import Candidate, choose_instance
 from gshare.runtime.gateway.channel import InstanceChannel, Pending, connect_unix
 from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.generation import GenerativeRoute
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.lanes import DEFAULT_REQUEST_LANE_MB
 from gshare.runtime.metrics import Metrics
@@ -73,7 +74,7 @@ MAX_QUEUE = 10_000
 is shed far earlier by ``policy.admission``)."""
 DISCONNECT_WATCH_S = 0.05
 """A request not answered after this long starts watching its client's connection: one that
-went away is cancelled (dropped from the queue, or at its instance if not started)."""
+went away is cancelled (dropped from the queue, or at its instance)."""
 RETRY_AFTER_MS_HEADER = "x-gshare-retry-after-ms"
 """On a shed request (429): when the backlog ahead of it should have drained, ms (the standard
 ``Retry-After`` says the same in whole seconds, at least 1)."""
@@ -94,8 +95,7 @@ class FunctionRoute:
     last_arrival_s: float | None = None
     """``Gateway.clock`` at the last arrival (None: none since the server started)."""
     last_done_s: float | None = None
-    """``Gateway.clock`` at the last answer an instance gave (the function is idle since the later
-    of this and ``last_arrival_s``, when nothing is queued or in flight)."""
+    """``Gateway.clock`` at the last answer (idle since the later of it and the last arrival)."""
     inputs: list[dict[str, object]] = field(default_factory=list)
     start_error: str | None = None
     """Why the function's last instance start failed (queued requests fail with it)."""
@@ -103,8 +103,7 @@ class FunctionRoute:
     """Why no instance can be started for it now (the controller's "no room ..."); a request
     that times out waiting for an instance names it. Cleared when an instance connects."""
     exec_ms_per_item: float | None = None
-    """EWMA of the measured busy time per request (exec_ms / batch), for the controller's
-    throughput estimate when the function is not profiled."""
+    """EWMA of the busy time per request (exec_ms / batch): the unprofiled throughput."""
     service: ServiceEstimate = field(default_factory=ServiceEstimate)
     """The measured service interval while backlogged (``policy.admission``)."""
     rr: int = 0
@@ -117,6 +116,7 @@ class FunctionRoute:
     """Being deleted: new requests get 410, the ones at instances finish (``close_function``)."""
     recent_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_LATENCIES))
     """Latencies of the most recent successful requests (the status page's p50/p99)."""
+    gen: GenerativeRoute | None = None  # a generative function's (gateway.generation)
 
 
 class Gateway:
@@ -169,10 +169,11 @@ class Gateway:
         inputs: list[dict[str, object]] | None = None,
         *,
         internal: bool = False,
+        gen: GenerativeRoute | None = None,
     ) -> None:
         r = self.routes.get(name)
         if r is None:
-            self.routes[name] = FunctionRoute(
+            r = self.routes[name] = FunctionRoute(
                 name, slo_ms, max_batch, inputs=list(inputs or []), internal=internal
             )
         else:
@@ -180,6 +181,7 @@ class Gateway:
             if inputs is not None:
                 r.inputs = list(inputs)
             r.start_error = None
+        r.gen = gen
 
     def remove_function(self, name: str) -> None:
         r = self.routes.pop(name, None)

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from gshare.runtime.instance.builtin_models import BUILTIN_HANDLERS, TorchClassifier
 from gshare.runtime.instance.models import Handler, resolve_device, seed_of, tiny_models
-from gshare.spec import FunctionSpec
+from gshare.spec import GENERATIVE_MODELS, FunctionSpec
 
 # -- user handlers ------------------------------------------------------------------------------
 
@@ -69,6 +69,11 @@ def handler_class(ref: str) -> type:
 def make_handler(spec: FunctionSpec, *, tiny: bool | None = None) -> Handler:
     """A new, not yet loaded handler for ``spec``: a built-in, or the user's class
     instantiated without arguments. ``tiny`` is the test-only size override of the built-ins."""
+    if spec.model in GENERATIVE_MODELS:
+        from gshare.runtime.instance.generative.causal_lm import CausalLM  # lazy: transformers
+
+        small = spec.model == "causal-lm-gpt2-small" and not tiny_models(tiny)
+        return CausalLM("gpt2-small" if small else "tiny")  # type: ignore[return-value]
     if spec.model is not None:
         return BUILTIN_HANDLERS[spec.model](tiny)
     assert spec.handler is not None

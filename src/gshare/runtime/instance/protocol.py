@@ -39,6 +39,30 @@ Statuses: ``ST_OK``; ``ST_BAD_INPUT`` (the input was rejected: a 4xx for the cli
 over its memory limit while the request was queued or running; it is being restarted);
 ``ST_DRAINING`` (the instance is stopping and did not accept the request: the gateway sends it
 elsewhere); ``ST_INTERNAL``. Error payloads are UTF-8 messages.
+
+Streamed answers (``OP_GENERATE``, a generative function: ``instance.generative.serving``):
+the request's payload is ``ENC_JSON`` ``{"prompt": str | [token ids], "parameters": {...}}``
+(``GenerationParams``: ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``). The
+instance answers it with zero or more ``ST_CHUNK`` frames, then exactly one final frame with
+the request's id. A ``ST_CHUNK`` frame's payload is ``ENC_JSON`` ``{"text": str, "tokens":
+n}`` (the new text, complete UTF-8 characters, and how many tokens it stands for; text may be
+empty while a token's bytes are held back); its ``batch`` field is the number of sequences in
+the step that produced it. The final frame is ``ST_OK`` with ``ENC_JSON`` ``{"text", "tokens",
+"finish_reason": "stop" | "length", "prompt_tokens", "completion_tokens", "ttft_ms",
+"tpot_ms", "queued_ms", "preemptions"}`` (its ``text`` is the last piece, not the whole), or
+an error status with a UTF-8 message: ``ST_BAD_INPUT`` (a bad prompt or parameters, or a
+request that can never fit the model's context or KV memory), ``ST_FUNCTION_ERROR`` (the
+handler raised), ``ST_CANCELLED`` (after ``OP_CANCEL``: the generation stopped at a step
+boundary and its KV cache was freed). Chunks are small and always inline (never in a lane).
+``OP_INVOKE`` on a generative function answers the whole completion in one frame
+(``{"text", "finish_reason", "tokens"}``, as the handler's ``predict``).
+
+``ST_STATS`` frames (request id 0, no request of their own): a generative instance's engine
+counters as ``ENC_JSON`` (``running``, ``waiting``, ``kv_bytes``, ``kv_limit_bytes``,
+``tokens_generated``, ``cancelled``, ``finished``, ``refused``, ``preemptions``, ``steps``),
+sent on each connection that has submitted a generation, at most every ``STATS_PERIOD_S``
+while it works and once when it goes idle; the gateway keeps the last per connection
+(``/metrics``).
 """
 
 from __future__ import annotations
@@ -81,7 +105,11 @@ then carries a ``lanes.LANE_REF`` instead of its payload, in either direction.""
 OP_CANCEL: Final[int] = 4
 """Drop request ``request_id`` (the frame's id) if it has not started: its caller went away.
 The instance answers the dropped request with ``ST_CANCELLED``; one already in a batch runs to
-the end and is answered as usual. The cancel frame itself gets no answer."""
+the end and is answered as usual — except a generation (``OP_GENERATE``), which stops at the
+next step boundary and is answered ``ST_CANCELLED``. The cancel frame itself gets no answer."""
+OP_GENERATE: Final[int] = 7
+"""Generate from a prompt, answered by a stream of ``ST_CHUNK`` frames and one final frame
+(module doc)."""
 
 ENC_RAW: Final[int] = 0
 ENC_JSON: Final[int] = 1
@@ -98,6 +126,11 @@ ST_INTERNAL: Final[int] = 5
 ST_CANCELLED: Final[int] = 6
 ST_TIMEOUT: Final[int] = 7
 """The instance's ``predict`` ran past the function's ``predict_timeout_s`` (504)."""
+ST_CHUNK: Final[int] = 8
+"""A part of a streamed answer; more frames with the same id follow (module doc)."""
+ST_STATS: Final[int] = 9
+"""A generative instance's engine counters, request id 0 (module doc)."""
+STATS_PERIOD_S: Final[float] = 0.1
 
 STATUS_NAMES: Final[dict[int, str]] = {
     ST_OK: "ok",
@@ -107,6 +140,8 @@ STATUS_NAMES: Final[dict[int, str]] = {
     ST_DRAINING: "draining",
     ST_INTERNAL: "internal error",
     ST_CANCELLED: "cancelled",
+    ST_CHUNK: "chunk",
+    ST_STATS: "stats",
 }
 
 
@@ -239,6 +274,7 @@ __all__ = [
     "ENC_RAW",
     "OP_CONTROL",
     "OP_EXAMPLE",
+    "OP_GENERATE",
     "OP_INVOKE",
     "OP_LANES",
     "Payload",
@@ -251,12 +287,15 @@ __all__ = [
     "RESP_REST",
     "RESP_HEADER",
     "STATUS_NAMES",
+    "STATS_PERIOD_S",
     "ST_BAD_INPUT",
+    "ST_CHUNK",
     "ST_DRAINING",
     "ST_FUNCTION_ERROR",
     "ST_INTERNAL",
     "ST_MEMORY_LIMIT",
     "ST_OK",
+    "ST_STATS",
     "FrameReader",
     "ProtocolError",
     "call_once",

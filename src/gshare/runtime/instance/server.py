@@ -53,7 +53,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gshare.policy.batching import keep_token_for_next_batch, next_batch
 from gshare.policy.memory import MemoryPlan
@@ -63,6 +63,9 @@ from gshare.runtime.instance.gate import DeviceGate
 from gshare.runtime.instance.launch import InstanceInfo, InstanceLaunch
 from gshare.runtime.instance.startup import cold_start
 from gshare.runtime.instance.wire import Conn, DataPath, Item, json_default
+
+if TYPE_CHECKING:
+    from gshare.runtime.instance.generative.serving import EngineHost
 
 
 class InstanceServer:
@@ -96,11 +99,20 @@ class InstanceServer:
         self._takes_parameters = cs.takes_parameters
         # 3. token client, and the preemption points inside a burst (instance.gate).
         self.gate = DeviceGate(launch, cs.native_tokens, cs.os_cap)
-        # 4. data path.
+        # 4. data path: a generative handler's engine thread, or the batching thread.
         self._wire = DataPath(self, launch)
+        self.gen: EngineHost | None = None
+        # lazy: the generative modules import torch, after the partition (cold start step 1)
+        from gshare.runtime.instance.generative.contract import StepwiseHandler
+        from gshare.runtime.instance.generative.serving import EngineHost
+
+        if isinstance(self.handler, StepwiseHandler):
+            self.gen = EngineHost(self.handler, launch, self.gate, self._wire.send)
         self._wire.start()
-        self._worker = threading.Thread(target=self._batch_loop, name="gshare-batch", daemon=True)
-        self._worker.start()
+        if self.gen is not None:
+            self.gen.start()
+        else:
+            threading.Thread(target=self._batch_loop, name="gshare-batch", daemon=True).start()
         if launch.predict_timeout_s > 0:
             threading.Thread(
                 target=self._watch_predict, name="gshare-predict-watchdog", daemon=True
@@ -132,7 +144,11 @@ class InstanceServer:
 
     def cancel(self, conn: Conn, req_id: int) -> bool:
         """Drop a queued request of ``conn`` (``OP_CANCEL``, on the IO thread); False when it
-        is not queued (running already, or answered)."""
+        is not queued (running already, or answered). A generation stops at its engine's next
+        step and is answered then (``EngineHost.cancel``)."""
+        if self.gen is not None:
+            self.gen.cancel(conn, req_id)
+            return False
         with self._cond:
             for it in self._queue:
                 if it.req_id == req_id and it.writer is conn:
@@ -141,6 +157,10 @@ class InstanceServer:
         return False
 
     def enqueue(self, items: list[Item]) -> None:
+        if self.gen is not None:
+            for it in items:
+                self.gen.submit(it)
+            return
         with self._cond:
             self._queue.extend(items)
             self._cond.notify()
@@ -182,6 +202,8 @@ class InstanceServer:
                         "queued": len(self._queue),
                         "running": len(self._running),
                     }
+                if self.gen is not None:
+                    reply["engine"] = self.gen.stats()
             else:
                 return P.encode_response(
                     req_id, P.ST_BAD_INPUT, P.ENC_RAW, f"unknown command {name!r}".encode()
@@ -378,6 +400,8 @@ class InstanceServer:
         self._wire.send(out)
 
     def _is_idle(self) -> bool:
+        if self.gen is not None:
+            return self.gen.idle
         with self._cond:
             return not self._queue and not self._running
 
@@ -401,9 +425,13 @@ class InstanceServer:
         msg = reason.encode()
         done = threading.Event()
 
+        live = [(it.writer, it.req_id) for it in victims]
+        if self.gen is not None:
+            live += self.gen.live()
+
         def fail_all() -> None:
-            for it in victims:
-                it.writer.write(P.encode_response(it.req_id, status, P.ENC_RAW, msg))
+            for conn, req_id in live:
+                conn.write(P.encode_response(req_id, status, P.ENC_RAW, msg))
             done.set()
 
         with contextlib.suppress(Exception), open(self.launch.uds_path + ".exit", "w") as f:
@@ -419,6 +447,8 @@ class InstanceServer:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.gen is not None:
+            self.gen.stop()
         self.gate.close()
         with self._cond:
             self._cond.notify_all()

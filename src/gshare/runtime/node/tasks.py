@@ -27,6 +27,8 @@ class HandlerDescription(TypedDict):
     """``oip.header.spec_dicts`` of ``input_spec()`` (open: OIP metadata)."""
     outputs: NotRequired[list[dict[str, Any]]]
     example: NotRequired[bool]
+    generative: NotRequired[bool]
+    """The handler follows the step-wise generative contract (``generative.contract``)."""
 
 
 def put_weights(
@@ -104,6 +106,7 @@ def describe_handler(spec: Mapping[str, object], extra_sys_path: list[str]) -> H
             sys.path.insert(0, p)
     try:
         # lazy: inside the try (a failed import is the answer), and loading imports torch
+        from gshare.runtime.instance.generative.contract import StepwiseHandler
         from gshare.runtime.instance.loading import make_handler
         from gshare.runtime.oip.header import spec_dicts
         from gshare.spec import load_function_spec
@@ -124,6 +127,7 @@ def describe_handler(spec: Mapping[str, object], extra_sys_path: list[str]) -> H
             "inputs": io["inputs"],
             "outputs": io["outputs"],
             "example": hasattr(handler, "example_input"),
+            "generative": isinstance(handler, StepwiseHandler),
         }
     except Exception as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}

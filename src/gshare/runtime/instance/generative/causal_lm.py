@@ -25,7 +25,7 @@ leaves, prefills or is freed. bench/generate.py measured, for 16 sequences of 16
 on the tiny model (one CPU thread): 1.2 ms per step kept, 4.1 ms rebuilt at every step, 7.3 ms
 decoding each sequence alone.
 
-Who calls it: the instance (``load`` once; phase 2), the engine (``generation_spec``,
+Who calls it: the instance (``load`` once; ``generative.serving``), the engine (``generation_spec``,
 ``encode_prompt``, ``prefill``, ``decode``, ``free``, ``token_bytes``) on its one thread.
 """
 

@@ -1,8 +1,8 @@
 """The generation engine: an iteration-level (continuous) batching loop over a step-wise handler.
 
-Who calls it: phase 2's instance server owns one per generative function — its connection
-threads ``submit`` requests and ``cancel`` them (a client that disconnects), its engine thread
-runs ``serve`` (or ``step`` in a loop); ``CausalLM.predict`` / ``generate`` run a private one to
+Who calls it: an instance's ``generative.serving.EngineHost`` owns one — its IO thread
+``submit``s requests and ``cancel``s them (a client that disconnects), its engine thread runs
+``step`` in a loop; ``CausalLM.predict`` / ``generate`` run a private one to
 completion; the tests and bench/generate.py drive ``step`` directly.
 
 One ``step``: take the new and cancelled sequences (between steps only), ask the pure policy
@@ -12,12 +12,13 @@ the KV limit covers the step (``kv_grant``), then run the step as one burst — 
 the handler's ``prefill`` and ``decode``, ``after_step(busy_s, ok)`` — and emit one ``Chunk``
 per sequence that got a token (the last one with its finish reason and timings).
 
-Hooks phase 2 wires (``StepHooks``): ``before_step()`` blocks until the instance holds its time
-token (``DeviceGate.begin_batch``), ``after_step(busy_s, ok)`` closes the burst
-(``DeviceGate.end_batch`` + ``end_burst``) and ``idle()`` gives the token back when no step is
-ready (``DeviceGate.idle_tokens``). ``kv_grant(limit_bytes) -> bool`` asks for a KV limit (the
-instance's memory governor / the node's ledger); refused, the engine plans again under the
-limit it holds (the policy preempts or refuses; the instance is never killed).
+Hooks (``StepHooks``; an instance's are ``serving.GateHooks``): ``before_step()`` blocks until
+the instance holds its time token (``DeviceGate.begin_batch``), ``after_step(busy_s, ok)``
+closes the burst (``DeviceGate.end_batch`` + ``end_burst``) and ``idle()`` gives the token back
+when no step is ready (``DeviceGate.idle_tokens``). ``kv_grant(limit_bytes) -> bool`` asks for
+a KV limit (an instance checks it against the function's memory plan); refused, the engine
+plans again under the limit it holds (the policy preempts or refuses; the instance is never
+killed).
 
 NOTE: FaST-GShare §3.3.2 — a decode step is one burst of the instance's time token, so shares
 and quotas hold per step; Orca §3 — the iteration-level loop itself (the decision is the
@@ -155,7 +156,7 @@ class SequenceHandle:
 
 @dataclass(frozen=True, slots=True)
 class EngineCounters:
-    """A snapshot of the engine (phase 2 exports these as metrics)."""
+    """A snapshot of the engine (the instance sends them as ``ST_STATS`` frames: metrics)."""
 
     running: int = 0
     """Live sequences that hold KV."""
