@@ -404,6 +404,66 @@ def test_remove_client_fails_a_waiting_acquire(server: TokenServer, sock_path: s
     b.close()
 
 
+def test_an_acquire_that_waits_past_its_timeout_raises_and_frees_the_request(
+    server: TokenServer, sock_path: str
+) -> None:
+    # The client's timeout is enforced by the kernel (SO_RCVTIMEO) once the handshake is done,
+    # not by polling before each call: a wait past it still fails the call and closes the
+    # client; the grant that comes for it later finds no connection and is given back.
+    server.add_client(spec("A", req=0.5))
+    server.add_client(spec("B", req=0.5))
+    a = TokenClient(sock_path, "A", timeout_s=10)
+    a.acquire()  # A holds the whole device
+    b = TokenClient(sock_path, "B", timeout_s=0.2)
+    with pytest.raises(TimeoutError, match="did not answer in time"):
+        b.acquire()
+    with pytest.raises(TokenRuntimeError, match="closed"):
+        b.acquire()
+    wait_until(lambda: server.stats()["closed"] == 1, 10, "B's connection to close")
+    a.release(0.1)
+    wait_until(lambda: server.stats()["undelivered_grants"] == 1, 10, "B's grant to be given back")
+    assert a.acquire() > 0  # the device is free again
+    a.release(0.1)
+    a.close()
+    assert server.stats()["errors"] == 0
+
+
+def test_a_grant_split_across_reads_is_reassembled(short_tmp: Path) -> None:
+    # A fake server that sends its WELCOME and GRANT in pieces: the client completes a frame
+    # whose first read came back short.
+    path = str(short_tmp / "split.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def fake() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            read_frame(conn)  # HELLO
+            welcome = FRAME.pack(WELCOME, 1, 0, 0, 40.0)
+            conn.sendall(welcome[:5])
+            time.sleep(0.05)
+            conn.sendall(welcome[5:])
+            _, _, _, seq, _, _ = read_frame(conn)  # ACQUIRE
+            grant = FRAME.pack(GRANT, 1, 0, seq, 7.5)
+            conn.sendall(grant[:3])
+            time.sleep(0.05)
+            conn.sendall(grant[3:])
+            read_frame(conn)  # RELEASE
+
+    t = threading.Thread(target=fake, daemon=True)
+    t.start()
+    try:
+        with TokenClient(path, "A", timeout_s=10) as c:
+            assert c.window_ms == 40.0
+            assert c.acquire() == 7.5 and c.elastic
+            c.release(1.0)
+        t.join(10)
+        assert not t.is_alive()
+    finally:
+        listener.close()
+
+
 def test_a_grant_nobody_can_take_is_given_back(server: TokenServer, sock_path: str) -> None:
     # B asks, then disconnects while waiting; when A releases, the scheduler grants B, the
     # server finds no connection to deliver to and returns the token at once.
