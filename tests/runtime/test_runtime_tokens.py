@@ -584,6 +584,47 @@ def test_token_reuse_runs_back_to_back_bursts_on_one_token(sock_path: str) -> No
         assert srv.stats()["errors"] == 0
 
 
+def test_renew_gives_the_token_back_before_asking_again(
+    server: TokenServer, sock_path: str
+) -> None:
+    # renew() sends RELEASE (completed=False, with the busy time on the token) and ACQUIRE in one
+    # message: the server handles the release first, so a neighbour waiting meanwhile gets the
+    # device before the renewing client's next token.
+    server.add_client(spec("A", req=0.5))
+    server.add_client(spec("B", req=0.5))
+    with (
+        TokenClient(sock_path, "A", timeout_s=10) as a,
+        TokenClient(sock_path, "B", timeout_s=10) as b,
+    ):
+        a.acquire()  # A holds the whole device
+        got: list[float] = []
+        t = threading.Thread(target=lambda: got.append(b.acquire()))
+        t.start()
+        wait_until(lambda: server.snapshot()["B"].waiting, 10, "B to wait for a token")
+        renewed: list[float] = []
+        ta = threading.Thread(target=lambda: renewed.append(a.renew()))
+        ta.start()
+        t.join(10)
+        assert got and got[0] > 0  # B was granted on A's release ...
+        wait_until(lambda: server.snapshot()["A"].waiting, 10, "A to wait behind B")
+        assert not renewed  # ... while A's ACQUIRE waits behind B's token
+        b.release(0.5)
+        ta.join(10)
+        assert renewed and renewed[0] > 0 and a.token_ms is not None
+        a.release(0.1)
+        assert a.renew() > 0  # without a held token: a plain acquire
+        a.release(0.1)
+    wait_until(lambda: server.stats()["released"] == 4, 10, "four releases")
+    recs = server.token_records()
+    assert [(r.client_id, r.completed) for r in recs] == [
+        ("A", False),
+        ("B", True),
+        ("A", True),
+        ("A", True),
+    ]
+    assert server.stats()["errors"] == 0
+
+
 def test_split_bursts_reuse_a_token_whatever_the_predicted_burst(sock_path: str) -> None:
     # A frontend that yields before every kernel (split_bursts=True) keeps running on the held
     # token while any time is left on it, even when its rest cannot fit the predicted burst

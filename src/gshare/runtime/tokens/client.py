@@ -105,6 +105,9 @@ class TokenClient:
         kernel, so that a burst cut where the token ends never runs past it."""
         self._seq = 0
         self._out = bytearray(FRAME_SIZE)
+        self._batch_release = False
+        self._pending_release = b""
+        """A RELEASE frame that ``renew`` leaves for ``acquire`` to send with its ACQUIRE."""
         self._in = bytearray(FRAME_SIZE)
         self._in_view = memoryview(self._in)
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -143,8 +146,11 @@ class TokenClient:
             raise TokenRuntimeError(f"client {self.client_id!r} already holds a token")
         seq = self._seq = (self._seq + 1) & SEQ_MASK
         FRAME.pack_into(self._out, 0, OP_ACQUIRE, 0, 0, seq, 0.0)
+        out: bytes | bytearray = self._out
+        if self._pending_release:  # ``renew``: the RELEASE goes in the same send
+            out, self._pending_release = self._pending_release + self._out, b""
         try:  # inline (no helper calls): this is the grant's round trip
-            sock.sendall(self._out)
+            sock.sendall(out)
             got = sock.recv_into(self._in_view, FRAME_SIZE)
             if got != FRAME_SIZE:
                 _recv_rest(sock, self._in_view, got)
@@ -193,6 +199,9 @@ class TokenClient:
         FRAME.pack_into(self._out, 0, OP_RELEASE, 1 if completed else 0, 0, self._seq, busy_ms)
         self.token_ms = None
         self._used_ms = 0.0
+        if self._batch_release:  # ``renew``: ``acquire`` sends it with its ACQUIRE
+            self._pending_release = bytes(self._out)
+            return
         try:
             sock.sendall(self._out)
         except OSError as e:
@@ -261,8 +270,9 @@ class TokenClient:
                 self._seg_t0 = now if self._busy_is_perf else self.busy_clock()
                 self._burst_done_ms = 0.0
                 return left_ms
-            self.release_if_held(completed=False)
-        self.acquire()
+            self.renew()
+        else:
+            self.acquire()
         self.begin_burst()
         return self.token_left_ms()
 
@@ -310,6 +320,19 @@ class TokenClient:
             busy_ms += seg_ms
         self.release(busy_ms, completed=completed)
         return True
+
+    def renew(self) -> float:
+        """``release_if_held(completed=False)`` then ``acquire()``, the RELEASE and the ACQUIRE
+        in one send: the server reads both in one wake-up (on a busy machine each wake-up of the
+        server may preempt the caller until the server has handled it). For a caller whose
+        token ran out, or cannot fit its next burst, with work still queued: ``start_burst``,
+        the instance's batch start and its preemption point. Raises like ``acquire``."""
+        self._batch_release = True
+        try:
+            self.release_if_held(completed=False)
+        finally:
+            self._batch_release = False
+        return self.acquire()
 
     def idle(self) -> bool:
         """The caller has no more work queued: ``release_if_held(completed=True)``."""

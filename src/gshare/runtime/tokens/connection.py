@@ -1,5 +1,5 @@
 """The token server's connections and sockets: ``Conn`` (the server side of one instance
-connection), ``peer_alive`` and ``Wire`` (the connections by descriptor, the selector, sending
+connection), ``peer_alive`` and ``Wire`` (the connections by descriptor, the epoll set, sending
 replies, accepting, closing). What a connection says is ``sessions``; what its tokens do is
 ``dispatch``; the wire format is ``protocol``."""
 
@@ -85,8 +85,8 @@ class Wire:
     counter dict (``records.new_stats``).
 
     It uses ``select.epoll`` directly, not ``selectors``: the loop wakes once per message, and
-    the selector's key objects cost a few microseconds of Python per wake-up
-    (docs/journal/tokens.md, the token path).
+    the selector's key objects cost about 1 us of Python per wake-up (docs/journal/tokens.md,
+    the token path).
     """
 
     __slots__ = ("by_fd", "ep", "fds", "stats")

@@ -2,7 +2,7 @@
 wire protocol, who calls what and what must hold).
 
 ``TokenServer`` owns the socket, the lock and the loop thread, and its parts, which run under
-that lock: ``connection.Wire`` (the connections, the selector, sending), ``sessions.Sessions``
+that lock: ``connection.Wire`` (the connections, the epoll set, sending), ``sessions.Sessions``
 (reading frames, HELLO, MEMORY, closing dead connections) and ``dispatch.TokenDispatch`` (the
 token scheduler, FIKIT's class plan, delivering grants); ``records`` has ``TokenRecord``."""
 
