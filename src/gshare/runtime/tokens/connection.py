@@ -201,10 +201,12 @@ class Wire:
         if timeout_s >= 0.001:
             whole_ms = math.floor(timeout_s * 1000.0)
             return [fd for fd, _ in ep.poll((whole_ms - 0.5) / 1000.0)]  # rounded up: whole_ms
-        if timeout_s > 0 and max(self.fds) < SELECT_FD_LIMIT:
+        if timeout_s <= 0:
+            return [fd for fd, _ in ep.poll(0)]
+        if max(self.fds) < SELECT_FD_LIMIT:
             ready, _, _ = select.select(list(self.fds), [], [], timeout_s)
             return ready
-        return [fd for fd, _ in ep.poll(0)]
+        return [fd for fd, _ in ep.poll(timeout_s)]  # rounded up to 1 ms
 
 
 __all__ = ["Conn", "Wire", "peer_alive"]
