@@ -1,6 +1,6 @@
 """Token request + release round trip over the Unix socket, against a raw socket echo.
 
-Usage: ``python bench/token_rtt.py [--quick] [--json PATH] [--repeat N]``
+Usage: ``python bench/token_rtt.py [--quick] [--json PATH] [--repeat N] [--gap-ms MS] [--block N]``
 
 Set-up, as on a node: the ``TokenServer`` runs in this process (the node agent's role) and the
 client runs in a separate process (an instance, started with multiprocessing *spawn*). One
@@ -23,8 +23,12 @@ every request is granted at once and the figure is the mechanism's cost, not que
   wake-up latency of an idle thread (in a VM: of an idle vCPU), whatever the protocol: the
   echo row shows the platform's share of it.
 
-The cases alternate in every one of ``--repeat`` runs to spread machine drift over all of them;
-the percentiles pool every run's samples.
+Token and echo round trips alternate in blocks of ``--block`` (50) inside one client process
+(one for the back-to-back pair, one for the after-work pair, in every one of ``--repeat``
+runs), so both see the same machine: the development VM switches between a fast state (echo
+~10 us) and a slow one (echo ~50 us) every few seconds, and a ratio of two runs a few seconds
+apart measured that switch, not the protocol (docs/journal/tokens.md). The percentiles pool
+every run's samples.
 
 Summary: ``rtt_us_p50`` and ``rtt_us_p99`` (token acquire+release; target p50 <= 100 us),
 ``rtt_us_mean``, ``echo_us_p50``, ``ratio_p50_vs_echo`` (token / echo, same run),
@@ -50,52 +54,55 @@ from gshare.runtime.tokens import TokenClient, TokenServer
 
 
 def _client_main(
-    kind: str, path: str, n: int, warmup: int, gap_ms: float, out: Connection
+    tok_path: str, echo_path: str, n: int, warmup: int, gap_ms: float, block: int, out: Connection
 ) -> None:  # pragma: no cover - runs in the child
-    """Child process: ``n`` timed round trips (after ``warmup``), each after ``gap_ms`` of CPU
-    spinning (0: back to back); sends back the samples (us) and the mean cycle (us)."""
-    samples = [0.0] * n
+    """Child process: ``n`` timed token round trips and ``n`` echo round trips (after
+    ``warmup`` of each), alternating in blocks of ``block``, each after ``gap_ms`` of CPU
+    spinning (0: back to back); sends back both sample lists (us) and mean cycles (us)."""
     perf = time.perf_counter
     gap_s = gap_ms / 1000.0
-    if kind == "token":
-        c = TokenClient(path, "bench", timeout_s=30)
+    c = TokenClient(tok_path, "bench", timeout_s=30)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(echo_path)
+    msg = b"\x02" + b"\0" * 15
+    view = memoryview(bytearray(16))
 
-        def once() -> None:
-            c.acquire()
-            c.release(0.001)
+    def token_once() -> None:
+        c.acquire()
+        c.release(0.001)
 
-    else:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(path)
-        msg = b"\x02" + b"\0" * 15
-        buf = bytearray(16)
-        view = memoryview(buf)
+    def echo_once() -> None:
+        s.sendall(msg)
+        got = 0
+        while got < 16:
+            got += s.recv_into(view[got:], 16 - got)
 
-        def once() -> None:
-            s.sendall(msg)
-            got = 0
-            while got < 16:
-                got += s.recv_into(view[got:], 16 - got)
-
+    result: dict[str, tuple[list[float], float]] = {}
+    samples = {"token": [0.0] * n, "echo": [0.0] * n}
+    busy = {"token": 0.0, "echo": 0.0}
+    spent = {"token": 0.0, "echo": 0.0}
     for _ in range(warmup):
-        once()
-    busy = 0.0
-    t_all = perf()
-    for i in range(n):
-        if gap_s:
-            d = perf() + gap_s
-            while perf() < d:
-                pass
-            busy += gap_s
-        t = perf()
-        once()
-        samples[i] = (perf() - t) * 1e6
-    total = perf() - t_all - busy
-    if kind == "token":
-        c.close()
-    else:
-        s.close()
-    out.send((samples, total / n * 1e6))
+        token_once()
+        echo_once()
+    for start in range(0, n, block):
+        for kind, once in (("token", token_once), ("echo", echo_once)):
+            xs = samples[kind]
+            t_all = perf()
+            for i in range(start, min(n, start + block)):
+                if gap_s:
+                    d = perf() + gap_s
+                    while perf() < d:
+                        pass
+                    busy[kind] += gap_s
+                t = perf()
+                once()
+                xs[i] = (perf() - t) * 1e6
+            spent[kind] += perf() - t_all
+    for kind in samples:
+        result[kind] = (samples[kind], (spent[kind] - busy[kind]) / n * 1e6)
+    c.close()
+    s.close()
+    out.send(result)
     out.close()
 
 
@@ -145,18 +152,20 @@ class _EchoServer:
 
 
 def _run_child(
-    kind: str, path: str, n: int, warmup: int, gap_ms: float
-) -> tuple[list[float], float]:
+    tok_path: str, echo_path: str, n: int, warmup: int, gap_ms: float, block: int
+) -> dict[str, tuple[list[float], float]]:
     ctx = mp.get_context("spawn")
     recv_end, send_end = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_client_main, args=(kind, path, n, warmup, gap_ms, send_end))
+    p = ctx.Process(
+        target=_client_main, args=(tok_path, echo_path, n, warmup, gap_ms, block, send_end)
+    )
     p.start()
     send_end.close()
-    samples, mean_us = recv_end.recv()
+    result: dict[str, tuple[list[float], float]] = recv_end.recv()
     p.join(30)
     if p.exitcode != 0:
-        sys.exit(f"{kind} client failed (exit code {p.exitcode})")
-    return samples, mean_us
+        sys.exit(f"client failed (exit code {p.exitcode})")
+    return result
 
 
 def main() -> None:
@@ -165,6 +174,9 @@ def main() -> None:
     parser.add_argument(
         "--gap-ms", type=float, default=2.0, help="CPU work before each 'after work' round trip"
     )
+    parser.add_argument(
+        "--block", type=int, default=50, help="round trips per token / echo block (50)"
+    )
     args = parser.parse_args()
     load = machine_load()  # before our own load
     n = 3000 if args.quick else 20000
@@ -172,6 +184,7 @@ def main() -> None:
     repeat = args.repeat or (2 if args.quick else 3)
 
     gap_n = n // 10  # round trips after a gap of work are slower to collect
+    block = args.block
     cases = [  # (row name, kind, gap before each round trip ms, samples per run)
         ("token acquire+release", "token", 0.0, n),
         ("raw uds echo (16 B)", "echo", 0.0, n),
@@ -187,12 +200,14 @@ def main() -> None:
     samples: dict[str, list[float]] = {c[0]: [] for c in cases}
     means: dict[str, list[float]] = {c[0]: [] for c in cases}
     try:
-        for _ in range(repeat):  # alternate the cases in every repeat to share machine drift
-            for name, kind, gap_ms, count in cases:
-                path = tok_path if kind == "token" else echo_path
-                xs, m = _run_child(kind, path, count, warmup, gap_ms)
-                samples[name] += xs
-                means[name].append(m)
+        for _ in range(repeat):
+            for gap_ms, count in ((0.0, n), (args.gap_ms, gap_n)):
+                got = _run_child(tok_path, echo_path, count, warmup, gap_ms, block)
+                for name, kind, case_gap, _count in cases:
+                    if case_gap == gap_ms:
+                        xs, m = got[kind]
+                        samples[name] += xs
+                        means[name].append(m)
     finally:
         echo.close()
         stats = server.stats()

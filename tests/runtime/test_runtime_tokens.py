@@ -404,6 +404,66 @@ def test_remove_client_fails_a_waiting_acquire(server: TokenServer, sock_path: s
     b.close()
 
 
+def test_an_acquire_that_waits_past_its_timeout_raises_and_frees_the_request(
+    server: TokenServer, sock_path: str
+) -> None:
+    # The client's timeout is enforced by the kernel (SO_RCVTIMEO) once the handshake is done,
+    # not by polling before each call: a wait past it still fails the call and closes the
+    # client; the grant that comes for it later finds no connection and is given back.
+    server.add_client(spec("A", req=0.5))
+    server.add_client(spec("B", req=0.5))
+    a = TokenClient(sock_path, "A", timeout_s=10)
+    a.acquire()  # A holds the whole device
+    b = TokenClient(sock_path, "B", timeout_s=0.2)
+    with pytest.raises(TimeoutError, match="did not answer in time"):
+        b.acquire()
+    with pytest.raises(TokenRuntimeError, match="closed"):
+        b.acquire()
+    wait_until(lambda: server.stats()["closed"] == 1, 10, "B's connection to close")
+    a.release(0.1)
+    wait_until(lambda: server.stats()["undelivered_grants"] == 1, 10, "B's grant to be given back")
+    assert a.acquire() > 0  # the device is free again
+    a.release(0.1)
+    a.close()
+    assert server.stats()["errors"] == 0
+
+
+def test_a_grant_split_across_reads_is_reassembled(short_tmp: Path) -> None:
+    # A fake server that sends its WELCOME and GRANT in pieces: the client completes a frame
+    # whose first read came back short.
+    path = str(short_tmp / "split.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def fake() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            read_frame(conn)  # HELLO
+            welcome = FRAME.pack(WELCOME, 1, 0, 0, 40.0)
+            conn.sendall(welcome[:5])
+            time.sleep(0.05)
+            conn.sendall(welcome[5:])
+            _, _, _, seq, _, _ = read_frame(conn)  # ACQUIRE
+            grant = FRAME.pack(GRANT, 1, 0, seq, 7.5)
+            conn.sendall(grant[:3])
+            time.sleep(0.05)
+            conn.sendall(grant[3:])
+            read_frame(conn)  # RELEASE
+
+    t = threading.Thread(target=fake, daemon=True)
+    t.start()
+    try:
+        with TokenClient(path, "A", timeout_s=10) as c:
+            assert c.window_ms == 40.0
+            assert c.acquire() == 7.5 and c.elastic
+            c.release(1.0)
+        t.join(10)
+        assert not t.is_alive()
+    finally:
+        listener.close()
+
+
 def test_a_grant_nobody_can_take_is_given_back(server: TokenServer, sock_path: str) -> None:
     # B asks, then disconnects while waiting; when A releases, the scheduler grants B, the
     # server finds no connection to deliver to and returns the token at once.
@@ -522,6 +582,47 @@ def test_token_reuse_runs_back_to_back_bursts_on_one_token(sock_path: str) -> No
             wait_until(lambda: len(srv.token_records()) == 3, 10, "three token records")
             assert [r.completed for r in srv.token_records()] == [True, False, True]
         assert srv.stats()["errors"] == 0
+
+
+def test_renew_gives_the_token_back_before_asking_again(
+    server: TokenServer, sock_path: str
+) -> None:
+    # renew() sends RELEASE (completed=False, with the busy time on the token) and ACQUIRE in one
+    # message: the server handles the release first, so a neighbour waiting meanwhile gets the
+    # device before the renewing client's next token.
+    server.add_client(spec("A", req=0.5))
+    server.add_client(spec("B", req=0.5))
+    with (
+        TokenClient(sock_path, "A", timeout_s=10) as a,
+        TokenClient(sock_path, "B", timeout_s=10) as b,
+    ):
+        a.acquire()  # A holds the whole device
+        got: list[float] = []
+        t = threading.Thread(target=lambda: got.append(b.acquire()))
+        t.start()
+        wait_until(lambda: server.snapshot()["B"].waiting, 10, "B to wait for a token")
+        renewed: list[float] = []
+        ta = threading.Thread(target=lambda: renewed.append(a.renew()))
+        ta.start()
+        t.join(10)
+        assert got and got[0] > 0  # B was granted on A's release ...
+        wait_until(lambda: server.snapshot()["A"].waiting, 10, "A to wait behind B")
+        assert not renewed  # ... while A's ACQUIRE waits behind B's token
+        b.release(0.5)
+        ta.join(10)
+        assert renewed and renewed[0] > 0 and a.token_ms is not None
+        a.release(0.1)
+        assert a.renew() > 0  # without a held token: a plain acquire
+        a.release(0.1)
+    wait_until(lambda: server.stats()["released"] == 4, 10, "four releases")
+    recs = server.token_records()
+    assert [(r.client_id, r.completed) for r in recs] == [
+        ("A", False),
+        ("B", True),
+        ("A", True),
+        ("A", True),
+    ]
+    assert server.stats()["errors"] == 0
 
 
 def test_split_bursts_reuse_a_token_whatever_the_predicted_burst(sock_path: str) -> None:

@@ -138,8 +138,7 @@ class DeviceGate:
         else:
             # token reuse: a held token whose rest fits the batch (not while giving way)
             if give_way or not self.tokens.reusable():
-                self.tokens.release_if_held(completed=False)
-                self._acquire()
+                self._acquire(renew=True)
             self.tokens.begin_burst()
         t0 = time.perf_counter()
         self._seg_start = t0
@@ -229,8 +228,7 @@ class DeviceGate:
         now = time.perf_counter()
         seg_s = now - self._seg_start
         self._busy_s += seg_s
-        self.tokens.release_if_held(completed=False)
-        self._acquire()
+        self._acquire(renew=True)
         if not self.tokens.in_burst:  # a new client after a reconnect
             self.tokens.begin_burst()
         t1 = time.perf_counter()
@@ -252,11 +250,12 @@ class DeviceGate:
         self._rewait_s += t1 - now
         self._seg_start = t1
 
-    def _acquire(self) -> float:
-        """``TokenClient.acquire``; when the agent re-registered this client (a quota change:
-        the profiler's sweep) or the token server restarted, reconnect and ask again."""
+    def _acquire(self, renew: bool = False) -> float:
+        """``TokenClient.acquire`` (with ``renew``: ``renew``, which gives a held token back in
+        the same send); when the agent re-registered this client (a quota change: the
+        profiler's sweep) or the token server restarted, reconnect and ask again."""
         try:
-            return self.tokens.acquire()
+            return self.tokens.renew() if renew else self.tokens.acquire()
         except (TokenRuntimeError, ConnectionError):
             pass
         deadline = time.monotonic() + 10.0

@@ -301,6 +301,9 @@ class NativeTokens:
     def release_if_held(self, completed: bool = True) -> bool:
         return False
 
+    def renew(self) -> float:
+        return math.inf
+
     def idle(self) -> bool:
         return False
 

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import socket
+import struct
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVarTuple
@@ -93,6 +94,7 @@ class TokenClient:
         """Bursts that ran on a token already held (no round trip to the server)."""
         self.split_bursts = split_bursts
         self.busy_clock = busy_clock
+        self._busy_is_perf = busy_clock is time.perf_counter
         """The clock (seconds) that measures the busy time reported on a token; the token's
         own length is always wall time (``perf_counter``). Default ``perf_counter``: the
         device time a GPU burst holds, as the host sees it. A single-threaded CPU frontend may
@@ -103,6 +105,9 @@ class TokenClient:
         kernel, so that a burst cut where the token ends never runs past it."""
         self._seq = 0
         self._out = bytearray(FRAME_SIZE)
+        self._batch_release = False
+        self._pending_release = b""
+        """A RELEASE frame that ``renew`` leaves for ``acquire`` to send with its ACQUIRE."""
         self._in = bytearray(FRAME_SIZE)
         self._in_view = memoryview(self._in)
         self._sock: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -121,6 +126,7 @@ class TokenClient:
             if op != OP_WELCOME:
                 raise TokenRuntimeError(f"token server answered HELLO with op 0x{op:02x}")
             self.window_ms = value
+            _kernel_timeouts(self._sock, timeout_s)
         except BaseException:
             self.close()
             raise
@@ -140,20 +146,28 @@ class TokenClient:
             raise TokenRuntimeError(f"client {self.client_id!r} already holds a token")
         seq = self._seq = (self._seq + 1) & SEQ_MASK
         FRAME.pack_into(self._out, 0, OP_ACQUIRE, 0, 0, seq, 0.0)
-        self._io(sock.sendall, self._out)
+        out: bytes | bytearray = self._out
+        if self._pending_release:  # ``renew``: the RELEASE goes in the same send
+            out, self._pending_release = self._pending_release + self._out, b""
+        try:  # inline (no helper calls): this is the grant's round trip
+            sock.sendall(out)
+            got = sock.recv_into(self._in_view, FRAME_SIZE)
+            if got != FRAME_SIZE:
+                _recv_rest(sock, self._in_view, got)
+        except OSError as e:
+            raise self._lost(e) from None
         while True:
-            op, flags, length, rseq, value = self._read_frame()
+            op, flags, length, rseq, value = FRAME.unpack_from(self._in)
             if op == OP_GRANT and rseq == seq:
-                self._t_grant = time.perf_counter()
-                self._busy_at_grant = (
-                    self._t_grant if self.busy_clock is time.perf_counter else self.busy_clock()
-                )
-                self.token_ms = value
+                t = self._t_grant = time.perf_counter()
+                self._busy_at_grant = t if self._busy_is_perf else self.busy_clock()
+                token_ms: float = value
+                self.token_ms = token_ms
                 self.elastic = bool(flags & 1)
                 self._used_ms = 0.0
                 if self._in_burst:
                     self._seg_t0 = self._busy_at_grant
-                return value
+                return token_ms
             if op == OP_ERROR:
                 text = self._read_text(length)
                 if rseq == seq:
@@ -161,6 +175,7 @@ class TokenClient:
                 log.warning(
                     "token server rejected an earlier release of %r: %s", self.client_id, text
                 )
+                self._recv_exact(self._in_view)
                 continue
             self.close()
             raise TokenRuntimeError(
@@ -184,7 +199,13 @@ class TokenClient:
         FRAME.pack_into(self._out, 0, OP_RELEASE, 1 if completed else 0, 0, self._seq, busy_ms)
         self.token_ms = None
         self._used_ms = 0.0
-        self._io(sock.sendall, self._out)
+        if self._batch_release:  # ``renew``: ``acquire`` sends it with its ACQUIRE
+            self._pending_release = bytes(self._out)
+            return
+        try:
+            sock.sendall(self._out)
+        except OSError as e:
+            raise self._lost(e) from None
 
     @contextlib.contextmanager
     def burst(self, reuse: bool = False) -> Iterator[float]:
@@ -239,10 +260,18 @@ class TokenClient:
         paid once per token, not once per burst."""
         if self._in_burst:
             raise TokenRuntimeError(f"client {self.client_id!r} is already in a burst")
-        if self.reusable():
-            self.reused += 1
+        token_ms = self.token_ms
+        if token_ms is not None:  # the common case, inline: one clock read, no helper calls
+            now = time.perf_counter()
+            left_ms = token_ms - (now - self._t_grant) * 1000.0
+            if reuse_token(left_ms, self.predicted_burst_ms, split_bursts=self.split_bursts):
+                self.reused += 1
+                self._in_burst = True
+                self._seg_t0 = now if self._busy_is_perf else self.busy_clock()
+                self._burst_done_ms = 0.0
+                return left_ms
+            self.renew()
         else:
-            self.release_if_held(completed=False)
             self.acquire()
         self.begin_burst()
         return self.token_left_ms()
@@ -292,6 +321,19 @@ class TokenClient:
         self.release(busy_ms, completed=completed)
         return True
 
+    def renew(self) -> float:
+        """``release_if_held(completed=False)`` then ``acquire()``, the RELEASE and the ACQUIRE
+        in one send: the server reads both in one wake-up (on a busy machine each wake-up of the
+        server may preempt the caller until the server has handled it). For a caller whose
+        token ran out, or cannot fit its next burst, with work still queued: ``start_burst``,
+        the instance's batch start and its preemption point. Raises like ``acquire``."""
+        self._batch_release = True
+        try:
+            self.release_if_held(completed=False)
+        finally:
+            self._batch_release = False
+        return self.acquire()
+
     def idle(self) -> bool:
         """The caller has no more work queued: ``release_if_held(completed=True)``."""
         return self.release_if_held(completed=True)
@@ -325,17 +367,21 @@ class TokenClient:
 
     def _io(self, fn: Callable[[*Args], object], *args: *Args) -> None:
         """``fn(*args)`` on the socket; a timeout or a lost connection closes the client and is
-        raised as ``TimeoutError`` / ``ConnectionError`` naming the server."""
+        raised as ``TimeoutError`` / ``ConnectionError`` naming the server (``_lost``)."""
         try:
             fn(*args)
-        except TimeoutError:
-            self.close()
-            raise TimeoutError(
-                f"token server on {self.socket_path} did not answer in time"
-            ) from None
         except OSError as e:
-            self.close()
-            raise ConnectionError(f"token server on {self.socket_path} went away: {e}") from None
+            raise self._lost(e) from None
+
+    def _lost(self, e: OSError) -> OSError:
+        """Close the client after ``e`` on its socket; the error to raise instead: a
+        ``TimeoutError`` for a timeout (the socket's own, during the handshake, or the kernel's
+        ``SO_RCVTIMEO`` / ``SO_SNDTIMEO`` afterwards, which fail the call with ``EAGAIN``), else
+        a ``ConnectionError``."""
+        self.close()
+        if isinstance(e, (TimeoutError, BlockingIOError)):
+            return TimeoutError(f"token server on {self.socket_path} did not answer in time")
+        return ConnectionError(f"token server on {self.socket_path} went away: {e}")
 
     def _recv_exact(self, view: memoryview) -> None:
         sock = self._sock
@@ -449,6 +495,33 @@ class MemoryChannel:
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._sock = None
+
+
+def _kernel_timeouts(sock: socket.socket, timeout_s: float | None) -> None:
+    """Make ``sock`` blocking, with ``timeout_s`` (None: none) enforced by the kernel
+    (``SO_RCVTIMEO`` / ``SO_SNDTIMEO``: a call that waits longer fails with ``EAGAIN``).
+
+    A Python socket with its own timeout is non-blocking and polls before every send and
+    receive: two more system calls per round trip than a blocking socket. Called once the
+    handshake (which keeps the Python timeout, so ``connect`` is bounded too) is done."""
+    sock.settimeout(None)
+    if timeout_s is None:
+        return
+    whole_s = int(timeout_s)
+    usec = min(999_999, round((timeout_s - whole_s) * 1e6))
+    if whole_s == 0 and usec == 0:
+        usec = 1  # an all-zero timeval means no timeout at all
+    tv = struct.pack("@ll", whole_s, usec)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def _recv_rest(sock: socket.socket, view: memoryview, got: int) -> None:
+    """Fill the rest of ``view`` after a first ``recv_into`` that returned ``got`` bytes;
+    ``ConnectionError`` if the peer closed (``got`` 0, or before the rest came)."""
+    if got == 0:
+        raise ConnectionError("closed by the server")
+    _recv_all(sock, view[got:])
 
 
 def _recv_all(sock: socket.socket, view: memoryview) -> None:

@@ -1,5 +1,5 @@
 """The token server's connections and sockets: ``Conn`` (the server side of one instance
-connection), ``peer_alive`` and ``Wire`` (the connections by descriptor, the selector, sending
+connection), ``peer_alive`` and ``Wire`` (the connections by descriptor, the epoll set, sending
 replies, accepting, closing). What a connection says is ``sessions``; what its tokens do is
 ``dispatch``; the wire format is ``protocol``."""
 
@@ -9,7 +9,6 @@ import contextlib
 import logging
 import math
 import select
-import selectors
 import socket
 import struct
 
@@ -74,23 +73,52 @@ class Conn:
 
 
 class Wire:
-    """The token server's open connections and its selector, and the sending of replies.
+    """The token server's open connections and its epoll set, and the sending of replies.
 
     Owned by ``TokenServer`` (one per server); ``sessions.Sessions`` and
     ``dispatch.TokenDispatch`` send through it. Every method runs under the server's lock (in
-    the loop thread, or in an agent call such as ``remove_client``). ``sel`` is set by the
-    server's ``start`` and cleared by its ``stop``; ``by_fd`` holds every accepted connection
-    until ``close`` (only ``Sessions.reap`` closes one: a connection that must go is marked
-    ``dead`` and closed by the next reap). ``stats`` is the server's counter dict
-    (``records.new_stats``).
+    the loop thread, or in an agent call such as ``remove_client``). ``open`` (the server's
+    ``start``) creates the epoll set with the listener and the wake-up socket, ``shut`` (its
+    ``stop``) closes it. ``by_fd`` holds every accepted connection until ``close`` (only
+    ``Sessions.reap`` closes one: a connection that must go is marked ``dead`` and closed by the
+    next reap). ``stats`` is the server's
+    counter dict (``records.new_stats``).
+
+    It uses ``select.epoll`` directly, not ``selectors``: the loop wakes once per message, and
+    the selector's key objects cost about 1 us of Python per wake-up (docs/journal/tokens.md,
+    the token path).
     """
 
-    __slots__ = ("by_fd", "sel", "stats")
+    __slots__ = ("by_fd", "ep", "fds", "stats")
 
     def __init__(self, stats: dict[str, int]) -> None:
         self.by_fd: dict[int, Conn] = {}
-        self.sel: selectors.BaseSelector | None = None
+        self.ep: select.epoll | None = None
+        self.fds: set[int] = set()
+        """Every descriptor in the epoll set (the sub-millisecond ``select`` waits on them)."""
         self.stats = stats
+
+    @property
+    def started(self) -> bool:
+        return self.ep is not None
+
+    def open(self, *socks: socket.socket) -> None:
+        """Create the epoll set watching ``socks`` (the listener, the wake-up socket)."""
+        self.ep = select.epoll()
+        for sock in socks:
+            self._watch(sock.fileno())
+
+    def shut(self) -> None:
+        """Close the epoll set (the connections are closed by ``Sessions.reap``)."""
+        if self.ep is not None:
+            self.ep.close()
+        self.ep = None
+        self.fds.clear()
+
+    def _watch(self, fd: int) -> None:
+        assert self.ep is not None
+        self.ep.register(fd, select.EPOLLIN)
+        self.fds.add(fd)
 
     def send(self, conn: Conn, frame: bytes | bytearray) -> bool:
         """Non-blocking send of one whole message; a connection that cannot take it is dead.
@@ -135,7 +163,7 @@ class Wire:
 
     def accept(self, listener: socket.socket) -> None:
         """Accept every pending connection on ``listener`` (non-blocking, while started)."""
-        assert self.sel is not None
+        assert self.ep is not None
         while True:
             try:
                 sock, _ = listener.accept()
@@ -144,16 +172,17 @@ class Wire:
             sock.setblocking(False)
             conn = Conn(sock)
             self.by_fd[conn.fd] = conn
-            self.sel.register(sock, selectors.EVENT_READ, None)
+            self._watch(conn.fd)
             self.stats["connections"] += 1
 
     def close(self, conn: Conn) -> None:
         if self.by_fd.pop(conn.fd, None) is not None:
             self.stats["closed"] += 1
         conn.dead = True
-        if self.sel is not None:
+        if self.ep is not None and conn.fd in self.fds:
+            self.fds.discard(conn.fd)
             with contextlib.suppress(KeyError, ValueError, OSError):
-                self.sel.unregister(conn.sock)
+                self.ep.unregister(conn.fd)
         conn.sock.close()
 
     def wait(self, timeout_s: float | None) -> list[int]:
@@ -161,21 +190,23 @@ class Wire:
         thread calls it outside the server's lock.
 
         epoll's timeout is whole milliseconds rounded up (up to 1 ms late, i.e. 2.5 % of a
-        40 ms window lost at every tick); so wait whole milliseconds rounded *down* with the
-        selector and the sub-millisecond rest with select(2), whose timeout has microsecond
-        resolution (what is left is the OS's wake-up latency).
+        40 ms window lost at every tick); so wait whole milliseconds rounded *down* with epoll
+        and the sub-millisecond rest with select(2), whose timeout has microsecond resolution
+        (what is left is the OS's wake-up latency).
         """
-        sel = self.sel
-        assert sel is not None
-        if timeout_s is not None and 0 < timeout_s < 0.001:
-            fds = [k.fd for k in sel.get_map().values()]
-            if max(fds) < SELECT_FD_LIMIT:
-                ready, _, _ = select.select(fds, [], [], timeout_s)
-                return ready
-        if timeout_s is not None and timeout_s >= 0.001:
+        ep = self.ep
+        assert ep is not None
+        if timeout_s is None:
+            return [fd for fd, _ in ep.poll(-1)]
+        if timeout_s >= 0.001:
             whole_ms = math.floor(timeout_s * 1000.0)
-            timeout_s = (whole_ms - 0.5) / 1000.0  # EpollSelector rounds this up to whole_ms
-        return [key.fd for key, _ in sel.select(timeout_s)]
+            return [fd for fd, _ in ep.poll((whole_ms - 0.5) / 1000.0)]  # rounded up: whole_ms
+        if timeout_s <= 0:
+            return [fd for fd, _ in ep.poll(0)]
+        if max(self.fds) < SELECT_FD_LIMIT:
+            ready, _, _ = select.select(list(self.fds), [], [], timeout_s)
+            return ready
+        return [fd for fd, _ in ep.poll(timeout_s)]  # rounded up to 1 ms
 
 
 __all__ = ["Conn", "Wire", "peer_alive"]

@@ -101,10 +101,14 @@ is charged as debt by the policy), so an instance that hangs while holding one b
 band until its connection drops -- the agent's liveness check must kill such an instance. A
 RELEASE is asynchronous: ``snapshot`` may show the token held until the server has read it.
 
-Latency: the client uses a blocking socket and reuses its frame buffers; the server is one
-selector loop. The server thread needs the GIL to answer, so keep CPU-bound Python threads out
-of the process that hosts it (or lower ``sys.setswitchinterval``): a busy thread can delay a
-grant by the switch interval (5 ms by default).
+Latency: the client uses a blocking socket (its timeout is the kernel's ``SO_RCVTIMEO`` /
+``SO_SNDTIMEO``, so a round trip is one send and one receive, with no poll before each) and
+reuses its frame buffers; a token given back to ask for the next at once (``renew``) goes in
+the same send as the ACQUIRE. The server is one epoll loop (``select.epoll``, one wake-up per
+read). Where an acquire + release spends its time: docs/journal/tokens.md. The server thread
+needs the GIL to answer, so keep CPU-bound Python threads out of the process that hosts it (or
+lower ``sys.setswitchinterval``): a busy thread can delay a grant by the switch interval (5 ms
+by default).
 """
 
 from __future__ import annotations

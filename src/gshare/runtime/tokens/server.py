@@ -2,7 +2,7 @@
 wire protocol, who calls what and what must hold).
 
 ``TokenServer`` owns the socket, the lock and the loop thread, and its parts, which run under
-that lock: ``connection.Wire`` (the connections, the selector, sending), ``sessions.Sessions``
+that lock: ``connection.Wire`` (the connections, the epoll set, sending), ``sessions.Sessions``
 (reading frames, HELLO, MEMORY, closing dead connections) and ``dispatch.TokenDispatch`` (the
 token scheduler, FIKIT's class plan, delivering grants); ``records`` has ``TokenRecord``."""
 
@@ -12,7 +12,6 @@ import contextlib
 import logging
 import math
 import os
-import selectors
 import socket
 import stat
 import threading
@@ -136,9 +135,7 @@ class TokenServer:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        sel = self._wire.sel = selectors.DefaultSelector()
-        sel.register(listener, selectors.EVENT_READ, None)
-        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._wire.open(listener, self._wake_r)
         self._stopping = False
         self._thread = threading.Thread(
             target=self._run, name=f"gshare-tokens:{self.socket_path}", daemon=True
@@ -167,10 +164,8 @@ class TokenServer:
             for s in (self._listener, self._wake_r, self._wake_w):
                 if s is not None:
                     s.close()
-            if self._wire.sel is not None:
-                self._wire.sel.close()
+            self._wire.shut()
             self._listener = self._wake_r = self._wake_w = None
-            self._wire.sel = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
 
@@ -267,7 +262,7 @@ class TokenServer:
     # -- the loop (server thread) -------------------------------------------------------------
 
     def _run(self) -> None:
-        assert self._wire.sel is not None
+        assert self._wire.started
         dispatch, sessions, wire = self._dispatch, self._sessions, self._wire
         try:
             while True:
