@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from fastapi.responses import JSONResponse
 
 from gshare.runtime.instance import protocol as P
@@ -21,6 +23,24 @@ class HttpError(Exception):
         """Extra response headers (a shed request's ``Retry-After``)."""
         self.recorded = False
         """Set once the request was counted in the metrics."""
+
+
+RETRY_AFTER_MS_HEADER = "x-gshare-retry-after-ms"
+"""On a shed request (429): when the backlog ahead of it should have drained, ms (the standard
+``Retry-After`` says the same in whole seconds, at least 1)."""
+
+
+def overloaded(message: str, wait_ms: float) -> HttpError:
+    """The 429 of a request shed at arrival (``policy.admission``: ``Gateway.submit`` for a
+    latency SLO, ``streams`` for a TTFT SLO), with ``Retry-After`` after ``wait_ms``."""
+    return HttpError(
+        429,
+        message,
+        (
+            ("retry-after", str(max(1, math.ceil(wait_ms / 1000.0)))),
+            (RETRY_AFTER_MS_HEADER, f"{wait_ms:.0f}"),
+        ),
+    )
 
 
 def error_response(

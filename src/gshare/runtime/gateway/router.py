@@ -51,7 +51,7 @@ from gshare.policy.admission import (
 )
 from gshare.policy.routing import Candidate, choose_instance
 from gshare.runtime.gateway.channel import InstanceChannel, Pending, connect_unix
-from gshare.runtime.gateway.errors import HttpError
+from gshare.runtime.gateway.errors import HttpError, overloaded
 from gshare.runtime.gateway.generation import GenerativeRoute
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.lanes import DEFAULT_REQUEST_LANE_MB
@@ -75,9 +75,6 @@ is shed far earlier by ``policy.admission``)."""
 DISCONNECT_WATCH_S = 0.05
 """A request not answered after this long starts watching its client's connection: one that
 went away is cancelled (dropped from the queue, or at its instance)."""
-RETRY_AFTER_MS_HEADER = "x-gshare-retry-after-ms"
-"""On a shed request (429): when the backlog ahead of it should have drained, ms (the standard
-``Retry-After`` says the same in whole seconds, at least 1)."""
 CLIENT_GONE = 499
 """The status recorded for a request whose client disconnected before its answer (nginx's)."""
 
@@ -404,14 +401,10 @@ class Gateway:
             if d.verdict is Admit.SHED:
                 self.metrics.shed.labels(function, "slo").inc()
                 wait_ms = d.predicted_ms or 0.0
-                raise HttpError(
-                    429,
+                raise overloaded(
                     f"function {function!r} is overloaded: a request now would take about "
                     f"{wait_ms:.0f} ms, over its SLO of {r.slo_ms:g} ms; try again later",
-                    (
-                        ("retry-after", str(max(1, math.ceil(wait_ms / 1000.0)))),
-                        (RETRY_AFTER_MS_HEADER, f"{wait_ms:.0f}"),
-                    ),
+                    wait_ms,
                 )
         loop = asyncio.get_running_loop()
         p = Pending(function, op, enc, payload, time.perf_counter(), loop.create_future())

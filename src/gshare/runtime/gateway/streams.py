@@ -37,9 +37,9 @@ from starlette.types import Receive
 
 from gshare.policy.admission import Admit, admit
 from gshare.runtime.gateway.channel import Pending
-from gshare.runtime.gateway.errors import HttpError, status_of
+from gshare.runtime.gateway.errors import HttpError, overloaded, status_of
 from gshare.runtime.gateway.generation import GenerativeRoute
-from gshare.runtime.gateway.router import RETRY_AFTER_MS_HEADER, Gateway
+from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.instance import protocol as P
 
 MAX_STOP: Final[int] = 8
@@ -158,14 +158,10 @@ def start_generation(
             r.arrivals += 1  # demand, shed or not: the autoscaler sizes for it
             gw.metrics.shed.labels(name, "ttft").inc()
             wait_ms = d.predicted_ms or 0.0
-            raise HttpError(
-                429,
+            raise overloaded(
                 f"function {name!r} is overloaded: a request now would get its first token in "
                 f"about {wait_ms:.0f} ms, over its TTFT SLO of {g.ttft_ms:g} ms; try again later",
-                (
-                    ("retry-after", str(max(1, math.ceil(wait_ms / 1000.0)))),
-                    (RETRY_AFTER_MS_HEADER, f"{wait_ms:.0f}"),
-                ),
+                wait_ms,
             )
     body = orjson.dumps({"prompt": prompt, "parameters": dict(parameters)})
     p = gw.submit(name, P.OP_GENERATE, P.ENC_JSON, body)
