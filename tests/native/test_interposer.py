@@ -16,6 +16,7 @@ anything runs: timings are bench/interposer.py's. Skipped only without gcc or ``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -31,7 +32,7 @@ from gshare.policy.priority.kernel_id import KernelId
 from gshare.policy.tokens import LIVE_TOKEN_CONFIG, ClientSpec, TokenConfig
 from gshare.runtime import native
 from gshare.runtime.tokens import TokenClient, TokenServer
-from gshare.testing import wait_until
+from gshare.testing import WaitTimeout, wait_until
 
 HERE = Path(__file__).parent
 MIB = 1 << 20
@@ -275,8 +276,20 @@ def test_a_lone_client_stays_at_its_limit_and_reports_device_busy_time(
     )  # fmt: skip
     spans = _spans(tmp_path, "lone")
     device_ms = sum(b - a for a, b in spans) * 1000.0
-    reported_ms = sum(r.busy_ms for r in server.token_records() if r.client_id == "lone")
     stats = _stats(tmp_path, "lone")
+
+    def reported() -> float:
+        return sum(r.busy_ms for r in server.token_records() if r.client_id == "lone")
+
+    # the client's last release may still be on its way to the server thread when the client
+    # has exited: what the server records must reach what the client says it reported
+    with contextlib.suppress(WaitTimeout):  # the assert below then says by how much
+        wait_until(
+            lambda: reported() == pytest.approx(stats["busy_ms_reported"], rel=1e-6),
+            10,
+            "the server to record every release the client sent",
+        )
+    reported_ms = reported()
     assert stats["tokens"] > 10 and stats["fast_path"] > 0 and stats["revoked"] > 0
     # every launch came through the one door it was made through, and was counted there
     entry = "cuGraphLaunch" if graph else "cuLaunchKernel"
