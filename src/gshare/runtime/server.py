@@ -244,7 +244,9 @@ def run_server(opts: ServeOptions) -> None:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
-            loop="uvloop",
+            # the loop is asyncio.run's below (uvicorn's loop option applies only to its own
+            # run()); uvloop measured faster on HTTP but not on gRPC: docs/journal/oip.md
+            loop="asyncio",
             http=guarded_protocol(
                 opts.read_timeout_s,
                 opts.max_connections,
