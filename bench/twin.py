@@ -192,7 +192,13 @@ def main() -> None:
 
     print("2. simulated, ESG", flush=True)
     sim_scenario = with_cluster(scenario, local_latency_ms=0.0, remote_latency_ms=0.0, **constants)
-    sim = simulate(sim_scenario, duration_s=duration_s, seed=args.seed, live_profiles=live_profiles)
+    sim = simulate(
+        sim_scenario,
+        duration_s=duration_s,
+        seed=args.seed,
+        live_profiles=live_profiles,
+        frontend_jitter_ms=jitter,  # the spread measured above (frontend_ms excludes its mean)
+    )
 
     print("3. live, FaST-GShare (same state: functions and profiles kept)", flush=True)
     with ServeProcess("--workflow-policy", "fast-gshare", state_dir=state, cwd=REPO) as srv:

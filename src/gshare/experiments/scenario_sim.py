@@ -390,7 +390,8 @@ def run_functions(
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The plain function requests in ``SimCluster`` (module doc): request rows and, per
     function, devices and instances used."""
-    from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction
+    from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
+    from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction, cpu_runtime_fields
     from gshare.sim.engine import EventLoop
     from gshare.sim.workload import drive_open_loop
 
@@ -399,8 +400,13 @@ def run_functions(
         return [], {}
     table = ProfileTable(p for n in names for p in profiles[n].renamed(n))
     loop = EventLoop()
+    on_cpu = all(scenario.functions[n].device == "cpu" for n in names)
     cfg = ClusterConfig(
-        max_gpus=scenario.cluster.devices, autoscaler=autoscaler, noise_sigma=NOISE_SIGMA
+        max_gpus=scenario.cluster.devices,
+        autoscaler=autoscaler,
+        noise_sigma=NOISE_SIGMA,
+        admission_slo_factor=DEFAULT_MAX_LATENCY_SLO_FACTOR,  # gshare serve's default
+        **(cpu_runtime_fields() if on_cpu else {}),
     )
     cluster = SimCluster(loop, table, cfg, np.random.default_rng([seed, 301]))
     for n in names:
@@ -417,6 +423,7 @@ def run_functions(
                 max_wait_ms=float(spec.batching.max_wait_ms),
                 quota_limit_pct=limit,
                 keep_alive_s=float(spec.keep_alive_s),
+                priority=spec.priority,
             )
         )
         times = [LEAD_MS + a.time_ms for a in arrivals if a.kind == "function" and a.target == n]
@@ -458,7 +465,7 @@ def run_functions(
                 "latency_ms": r.latency_ms,
                 "slo_ms": r.slo_ms if r.slo_ms is not None and math.isfinite(r.slo_ms) else None,
                 "hit": r.slo_met,
-                "status": "ok",
+                "status": "error" if r.shed else "ok",  # shed: the live 429
                 "measured": r.arrival_ms >= LEAD_MS + warmup_ms,
                 "cost_uusd": None,
             }
