@@ -87,6 +87,30 @@ async def _replay(url: str, name: str, times_ms: np.ndarray) -> list[tuple[float
     return out
 
 
+def light_load(
+    url: str, client: Any, name: str, body: Any, n: int, pace_s: float
+) -> tuple[list[float], float, dict[str, Any]]:
+    """``n`` sequential requests to ``name``, one per ``pace_s``: the platform's share of each
+    answered request after the first quarter (the instance's first inferences), its busy time per
+    request and the instance statistics' ``compute_infer`` then. The platform's share is the
+    client's latency beyond the busy time (the gateway's compute statistics): the HTTP exchange,
+    the gateway, the hop to the instance — what the simulator draws per request
+    (``ClusterConfig.platform_ms``)."""
+    lat_ms = []
+    for _ in range(n):
+        t = time.perf_counter()
+        if isinstance(body, bytes):
+            client.invoke_raw(name, body)
+        else:
+            client.invoke(name, body)
+        lat_ms.append((time.perf_counter() - t) * 1000.0)
+        time.sleep(pace_s)
+    stats = httpx.get(f"{url}/v2/models/{name}/stats", timeout=10.0).json()
+    ci: dict[str, Any] = stats["model_stats"][0]["inference_stats"]["compute_infer"]
+    busy_ms = float(ci["ns"]) / 1e6 / max(1, int(ci["count"]))
+    return [max(0.0, x - busy_ms) for x in lat_ms[n // 4 :]], busy_ms, ci
+
+
 def run_live(
     autoscaler: str,
     times_ms: np.ndarray | None,
@@ -117,12 +141,7 @@ def run_live(
         # warm up gently (4 requests/s, so the rate history stays far below one instance's
         # capacity); the instance's throughput as the controller estimates it for new
         # instances: quota_request × 1000 / busy ms per request (Triton statistics' compute time)
-        for _ in range(WARMUP_REQUESTS):
-            c.invoke_raw(name, BODY)
-            time.sleep(0.25)
-        stats = httpx.get(f"{srv.url}/v2/models/{name}/stats", timeout=10.0).json()
-        ci = stats["model_stats"][0]["inference_stats"]["compute_infer"]
-        busy_ms = float(ci["ns"]) / 1e6 / max(1, int(ci["count"]))
+        platform_ms, busy_ms, ci = light_load(srv.url, c, name, BODY, WARMUP_REQUESTS, 0.25)
         tput = [float(SHARE["quota_request"]) * 1000.0 / busy_ms]
         if times_ms is None:
             times_ms = make_segment(statistics.median(tput))
@@ -161,6 +180,7 @@ def run_live(
         "throughput_rps_per_instance": tput[0],
         "busy_ms_per_request": busy_ms,
         "busy_ms_per_request_under_load": busy_ms_run,
+        "platform_ms": platform_ms,
     }
 
 

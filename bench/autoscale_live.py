@@ -71,7 +71,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             # one simulated throughput for both (the first server's, which set the rate): the
             # servers' own measurements differ with the machine's load
             chosen.setdefault("sim_tput_rps", live["throughput_rps_per_instance"])
-            live.update(run_sim(a, times, args.max_instances, chosen["sim_tput_rps"], args.seed))
+            sim = run_sim(
+                a,
+                times,
+                args.max_instances,
+                chosen["sim_tput_rps"],
+                args.seed,
+                platform_ms=tuple(live["platform_ms"]),  # this server's warm-up
+            )
+            live.update(sim)
             rows.append(live)
             print(
                 f"  {a}: live {live['slo_violation_pct']:.2f} % / "

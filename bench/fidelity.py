@@ -172,11 +172,27 @@ def run_workflow(name: str, quick: bool, seeds: int, tmp: Path, loads: list[floa
     return out
 
 
-def _plain(name: str, quick: bool, seeds: int, tmp: Path, loads: list[float], *flags: str) -> Any:
-    """A scenario of plain functions: (scenario, simulated results per seed, live results)."""
+def _plain(
+    name: str,
+    quick: bool,
+    seeds: int,
+    tmp: Path,
+    loads: list[float],
+    *flags: str,
+    calibrate_on: str | None = None,
+) -> Any:
+    """A scenario of plain functions: (scenario, simulated results per seed, live results).
+    ``calibrate_on``: a function whose platform latency is measured first at a light load
+    (``_autoscale.light_load``, 20 requests) and given to the simulator as ``frontend_ms``
+    (the median: a plain request pays it, ``sim.gateway``)."""
     sc = load_scenario(SCENARIOS / f"{name}.yaml")
     dur = sc.duration_s(quick)
     with ServeProcess(*flags, state_dir=tmp / name, cwd=REPO) as srv:
+        if calibrate_on is not None:
+            deploy(srv.client(), sc)
+            body = next(w.input_json for w in sc.workloads if w.target == calibrate_on)
+            plat, _, _ = _autoscale.light_load(srv.url, srv.client(), calibrate_on, body, 20, 0.1)
+            sc = twin.with_cluster(sc, frontend_ms=float(np.median(plat)))
         lives = _live_twice(
             lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed), loads
         )
@@ -206,8 +222,9 @@ def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[An
 def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
     """``priority-pair`` (module doc): the high class's latency figures."""
     sc, sims, lives = _plain(
-        "priority-pair", quick, seeds, tmp, loads, "--priority-sharing", "tokens"
-    )
+        "priority-pair", quick, seeds, tmp, loads, "--priority-sharing", "tokens",
+        calibrate_on="prio-hi",
+    )  # fmt: skip
     fig = [latency_figures(r.rows, "function", "prio-hi") for r in (*sims, *lives)]
     return _scores("priority-pair", fig[:seeds], fig[seeds:])
 
@@ -231,8 +248,11 @@ def run_llm(quick: bool, seeds: int, tmp: Path, loads: list[float], **model: Any
         loads.append(_load())
         lives.append(live)
     assert times is not None
+    platform = tuple(lives[0]["platform_ms"])  # the first server's warm-up, as the throughput
     sims = [
-        _autoscale.run_sim("gshare-burst", times, 4, chosen["tput"], k, **model)
+        _autoscale.run_sim(
+            "gshare-burst", times, 4, chosen["tput"], k, **{"platform_ms": platform, **model}
+        )
         for k in range(seeds)
     ]
     keys = {

@@ -401,11 +401,15 @@ def run_functions(
     table = ProfileTable(p for n in names for p in profiles[n].renamed(n))
     loop = EventLoop()
     on_cpu = all(scenario.functions[n].device == "cpu" for n in names)
+    # a plain request pays the client's exchange and the hop to its instance, as a workflow
+    # request pays frontend_ms and each of its stages dispatch_ms
+    platform = float(scenario.cluster.frontend_ms + scenario.cluster.dispatch_ms)
     cfg = ClusterConfig(
         max_gpus=scenario.cluster.devices,
         autoscaler=autoscaler,
         noise_sigma=NOISE_SIGMA,
         admission_slo_factor=DEFAULT_MAX_LATENCY_SLO_FACTOR,  # gshare serve's default
+        platform_ms=(platform,) if platform > 0 else (),
         **(cpu_runtime_fields() if on_cpu else {}),
     )
     cluster = SimCluster(loop, table, cfg, np.random.default_rng([seed, 301]))

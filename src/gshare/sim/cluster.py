@@ -106,6 +106,9 @@ class ClusterConfig:
     """Burst model of instances (default: launch-gated, validated by ``token-fidelity``)."""
     token_wakeup_ms: float = DEFAULT_WAKEUP_MS
     """Wake-up charged to a token a burst had to wait for (``token-fidelity``'s constant)."""
+    platform_ms: tuple[float, ...] = ()
+    """Per-request platform latency samples (``sim.gateway``: the HTTP exchange and the hop to
+    the instance, drawn per answer); empty: none."""
     admission_slo_factor: float | None = None
     """The gateway's SLO-aware admission (``sim.gateway``): shed a request predicted to take
     over this many SLOs, as ``gshare serve`` does (its default:
@@ -159,7 +162,13 @@ class SimCluster:
         self.config = config
         self.rng = rng
         self.log = RequestLog()
-        self.gateway = Gateway(loop, self.log, config.admission_slo_factor)
+        self.gateway = Gateway(
+            loop,
+            self.log,
+            config.admission_slo_factor,
+            config.platform_ms,
+            np.random.default_rng(int(rng.integers(2**62))) if config.platform_ms else None,
+        )
         self.placer = make_placer(config.placer, max_gpus=config.max_gpus)
         self.scale = (
             autoscale.get_autoscaler(config.autoscaler)

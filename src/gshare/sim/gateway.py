@@ -15,6 +15,12 @@ the measured service interval, ``ServiceEstimate`` fed every answer) is over the
 A shed request is answered at once (the live 429) and logged as a miss (``SimRequest.shed``);
 it does not count as outstanding.
 
+Platform latency (``platform_ms``, samples in ms; empty by default): each answer (a shed one
+too) reaches its client one sample later, drawn per request — the client's HTTP exchange and the
+gateway → instance hop, which the profiles (the instance's busy time) do not hold. It adds to
+the request's latency only: the instance is free at the burst's end as live. Measured per run by
+the caller (``bench/_autoscale.py``: the warm-up requests' client latency minus their busy time).
+
 NOTE — admission in the simulator: without it, a burst over capacity queued every request (the
 live gateway refuses most of them), so each later request of the burst waited behind requests
 the live server never ran. Found on ``bench/fidelity.py``'s LLM-trace segment, where the live
@@ -25,7 +31,9 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from gshare.policy.admission import Admit, ServiceEstimate, admit
 from gshare.policy.routing import Candidate, choose_instance
@@ -40,8 +48,15 @@ class Gateway:
         loop: EventLoop,
         log: RequestLog | None = None,
         admission_slo_factor: float | None = None,
+        platform_ms: Sequence[float] = (),
+        rng: np.random.Generator | None = None,
     ) -> None:
         self.loop = loop
+        self.platform_ms = tuple(float(x) for x in platform_ms)
+        """Per-request platform latency samples (module doc); empty: none."""
+        if any(not x >= 0 for x in self.platform_ms):
+            raise ValueError("platform_ms must hold numbers >= 0")
+        self._rng = rng if rng is not None else np.random.default_rng(0)
         self.log = log or RequestLog()
         self.admission_slo_factor = admission_slo_factor
         """Shed over this many SLOs (``policy.admission``); None: admit everything."""
@@ -93,6 +108,7 @@ class Gateway:
 
     def completed(self, req: SimRequest) -> None:
         """Instances call this for each finished request."""
+        self._add_platform(req)
         self.log.record(req)
         self.outstanding[req.function] -= 1
         self.last_activity_ms[req.function] = self.loop.now_ms
@@ -145,7 +161,12 @@ class Gateway:
         req.start_ms = req.finish_ms = self.loop.now_ms
         self.shed[fn] = self.shed.get(fn, 0) + 1
         self.log.submitted += 1
+        self._add_platform(req)
         self.log.record(req)
         for hook in self.on_complete_hooks:
             hook(req)
         return True
+
+    def _add_platform(self, req: SimRequest) -> None:
+        if self.platform_ms:
+            req.finish_ms += self.platform_ms[int(self._rng.integers(len(self.platform_ms)))]
