@@ -15,7 +15,10 @@ a request violates the SLO when it is not answered 200 within ``slo_ms``. A samp
 function's non-draining instances from the control API every 0.25 s.
 
 Then the same segment is simulated (``sim.cluster``, same autoscaler, period, keep-alive and
-bounds, the live cold-start model ``LIVE_FORK_COLD_START_MS``, the runtime's token protocol)
+bounds, the live cold-start model ``LIVE_FORK_COLD_START_MS``, the CPU runtime's burst model
+``cpu_runtime_fields`` with its token protocol, the gateway's admission control, and the
+platform latency each warm-up request showed beyond its busy time; ``_autoscale.py``, shared
+with ``bench/fidelity.py``)
 with one config whose throughput is what the first server measured (``quota_request × 1000 /
 busy ms`` per request, as the controller estimates it), the same for both autoscalers.
 

@@ -38,6 +38,7 @@ live run: the figures here are disturbed by other work on the shared machine).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -55,6 +56,8 @@ from gshare.experiments.scenario_load import deploy, run_load
 from gshare.experiments.scenario_sim import fetch_live_profiles, function_profiles, simulate
 from gshare.profiles import ProfilePoint
 from gshare.scenario import Scenario, load_scenario
+from gshare.sim.gpu import InterferenceModel
+from gshare.sim.profiler import DEFAULT_WAKEUP_MS
 from gshare.testing import ServeProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,6 +150,10 @@ def run_workflow(name: str, quick: bool, seeds: int, tmp: Path, loads: list[floa
         jitter = twin.spread_above_median(calib, wf)
         if jitter:
             constants["frontend_ms"] = max(0.0, constants["frontend_ms"] - float(np.mean(jitter)))
+        unmatched = dict(constants)
+        constants = twin.match_median(
+            sc, wf, calib, constants, jitter, profiles, sc.seed + 1000, calib_s
+        )
         lives = _live_twice(
             lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed), loads
         )
@@ -162,8 +169,9 @@ def run_workflow(name: str, quick: bool, seeds: int, tmp: Path, loads: list[floa
         for k in range(seeds)
     ]
     # before: the twin as it was, which measured the spread but did not give it to the
-    # simulator (its frontend_ms still without the spread's mean)
-    before = simulate(sim_sc, duration_s=dur, seed=sc.seed, live_profiles=profiles)
+    # simulator (its frontend_ms still without the spread's mean, and not matched)
+    before_sc = twin.with_cluster(sc, local_latency_ms=0.0, remote_latency_ms=0.0, **unmatched)
+    before = simulate(before_sc, duration_s=dur, seed=sc.seed, live_profiles=profiles)
     fig = [latency_figures(r.rows, "workflow", wf) for r in (*sims, *lives)]
     out = _scores(name, fig[:seeds], fig[seeds:])
     fb = latency_figures(before.rows, "workflow", wf)
@@ -183,20 +191,20 @@ def _plain(
 ) -> Any:
     """A scenario of plain functions: (scenario, simulated results per seed, live results).
     ``calibrate_on``: a function whose platform latency is measured first at a light load
-    (``_autoscale.light_load``, 20 requests) and given to the simulator as ``frontend_ms``
-    (the median: a plain request pays it, ``sim.gateway``)."""
+    (``_autoscale.light_load``, 40 requests) and given to the simulator as samples, one drawn
+    per request (``sim.gateway``: a plain request pays it)."""
     sc = load_scenario(SCENARIOS / f"{name}.yaml")
     dur = sc.duration_s(quick)
+    plat: list[float] = []
     with ServeProcess(*flags, state_dir=tmp / name, cwd=REPO) as srv:
         if calibrate_on is not None:
             deploy(srv.client(), sc)
             body = next(w.input_json for w in sc.workloads if w.target == calibrate_on)
-            plat, _, _ = _autoscale.light_load(srv.url, srv.client(), calibrate_on, body, 20, 0.1)
-            sc = twin.with_cluster(sc, frontend_ms=float(np.median(plat)))
+            plat, _, _ = _autoscale.light_load(srv.url, srv.client(), calibrate_on, body, 40, 0.1)
         lives = _live_twice(
             lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed), loads
         )
-    sims = [simulate(sc, duration_s=dur, seed=sc.seed + k) for k in range(seeds)]
+    sims = [simulate(sc, duration_s=dur, seed=sc.seed + k, platform_ms=plat) for k in range(seeds)]
     return sc, sims, lives
 
 
@@ -216,7 +224,16 @@ def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[An
         {f"share_pct:{f}": share_pct(r.rows, f, _solo_ms(sc, f), lo, hi) for f in fns}
         for r in (*sims, *lives)
     ]
-    return _scores("share-pair", fig[:seeds], fig[seeds:])
+    out = _scores("share-pair", fig[:seeds], fig[seeds:])
+    # before: the simulator's GPU burst model (V100-fitted) for these CPU functions
+    gpu = dataclasses.replace(
+        sc, functions={n: f.model_copy(update={"device": "auto"}) for n, f in sc.functions.items()}
+    )
+    b = simulate(gpu, duration_s=sc.duration_s(quick), seed=sc.seed)
+    for o in out:
+        f = o["metric"].split(":", 1)[1]
+        o["sim_before"] = share_pct(b.rows, f, _solo_ms(sc, f), lo, hi)
+    return out
 
 
 def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
@@ -264,6 +281,13 @@ def run_llm(quick: bool, seeds: int, tmp: Path, loads: list[float], **model: Any
     sim_fig = [{k: s[f"sim_{v}"] for k, v in keys.items()} for s in sims]
     live_fig = [{k: lv[v] for k, v in keys.items()} for lv in lives]
     out = _scores("llm-autoscale", sim_fig, live_fig)
+    # before: no admission, the V100-fitted 1-ms wake-up and interference, no platform latency
+    before = _autoscale.run_sim(
+        "gshare-burst", times, 4, chosen["tput"], 0, admission_slo_factor=None,
+        token_wakeup_ms=DEFAULT_WAKEUP_MS, interference=InterferenceModel(),
+    )  # fmt: skip
+    for o in out:
+        o["sim_before"] = before[f"sim_{keys[o['metric']]}"]
     for o in out:
         o["busy_ms_per_request_warmup"] = [lv["busy_ms_per_request"] for lv in lives]
         o["busy_ms_per_request_under_load"] = [lv["busy_ms_per_request_under_load"] for lv in lives]

@@ -167,7 +167,7 @@ class SimCluster:
             self.log,
             config.admission_slo_factor,
             config.platform_ms,
-            np.random.default_rng(int(rng.integers(2**62))) if config.platform_ms else None,
+            rng.spawn(1)[0] if config.platform_ms else None,  # leaves rng's own draws as they were
         )
         self.placer = make_placer(config.placer, max_gpus=config.max_gpus)
         self.scale = (
