@@ -29,9 +29,10 @@ first; its figure is ``sim``, the others give the 90 % interval). Scenarios:
 
 Per figure (``experiments.fidelity.score``): ``sim``, ``sim_median``, ``sim_p05`` / ``sim_p95``,
 ``live`` (mean of the two runs), ``live_runs``, ``live_spread``, ``error`` and ``within``, and
-``basis``: ``bound`` (p50 ±15 %, p99 ±30 %, hit rate / violations ±5 pp, mean instances ±10 %,
-shares ±2 pp) or ``interval`` (the live figure inside the simulated 90 % interval, used where
-the live spread is larger than the bound). Summary: ``within_bounds_all``, the count of figures
+``basis``: ``bound`` (judged on p50 ±15 %, p99 ±30 %, hit rate / violations ±5 pp, mean
+instances ±10 %, shares ±2 pp) or ``interval`` (outside its bound where the live spread is
+larger than the bound: within when the live figure is inside the simulated 90 % interval).
+Summary: ``within_bounds_all``, the count of figures
 within, per-scenario wall time and the machine's load (``loadavg_1m`` before and after each
 live run: the figures here are disturbed by other work on the shared machine).
 """

@@ -38,13 +38,22 @@ def test_percentage_figures_are_scored_in_points() -> None:
     assert score("share_pct:a", [27.0], [30.0, 30.5])["within"] is False  # 3.25 pp > 2 pp
 
 
-def test_a_noisy_live_figure_is_scored_on_the_simulated_interval() -> None:
+def test_a_noisy_live_figure_outside_its_bound_is_judged_on_the_simulated_interval() -> None:
     live = [20.0, 40.0]  # spread 67 % of the mean: larger than p99's 30 % bound
-    inside = score("p99_ms", [18.0, 25.0, 35.0, 22.0], live)
+    inside = score("p99_ms", [18.0, 25.0, 35.0, 45.0], live)  # 18 vs 30: -40 %
     assert inside["basis"] == "interval" and inside["live_spread"] == pytest.approx(20 / 30)
     assert inside["sim_p05"] <= 30.0 <= inside["sim_p95"] and inside["within"] is True
     outside = score("p99_ms", [10.0, 11.0, 12.0], live)
     assert outside["basis"] == "interval" and outside["within"] is False
+    # within the bound, a noisy figure needs no interval
+    near = score("p99_ms", [33.0, 33.0], live)
+    assert near["basis"] == "bound" and near["within"] is True
+
+
+def test_the_interval_is_no_excuse_where_the_live_runs_agree() -> None:
+    s = score("p50_ms", [5.0, 9.0, 12.0], [10.0, 10.1])  # live inside the interval, but -50 %
+    assert s["sim_p05"] <= s["live"] <= s["sim_p95"]
+    assert s["basis"] == "bound" and s["within"] is False
 
 
 def test_missing_figures_are_not_within() -> None:

@@ -4,13 +4,13 @@ Who calls it: ``bench/fidelity.py`` (one call of ``score`` per scenario and metr
 ``--seeds`` summaries (``interval``: ``gshare simulate --seeds`` and ``gshare experiment run
 --seeds`` through ``experiments.results.aggregate_summaries``). Pure arithmetic: no I/O.
 
-A figure is scored on its **bound** (``BOUNDS``: p50 within 15 %, p99 within 30 %, SLO hit
-rate and violations within 5 percentage points, mean instances within 10 %, achieved shares
-within 2 pp), unless the live run-to-run spread (the two live runs' difference, in the bound's
-unit) is larger than the bound: then the machine cannot tell the simulator's error from its own
-noise at that resolution, and the figure is scored on the **interval** instead — the live
-figure (the runs' mean) must lie inside the simulator's 90 % interval over seeds. What must
-hold: every score says which basis it used.
+A figure is within when its error is within its **bound** (``BOUNDS``: p50 within 15 %, p99
+within 30 %, SLO hit rate and violations within 5 percentage points, mean instances within
+10 %, achieved shares within 2 pp), or — only where the live run-to-run spread (the two live
+runs' difference, in the bound's unit) is larger than the bound, so that the machine cannot
+tell the simulator's error from its own noise at that resolution — when the live figure (the
+runs' mean) lies inside the simulator's 90 % interval over seeds (the **interval** basis). What
+must hold: every score says which basis it was judged on.
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ def score(metric: str, sim_by_seed: Sequence[float], live_runs: Sequence[float])
 
     Returns ``sim``, ``sim_median``, ``sim_p05``, ``sim_p95``, ``live`` (mean of the runs),
     ``live_runs``, ``live_spread`` (max − min, in the bound's unit: relative to ``live`` for a
-    relative bound), ``error`` (same unit), ``bound``, ``basis`` (``"bound"`` or
-    ``"interval"``) and ``within``. Non-finite inputs are dropped; a figure with no live or no
+    relative bound), ``error`` (same unit), ``bound``, ``basis`` (``"bound"``: judged on the
+    bound; ``"interval"``: outside the bound, judged on the interval) and ``within``.
+    Non-finite inputs are dropped; a figure with no live or no
     simulated value is scored ``within`` None."""
     b = BOUNDS[metric.split(":", 1)[0]]
     sims = [float(x) for x in sim_by_seed if x is not None and math.isfinite(x)]
@@ -95,12 +96,12 @@ def score(metric: str, sim_by_seed: Sequence[float], live_runs: Sequence[float])
         spread = spread / live if live else 0.0
     iv = interval(sims)
     err = _error(b.kind, sims[0], live)
-    if spread > b.tol:
-        basis = "interval"
-        within = iv["p05"] <= live <= iv["p95"]
+    if abs(err) <= b.tol:
+        basis, within = "bound", True
+    elif spread > b.tol:
+        basis, within = "interval", iv["p05"] <= live <= iv["p95"]
     else:
-        basis = "bound"
-        within = abs(err) <= b.tol
+        basis, within = "bound", False
     return {
         **out,
         "sim": sims[0],
