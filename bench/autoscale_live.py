@@ -15,7 +15,10 @@ a request violates the SLO when it is not answered 200 within ``slo_ms``. A samp
 function's non-draining instances from the control API every 0.25 s.
 
 Then the same segment is simulated (``sim.cluster``, same autoscaler, period, keep-alive and
-bounds, the live cold-start model ``LIVE_FORK_COLD_START_MS``, the runtime's token protocol)
+bounds, the live cold-start model ``LIVE_FORK_COLD_START_MS``, the CPU runtime's burst model
+``cpu_runtime_fields`` with its token protocol, the gateway's admission control, and the
+platform latency each warm-up request showed beyond its busy time; ``_autoscale.py``, shared
+with ``bench/fidelity.py``)
 with one config whose throughput is what the first server measured (``quota_request × 1000 /
 busy ms`` per request, as the controller estimates it), the same for both autoscalers.
 
@@ -30,216 +33,14 @@ Summary per autoscaler (``gshare-burst``, ``fast-heuristic``): ``slo_violation_p
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import statistics
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
-from _common import bench_parser, machine_load, percentile, print_table, write_json
-from gshare.policy.autoscale import ScaleConfig
-from gshare.policy.control import ControlParams
-from gshare.policy.tokens import LIVE_TOKEN_CONFIG
-from gshare.profiles import ProfilePoint, ProfileTable
-from gshare.sim import workload
-from gshare.sim.cluster import LIVE_FORK_COLD_START_MS, ClusterConfig, SimCluster, SimFunction
-from gshare.sim.engine import EventLoop
-from gshare.testing import ServeProcess
-
-ROOT = Path(__file__).resolve().parent.parent
-AUTOSCALERS = ("gshare-burst", "fast-heuristic")
-SLO_MS = 100.0
-SHARE = {"sm_pct": 25, "quota_request": 0.1, "quota_limit": 0.1}
-BATCH = {"max_batch": 1, "max_wait_ms": 0}
-KEEP_ALIVE_S = 30.0
-WARMUP_REQUESTS = 32
-"""Warm-up requests, one per 0.25 s (not measured)."""
-SIM_WARMUP_S = 8.0
-"""The simulated twin of the live warm-up (a few requests/s until the throughput is measured)."""
-BODY = bytes(64 * 4)  # zeros: a valid float32 input of the built-in mlp
-
-
-def segment(rate_rps: float, seconds: float, offset_s: float) -> np.ndarray:
-    """Arrival times (ms from 0) of the LLM code trace scaled to ``rate_rps``, the window
-    ``[offset_s, offset_s + seconds)`` of it."""
-    t = workload.scale_to_rate(workload.azure_llm(), rate_rps)
-    lo, hi = offset_s * 1000.0, (offset_s + seconds) * 1000.0
-    seg = t[(t >= lo) & (t < hi)] - lo
-    return seg
-
-
-async def _replay(url: str, name: str, times_ms: np.ndarray) -> list[tuple[float, float, int]]:
-    """Send one request at each time; (scheduled ms, latency ms, status) per request."""
-    out: list[tuple[float, float, int]] = []
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
-        t0 = time.perf_counter()
-
-        async def one(at_ms: float) -> None:
-            delay = at_ms / 1000.0 - (time.perf_counter() - t0)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            start = time.perf_counter()
-            try:
-                r = await client.post(
-                    f"/function/{name}",
-                    content=BODY,
-                    headers={"content-type": "application/octet-stream"},
-                )
-                status = r.status_code
-            except httpx.HTTPError:
-                status = 0
-            out.append((at_ms, (time.perf_counter() - start) * 1000.0, status))
-
-        await asyncio.gather(*(one(float(t)) for t in times_ms))
-    return out
-
-
-def run_live(
-    autoscaler: str,
-    times_ms: np.ndarray | None,
-    max_instances: int,
-    tmp: Path,
-    make_segment: Any = None,
-) -> tuple[dict[str, Any], np.ndarray]:
-    """One server with ``autoscaler``; ``times_ms`` None: build the segment with
-    ``make_segment(measured throughput per instance)`` once the instance measured it."""
-    with ServeProcess(
-        "--autoscaler", autoscaler, state_dir=tmp / f"state-{autoscaler}", cwd=ROOT
-    ) as srv:
-        c = srv.client()
-        name = "live-as"
-        c.deploy(
-            {
-                "name": name,
-                "model": "mlp",
-                "device": "cpu",
-                "resources": SHARE,
-                "batching": BATCH,
-                "slo_ms": SLO_MS,
-                "min_instances": 0,
-                "max_instances": max_instances,
-                "keep_alive_s": KEEP_ALIVE_S,
-            }
-        )
-        # warm up gently (4 requests/s, so the rate history stays far below one instance's
-        # capacity); the instance's throughput as the controller estimates it for new
-        # instances: quota_request × 1000 / busy ms per request (Triton statistics' compute time)
-        for _ in range(WARMUP_REQUESTS):
-            c.invoke_raw(name, BODY)
-            time.sleep(0.25)
-        stats = httpx.get(f"{srv.url}/v2/models/{name}/stats", timeout=10.0).json()
-        ci = stats["model_stats"][0]["inference_stats"]["compute_infer"]
-        busy_ms = float(ci["ns"]) / 1e6 / max(1, int(ci["count"]))
-        tput = [float(SHARE["quota_request"]) * 1000.0 / busy_ms]
-        if times_ms is None:
-            times_ms = make_segment(statistics.median(tput))
-        assert times_ms is not None
-        samples: list[int] = []
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.is_set():
-                with contextlib.suppress(Exception):  # a missed sample is not a failure
-                    samples.append(int(c.get(name)["replicas"]))
-                stop.wait(0.25)
-
-        th = threading.Thread(target=sample, daemon=True)
-        th.start()
-        results = asyncio.run(_replay(srv.url, name, times_ms))
-        stop.set()
-        th.join()
-    lat = [r[1] for r in results]
-    bad = sum(1 for r in results if r[2] != 200 or r[1] > SLO_MS)
-    return times_ms, {
-        "autoscaler": autoscaler,
-        "world": "live",
-        "requests": len(results),
-        "errors": sum(1 for r in results if r[2] != 200),
-        "slo_violation_pct": 100.0 * bad / max(1, len(results)),
-        "p50_ms": percentile(lat, 50),
-        "p99_ms": percentile(lat, 99),
-        "mean_instances": statistics.fmean(samples) if samples else 0.0,
-        "throughput_rps_per_instance": tput[0],
-        "busy_ms_per_request": busy_ms,
-    }
-
-
-def run_sim(
-    autoscaler: str, times_ms: np.ndarray, max_instances: int, tput_rps: float, seed: int
-) -> dict[str, Any]:
-    """The same segment in the simulator: one config of the live instances' throughput.
-
-    The live controller's throughput of an instance is ``quota_request × 1000 / busy_ms`` (busy
-    time per request measured by the gateway); the simulated model runs ``busy_ms`` per request
-    at quota 100 % (linear in the batch) and the simulated token scheduler gates it at the
-    share's quota, with the runtime's token protocol (``LIVE_TOKEN_CONFIG``, token reuse)."""
-    batch = int(BATCH["max_batch"])
-    cfg_sm, cfg_q = float(SHARE["sm_pct"]), float(SHARE["quota_request"]) * 100.0
-    busy_ms = (cfg_q / 100.0) * 1000.0 / tput_rps
-    rows = [
-        ProfilePoint("live-mlp", sm, q, b, b * busy_ms * (100.0 / q))
-        for sm in (cfg_sm, 100.0)
-        for q in (cfg_q, 100.0)
-        for b in (1, 2, 4)
-    ]
-    table = ProfileTable(rows)
-    config = ScaleConfig(
-        sm_pct=cfg_sm,
-        quota_pct=cfg_q,
-        batch=batch,
-        throughput_rps=tput_rps,
-        latency_ms=batch * 1000.0 / tput_rps,
-    )
-    loop = EventLoop()
-    cluster = SimCluster(
-        loop,
-        table,
-        ClusterConfig(
-            max_gpus=1,
-            cold_start_ms=LIVE_FORK_COLD_START_MS,
-            control=ControlParams(),
-            autoscaler=autoscaler,
-            launch=None,
-            token_config=LIVE_TOKEN_CONFIG,
-            token_reuse=True,
-        ),
-        np.random.default_rng(seed),
-    )
-    cluster.add_function(
-        SimFunction(
-            "live-as",
-            "live-mlp",
-            SLO_MS,
-            (config,),
-            max_instances=max_instances,
-            max_wait_ms=float(BATCH["max_wait_ms"]),
-            quota_limit_pct=float(SHARE["quota_limit"]) * 100.0,
-            keep_alive_s=KEEP_ALIVE_S,
-        )
-    )
-    # as live: a gentle warm-up (4 requests/s for SIM_WARMUP_S, not measured), then the segment
-    warm_ms = SIM_WARMUP_S * 1000.0
-    arrivals = np.concatenate([np.arange(0.0, warm_ms, 250.0), np.asarray(times_ms) + warm_ms])
-    end = float(arrivals[-1]) + 1000.0
-    cluster.log.warmup_ms = warm_ms
-    workload.drive_open_loop(loop, cluster.gateway, "live-as", arrivals)
-    cluster.start(until_ms=end)
-    loop.run(until_ms=end)
-    insts = [r["instances"] for r in cluster.timeline if r["t_s"] * 1000.0 >= warm_ms]
-    loop.run()
-    s = cluster.log.summary("live-as")
-    return {
-        "sim_slo_violation_pct": s["slo_violation_pct"],
-        "sim_p99_ms": s["p99_ms"],
-        "sim_mean_instances": statistics.fmean(insts) if insts else 0.0,
-    }
+from _autoscale import AUTOSCALERS, BATCH, SHARE, SLO_MS, run_live, run_sim, segment
+from _common import bench_parser, machine_load, print_table, write_json
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -273,7 +74,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             # one simulated throughput for both (the first server's, which set the rate): the
             # servers' own measurements differ with the machine's load
             chosen.setdefault("sim_tput_rps", live["throughput_rps_per_instance"])
-            live.update(run_sim(a, times, args.max_instances, chosen["sim_tput_rps"], args.seed))
+            sim = run_sim(
+                a,
+                times,
+                args.max_instances,
+                chosen["sim_tput_rps"],
+                args.seed,
+                platform_ms=tuple(live["platform_ms"]),  # this server's warm-up
+            )
+            live.update(sim)
             rows.append(live)
             print(
                 f"  {a}: live {live['slo_violation_pct']:.2f} % / "

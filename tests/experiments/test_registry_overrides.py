@@ -132,6 +132,9 @@ def test_summaries_over_seeds_aggregate_leaf_by_leaf() -> None:
         "std": 0.5,
         "min": 0.0,
         "max": 1.0,
+        "median": 0.5,
+        "p05": 0.05,  # the 90 % interval over seeds, linear between order statistics
+        "p95": 0.95,
         "values": [1.0, 0.5, 0.0],
     }
     assert agg["n"]["mean"] == 20.0 and agg["n"]["std"] == 10.0

@@ -122,7 +122,8 @@ def experiment_run(
         min=1,
         max=100,
         help="Run this many seeds (SEED, SEED+1, ...): each in OUT/NAME/seed-K/, and "
-        "OUT/NAME/results.json their summaries' mean, std, min and max.",
+        "OUT/NAME/results.json their summaries' median, 90 % interval (p05-p95), mean, std, "
+        "min and max.",
     ),
     out: Path = typer.Option(Path("results"), "--out", help="Output folder."),
     sets: list[str] = typer.Option(  # noqa: B008
@@ -202,6 +203,10 @@ def save(result: Any, out: Path, folder_name: str | None = None) -> Path:
         raise CliError(f"cannot write results to {out}: {e.strerror or e}", code=1) from None
 
 
+SEED_STATS = ("median", "p05", "p95", "mean", "std", "min", "max")
+"""The columns of a ``--seeds`` table (``experiments.results.aggregate_summaries``)."""
+
+
 def _write_seeds(
     name: str, results: list[Any], out: Path, quick: bool, sets: list[str], elapsed: float
 ) -> None:
@@ -231,12 +236,12 @@ def _write_seeds(
     rows: dict[str, dict[str, Any]] = {}
     for k, v in flatten(doc["summary"]):
         head, _, stat = k.rpartition(".")
-        if stat in ("mean", "std", "min", "max"):
+        if stat in SEED_STATS:
             rows.setdefault(head, {})[stat] = v
-    title = f"{name}: over {len(results)} seeds"
-    table = Table("summary", "mean", "std", "min", "max", title=title, box=None)
+    title = f"{name}: over {len(results)} seeds (p05-p95: the 90 % interval)"
+    table = Table("summary", *SEED_STATS, title=title, box=None)
     for k, stats in rows.items():
-        table.add_row(k, *(format_value(stats.get(c, "")) for c in ("mean", "std", "min", "max")))
+        table.add_row(k, *(format_value(stats.get(c, "")) for c in SEED_STATS))
     console.print(table)
     console.print(f"wrote {folder}/results.json and seed-*/ ({elapsed:.1f} s)")
 

@@ -82,11 +82,21 @@ def simulate_cmd(
         "aquatope) or autoscaler (gshare-burst, fast-heuristic, target-util).",
     ),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Replace the scenario's seed."),
+    seeds: int = typer.Option(
+        1,
+        "--seeds",
+        min=1,
+        max=100,
+        help="Run this many seeds (SEED, SEED+1, ...; SEED the scenario's or --seed): each in "
+        "OUT/NAME-simulate/seed-K/, and OUT/NAME-simulate/results.json every figure's median "
+        "and 90 % interval (p05-p95) over them.",
+    ),
     token: str | None = TOKEN_OPTION,
     state: Path | None = STATE_OPTION,
 ) -> None:
     """Run a scenario in the simulator; write OUT/NAME-simulate/results.json, rows.csv (one row
-    per request) and a latency CDF (PNG); print the summary."""
+    per request) and a latency CDF (PNG); print the summary. ``--seeds K``: K runs (arrivals and
+    the simulator's noise drawn per seed) and the spread of every figure over them."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from gshare.experiments.scenario_sim import fetch_live_profiles, simulate
@@ -119,12 +129,26 @@ def simulate_cmd(
                     at=f"{done_ms / 1000:.0f}/{total_ms / 1000:.0f} s simulated",
                 )
 
-            result = simulate(
-                sc, quick=quick, seed=seed, policy=policy, live_profiles=live, progress=report
-            )
+            first = sc.seed if seed is None else seed
+            results = []
+            for s in range(first, first + seeds):
+                t_run = time.perf_counter()
+                result = simulate(
+                    sc, quick=quick, seed=s, policy=policy, live_profiles=live, progress=report
+                )
+                stamp(result, quick=quick, overrides=[], t0=t_run)
+                results.append(result)
+                tasks.clear()
     except ScenarioError as e:
         raise CliError(str(e)) from None
-    given = _given(policy=policy, seed=seed, profiles_from=profiles_from)
+    given = _given(policy=policy, seed=seed, seeds=seeds if seeds > 1 else None,
+                   profiles_from=profiles_from)  # fmt: skip
+    if seeds > 1:
+        from gshare.cli import _write_seeds
+
+        _write_seeds(f"{sc.name}-simulate", results, out, quick, given,
+                     time.perf_counter() - t0)  # fmt: skip
+        return
     stamp(result, quick=quick, overrides=given, t0=t0)
     folder = save(result, out)
     _scenario_tables(result, "simulator")

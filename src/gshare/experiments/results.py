@@ -114,12 +114,16 @@ def jsonable(x: Any) -> Any:
 
 def aggregate_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The summaries of one experiment over several seeds, leaf by leaf (``gshare experiment
-    run --seeds``): a number present in every summary becomes ``{"mean", "std", "min", "max",
-    "values"}`` (std: the sample standard deviation, 0 for one seed; ``values`` in seed
-    order); a mapping present in every summary is aggregated inside; any other leaf is kept
-    when every seed agrees and listed per seed otherwise. Keys missing from some summaries are
+    run --seeds``, ``gshare simulate --seeds``): a number present in every summary becomes
+    ``{"mean", "std", "min", "max", "median", "p05", "p95", "values"}`` (std: the sample
+    standard deviation, 0 for one seed; p05..p95: the 90 % interval over the seeds,
+    ``experiments.fidelity.interval``; ``values`` in seed order); a mapping present in every
+    summary is aggregated inside; any other leaf is kept when every seed agrees and listed per
+    seed otherwise. Keys missing from some summaries are
     listed per seed (None where missing)."""
     import statistics
+
+    from gshare.experiments.fidelity import interval
 
     def numeric(v: Any) -> bool:
         return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
@@ -140,6 +144,7 @@ def aggregate_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any
                 "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
                 "min": min(xs),
                 "max": max(xs),
+                **interval(xs),
                 "values": xs,
             }
         return vals[0] if all(v == vals[0] for v in vals) else list(vals)

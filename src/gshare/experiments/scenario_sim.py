@@ -387,10 +387,13 @@ def run_functions(
     seed: int,
     warmup_ms: float = 0.0,
     progress: Progress | None = None,
+    platform_ms: Sequence[float] = (),
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The plain function requests in ``SimCluster`` (module doc): request rows and, per
-    function, devices and instances used."""
-    from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction
+    function, devices and instances used. ``platform_ms``: measured platform latency samples,
+    one drawn per request, in place of the scenario's constant."""
+    from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
+    from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction, cpu_runtime_fields
     from gshare.sim.engine import EventLoop
     from gshare.sim.workload import drive_open_loop
 
@@ -399,8 +402,17 @@ def run_functions(
         return [], {}
     table = ProfileTable(p for n in names for p in profiles[n].renamed(n))
     loop = EventLoop()
+    on_cpu = all(scenario.functions[n].device == "cpu" for n in names)
+    # a plain request pays the client's exchange and the hop to its instance, as a workflow
+    # request pays frontend_ms and each of its stages dispatch_ms
+    platform = float(scenario.cluster.frontend_ms + scenario.cluster.dispatch_ms)
     cfg = ClusterConfig(
-        max_gpus=scenario.cluster.devices, autoscaler=autoscaler, noise_sigma=NOISE_SIGMA
+        max_gpus=scenario.cluster.devices,
+        autoscaler=autoscaler,
+        noise_sigma=NOISE_SIGMA,
+        admission_slo_factor=DEFAULT_MAX_LATENCY_SLO_FACTOR,  # gshare serve's default
+        platform_ms=tuple(platform_ms) or ((platform,) if platform > 0 else ()),
+        **(cpu_runtime_fields() if on_cpu else {}),
     )
     cluster = SimCluster(loop, table, cfg, np.random.default_rng([seed, 301]))
     for n in names:
@@ -417,6 +429,7 @@ def run_functions(
                 max_wait_ms=float(spec.batching.max_wait_ms),
                 quota_limit_pct=limit,
                 keep_alive_s=float(spec.keep_alive_s),
+                priority=spec.priority,
             )
         )
         times = [LEAD_MS + a.time_ms for a in arrivals if a.kind == "function" and a.target == n]
@@ -458,7 +471,7 @@ def run_functions(
                 "latency_ms": r.latency_ms,
                 "slo_ms": r.slo_ms if r.slo_ms is not None and math.isfinite(r.slo_ms) else None,
                 "hit": r.slo_met,
-                "status": "ok",
+                "status": "error" if r.shed else "ok",  # shed: the live 429
                 "measured": r.arrival_ms >= LEAD_MS + warmup_ms,
                 "cost_uusd": None,
             }
@@ -597,10 +610,13 @@ def simulate(
     progress: Progress | None = None,
     bo_params: Mapping[str, Any] | None = None,
     frontend_jitter_ms: Sequence[float] = (),
+    platform_ms: Sequence[float] = (),
 ) -> ExperimentResult:
     """Run ``scenario`` in the simulator (module doc); ``ScenarioError`` for what the scenario
     cannot run with (a policy name, a function without profile, ...). ``frontend_jitter_ms``:
-    measured latency spread added per workflow request (``bench/twin.py``)."""
+    measured latency spread added per workflow request (``bench/twin.py``); ``platform_ms``:
+    measured platform latency samples, one per plain function request (``bench/fidelity.py``;
+    default: the scenario's ``frontend_ms + dispatch_ms``)."""
     wf_policy, autoscaler = check_policies(scenario, policy)
     dur = duration_s if duration_s is not None else scenario.duration_s(quick)
     s = scenario.seed if seed is None else seed
@@ -619,7 +635,7 @@ def simulate(
     )  # fmt: skip
     fn_rows, fn_extra = run_functions(
         scenario, arrivals, horizon_ms, autoscaler, profiles, seed=s, warmup_ms=warmup_ms,
-        progress=progress,
+        progress=progress, platform_ms=platform_ms,
     )  # fmt: skip
     rows = [*wf_rows, *fn_rows]
     rows.sort(key=lambda r: (r["arrival_ms"], r["workload"]))

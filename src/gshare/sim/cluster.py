@@ -49,7 +49,7 @@ from gshare.sim.gateway import Gateway
 from gshare.sim.gpu import GpuStats, InterferenceModel, SimGpu
 from gshare.sim.instance import InstanceConfig, LaunchGating, SimInstance
 from gshare.sim.priorities import PRIO_CONTROL
-from gshare.sim.profiler import DEFAULT_WAKEUP_MS
+from gshare.sim.profiler import CPU_RUNTIME_WAKEUP_MS, DEFAULT_WAKEUP_MS
 from gshare.sim.request import RequestLog
 
 
@@ -70,6 +70,9 @@ class SimFunction:
     keep_alive_s: float | None = None
     """Idle time after which the function is scaled to ``min_instances`` (``gshare serve``'s
     keep-alive; cold starts are then also stepped at once). None: no keep-alive."""
+    priority: int = 0
+    """Token priority of its instances (the spec's ``priority``: higher is served first by
+    ``policy.tokens``, as the live token server does with ``--priority-sharing tokens``)."""
 
 
 LIVE_FORK_COLD_START_MS: Final[float] = 360.0
@@ -103,6 +106,40 @@ class ClusterConfig:
     """Burst model of instances (default: launch-gated, validated by ``token-fidelity``)."""
     token_wakeup_ms: float = DEFAULT_WAKEUP_MS
     """Wake-up charged to a token a burst had to wait for (``token-fidelity``'s constant)."""
+    platform_ms: tuple[float, ...] = ()
+    """Per-request platform latency samples (``sim.gateway``: the HTTP exchange and the hop to
+    the instance, drawn per answer); empty: none."""
+    admission_slo_factor: float | None = None
+    """The gateway's SLO-aware admission (``sim.gateway``): shed a request predicted to take
+    over this many SLOs, as ``gshare serve`` does (its default:
+    ``policy.admission.DEFAULT_MAX_LATENCY_SLO_FACTOR``). None (the papers' experiments): no
+    shedding."""
+
+
+def cpu_runtime_fields() -> dict[str, Any]:
+    """``ClusterConfig`` fields that simulate the live runtime's instances on the CPU device
+    (``gshare serve`` on a machine without a GPU): the runtime's token protocol
+    (``LIVE_TOKEN_CONFIG``, token reuse), the whole burst token-gated (``launch=None``: a CPU
+    ``predict`` has no device queue that drains without a token), no GPU interference, and
+    the CPU grant latency ``CPU_RUNTIME_WAKEUP_MS``. Who calls it: ``gshare simulate`` for a
+    scenario whose functions all say ``device: cpu``, and ``bench/_autoscale.py``.
+
+    NOTE — the CPU runtime's burst model. The defaults (launch-gated bursts, ``launch_scale``
+    1.3, interference beta 1.07, 1-ms wake-up) were fitted on the V100 table and FaST-GShare
+    Fig. 10. Applied to two saturated CPU functions at quotas 0.3 / 0.6 (``share-pair``) they
+    gave 20 / 40 % achieved shares against 28.6 / 58.5 % live (``bench/fidelity.py --quick``,
+    load 3.4): a waiting neighbour counted as interference (×2.07 device time) and 1.3 × the
+    burst was charged to the token. Checked on ``llm-autoscale`` and ``priority-pair``
+    (docs/simulator.md, fidelity table)."""
+    from gshare.policy.tokens import LIVE_TOKEN_CONFIG
+
+    return {
+        "launch": None,
+        "token_wakeup_ms": CPU_RUNTIME_WAKEUP_MS,
+        "token_config": LIVE_TOKEN_CONFIG,
+        "token_reuse": True,
+        "interference": InterferenceModel(enabled=False),
+    }
 
 
 @dataclass
@@ -125,7 +162,13 @@ class SimCluster:
         self.config = config
         self.rng = rng
         self.log = RequestLog()
-        self.gateway = Gateway(loop, self.log)
+        self.gateway = Gateway(
+            loop,
+            self.log,
+            config.admission_slo_factor,
+            config.platform_ms,
+            rng.spawn(1)[0] if config.platform_ms else None,  # leaves rng's own draws as they were
+        )
         self.placer = make_placer(config.placer, max_gpus=config.max_gpus)
         self.scale = (
             autoscale.get_autoscaler(config.autoscaler)
@@ -275,6 +318,7 @@ class SimCluster:
                 share=share,
                 max_batch=cfg.batch,
                 max_wait_ms=fn.max_wait_ms,
+                priority=fn.priority,
                 cold_start_ms=self.config.cold_start_ms,
                 noise_sigma=self.config.noise_sigma,
                 launch=self.config.launch,

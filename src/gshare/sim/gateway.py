@@ -7,14 +7,35 @@ queue of the least loaded of them (it is served after the cold start); while it 
 all, the request waits at the gateway (``on_cold`` tells the controller at once) and is handed
 to the first instance that is added. Nothing accepted is dropped: ``pending`` counts what is
 still waiting.
+
+Admission (``admission_slo_factor``, off by default; ``gshare simulate`` and the fidelity
+harness turn it on with the live default): ``policy.admission.admit``, the live gateway's rule,
+sheds a request of a function with an SLO whose predicted latency (its outstanding requests ×
+the measured service interval, ``ServiceEstimate`` fed every answer) is over the factor × SLO.
+A shed request is answered at once (the live 429) and logged as a miss (``SimRequest.shed``);
+it does not count as outstanding.
+
+Platform latency (``platform_ms``, samples in ms; empty by default): each answer (a shed one
+too) reaches its client one sample later, drawn per request — the client's HTTP exchange and the
+gateway → instance hop, which the profiles (the instance's busy time) do not hold. It adds to
+the request's latency only: the instance is free at the burst's end as live. Measured per run by
+the caller (``bench/_autoscale.py``: the warm-up requests' client latency minus their busy time).
+
+NOTE — admission in the simulator: without it, a burst over capacity queued every request (the
+live gateway refuses most of them), so each later request of the burst waited behind requests
+the live server never ran. Found on ``bench/fidelity.py``'s LLM-trace segment, where the live
+server answered 24.5 % of the requests 429 (one run, load 3.3).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import numpy as np
+
+from gshare.policy.admission import Admit, ServiceEstimate, admit
 from gshare.policy.routing import Candidate, choose_instance
 from gshare.sim.engine import EventLoop
 from gshare.sim.instance import SimInstance
@@ -22,9 +43,26 @@ from gshare.sim.request import RequestLog, SimRequest
 
 
 class Gateway:
-    def __init__(self, loop: EventLoop, log: RequestLog | None = None) -> None:
+    def __init__(
+        self,
+        loop: EventLoop,
+        log: RequestLog | None = None,
+        admission_slo_factor: float | None = None,
+        platform_ms: Sequence[float] = (),
+        rng: np.random.Generator | None = None,
+    ) -> None:
         self.loop = loop
+        self.platform_ms = tuple(float(x) for x in platform_ms)
+        """Per-request platform latency samples (module doc); empty: none."""
+        if any(not x >= 0 for x in self.platform_ms):
+            raise ValueError("platform_ms must hold numbers >= 0")
+        self._rng = rng if rng is not None else np.random.default_rng(0)
         self.log = log or RequestLog()
+        self.admission_slo_factor = admission_slo_factor
+        """Shed over this many SLOs (``policy.admission``); None: admit everything."""
+        self._service: dict[str, ServiceEstimate] = {}
+        self.shed: dict[str, int] = {}
+        """Requests shed per function."""
         self._instances: dict[str, list[SimInstance]] = {}
         self._pending: dict[str, deque[SimRequest]] = {}
         self._slo_ms: dict[str, float | None] = {}
@@ -70,9 +108,16 @@ class Gateway:
 
     def completed(self, req: SimRequest) -> None:
         """Instances call this for each finished request."""
+        self._add_platform(req)
         self.log.record(req)
         self.outstanding[req.function] -= 1
         self.last_activity_ms[req.function] = self.loop.now_ms
+        if self.admission_slo_factor is not None:  # as the live gateway, per answer
+            fn = req.function
+            backlogged = self.outstanding[fn] > 0
+            self._service.setdefault(fn, ServiceEstimate()).observe(
+                self.loop.now_ms / 1000.0, backlogged
+            )
         for hook in self.on_complete_hooks:
             hook(req)
 
@@ -82,9 +127,11 @@ class Gateway:
             raise KeyError(f"unknown function {function!r}")
         self._next_id += 1
         req = SimRequest(self._next_id, function, self.loop.now_ms, self._slo_ms.get(function))
-        self.arrivals[function] += 1
-        self.outstanding[function] += 1
+        self.arrivals[function] += 1  # demand, shed or not: the autoscaler sizes for it
         self.last_activity_ms[function] = self.loop.now_ms
+        if self.admission_slo_factor is not None and self._refused(req):
+            return req
+        self.outstanding[function] += 1
         self.log.submitted += 1
         live = [i for i in self._instances[function] if not i.draining and not i.stopped]
         pick = choose_instance(
@@ -97,3 +144,29 @@ class Gateway:
             return req
         live[pick].enqueue(req)
         return req
+
+    def _refused(self, req: SimRequest) -> bool:
+        """``policy.admission.admit`` for ``req``; a shed request is answered now (a miss)."""
+        fn = req.function
+        assert self.admission_slo_factor is not None
+        d = admit(
+            self.outstanding[fn],
+            self._service.setdefault(fn, ServiceEstimate()),
+            req.slo_ms,
+            self.admission_slo_factor,
+        )
+        if d.verdict is not Admit.SHED:
+            return False
+        req.shed = True
+        req.start_ms = req.finish_ms = self.loop.now_ms
+        self.shed[fn] = self.shed.get(fn, 0) + 1
+        self.log.submitted += 1
+        self._add_platform(req)
+        self.log.record(req)
+        for hook in self.on_complete_hooks:
+            hook(req)
+        return True
+
+    def _add_platform(self, req: SimRequest) -> None:
+        if self.platform_ms:
+            req.finish_ms += self.platform_ms[int(self._rng.integers(len(self.platform_ms)))]

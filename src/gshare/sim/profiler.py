@@ -34,6 +34,18 @@ from gshare.sim.priorities import PRIO_CLIENT
 DEFAULT_WAKEUP_MS = 1.0
 """Wake-up charged to a token a burst had to wait for (``token-fidelity``'s constant)."""
 
+CPU_RUNTIME_WAKEUP_MS = 0.3
+"""The same wake-up for an instance of the live runtime on the CPU device: its batching thread
+blocks in ``TokenClient.acquire`` and resumes when the grant arrives.
+
+NOTE — CPU grant latency (measured, not fitted): a token round trip over the Unix socket is
+63 µs p50 / 101 µs p99 (``bench/token_rtt.py``), and waking a thread blocked after a few ms of
+compute takes 150–450 µs on the 2-core development VM (docs/journal/tokens.md, uncontended
+tokens); 0.3 ms is their sum at the middle of that range. ``DEFAULT_WAKEUP_MS`` (1.0) was fitted
+on the V100 table's GPU frontend (``token-fidelity``), where the hook also drains the stream;
+charged to ~1-ms CPU requests it cut a quota-limited instance's capacity by half. Checked on
+``bench/fidelity.py``'s ``llm-autoscale`` segment (the docs' fidelity table)."""
+
 
 @dataclass(frozen=True)
 class ClosedLoopProtocol:

@@ -19,6 +19,8 @@ class SimRequest:
     """When its batch started on the GPU (asked for a token)."""
     finish_ms: float = -1.0
     instance_id: str = ""
+    shed: bool = False
+    """Refused at once by the gateway's admission control (the live 429): a miss."""
 
     @property
     def latency_ms(self) -> float:
@@ -26,6 +28,8 @@ class SimRequest:
 
     @property
     def slo_met(self) -> bool:
+        if self.shed:
+            return False
         return self.slo_ms is None or self.latency_ms <= self.slo_ms + 1e-9
 
 

@@ -1,0 +1,265 @@
+"""The LLM-trace autoscaling segment, live and simulated: the parts ``bench/autoscale_live.py``
+and ``bench/fidelity.py`` share.
+
+Who calls it: both benches import ``segment`` (the arrivals), ``run_live`` (one real
+``gshare serve --autoscaler A`` serving the built-in mlp on the CPU device under the segment,
+open loop) and ``run_sim`` (the same segment in ``sim.cluster`` with the live instance's measured
+throughput). ``bench/autoscale_live.py``'s docstring describes the scenario; what must hold: the
+simulated function has the live one's share, batching, SLO, keep-alive and bounds (the
+constants below are the one source of both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from _common import percentile
+from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
+from gshare.policy.autoscale import ScaleConfig
+from gshare.policy.control import ControlParams
+from gshare.profiles import ProfilePoint, ProfileTable
+from gshare.sim import workload
+from gshare.sim.cluster import (
+    LIVE_FORK_COLD_START_MS,
+    ClusterConfig,
+    SimCluster,
+    SimFunction,
+    cpu_runtime_fields,
+)
+from gshare.sim.engine import EventLoop
+from gshare.testing import ServeProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+AUTOSCALERS = ("gshare-burst", "fast-heuristic")
+SLO_MS = 100.0
+SHARE = {"sm_pct": 25, "quota_request": 0.1, "quota_limit": 0.1}
+BATCH = {"max_batch": 1, "max_wait_ms": 0}
+KEEP_ALIVE_S = 30.0
+WARMUP_REQUESTS = 32
+"""Warm-up requests, one per 0.25 s (not measured)."""
+SIM_WARMUP_S = 8.0
+"""The simulated twin of the live warm-up (a few requests/s until the throughput is measured)."""
+BODY = bytes(64 * 4)  # zeros: a valid float32 input of the built-in mlp
+
+
+def segment(rate_rps: float, seconds: float, offset_s: float) -> np.ndarray:
+    """Arrival times (ms from 0) of the LLM code trace scaled to ``rate_rps``, the window
+    ``[offset_s, offset_s + seconds)`` of it."""
+    t = workload.scale_to_rate(workload.azure_llm(), rate_rps)
+    lo, hi = offset_s * 1000.0, (offset_s + seconds) * 1000.0
+    seg = t[(t >= lo) & (t < hi)] - lo
+    return seg
+
+
+async def _replay(url: str, name: str, times_ms: np.ndarray) -> list[tuple[float, float, int]]:
+    """Send one request at each time; (scheduled ms, latency ms, status) per request."""
+    out: list[tuple[float, float, int]] = []
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
+        t0 = time.perf_counter()
+
+        async def one(at_ms: float) -> None:
+            delay = at_ms / 1000.0 - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            start = time.perf_counter()
+            try:
+                r = await client.post(
+                    f"/function/{name}",
+                    content=BODY,
+                    headers={"content-type": "application/octet-stream"},
+                )
+                status = r.status_code
+            except httpx.HTTPError:
+                status = 0
+            out.append((at_ms, (time.perf_counter() - start) * 1000.0, status))
+
+        await asyncio.gather(*(one(float(t)) for t in times_ms))
+    return out
+
+
+def light_load(
+    url: str, client: Any, name: str, body: Any, n: int, pace_s: float
+) -> tuple[list[float], float, dict[str, Any]]:
+    """``n`` sequential requests to ``name``, one per ``pace_s``: the platform's share of each
+    answered request after the first quarter (the instance's first inferences), its busy time per
+    request and the instance statistics' ``compute_infer`` then. The platform's share is the
+    client's latency beyond the busy time (the gateway's compute statistics): the HTTP exchange,
+    the gateway, the hop to the instance — what the simulator draws per request
+    (``ClusterConfig.platform_ms``)."""
+    lat_ms = []
+    for _ in range(n):
+        t = time.perf_counter()
+        if isinstance(body, bytes):
+            client.invoke_raw(name, body)
+        else:
+            client.invoke(name, body)
+        lat_ms.append((time.perf_counter() - t) * 1000.0)
+        time.sleep(pace_s)
+    stats = httpx.get(f"{url}/v2/models/{name}/stats", timeout=10.0).json()
+    ci: dict[str, Any] = stats["model_stats"][0]["inference_stats"]["compute_infer"]
+    busy_ms = float(ci["ns"]) / 1e6 / max(1, int(ci["count"]))
+    return [max(0.0, x - busy_ms) for x in lat_ms[n // 4 :]], busy_ms, ci
+
+
+def run_live(
+    autoscaler: str,
+    times_ms: np.ndarray | None,
+    max_instances: int,
+    tmp: Path,
+    make_segment: Any = None,
+) -> tuple[dict[str, Any], np.ndarray]:
+    """One server with ``autoscaler``; ``times_ms`` None: build the segment with
+    ``make_segment(measured throughput per instance)`` once the instance measured it."""
+    with ServeProcess(
+        "--autoscaler", autoscaler, state_dir=tmp / f"state-{autoscaler}", cwd=ROOT
+    ) as srv:
+        c = srv.client()
+        name = "live-as"
+        c.deploy(
+            {
+                "name": name,
+                "model": "mlp",
+                "device": "cpu",
+                "resources": SHARE,
+                "batching": BATCH,
+                "slo_ms": SLO_MS,
+                "min_instances": 0,
+                "max_instances": max_instances,
+                "keep_alive_s": KEEP_ALIVE_S,
+            }
+        )
+        # warm up gently (4 requests/s, so the rate history stays far below one instance's
+        # capacity); the instance's throughput as the controller estimates it for new
+        # instances: quota_request × 1000 / busy ms per request (Triton statistics' compute time)
+        platform_ms, busy_ms, ci = light_load(srv.url, c, name, BODY, WARMUP_REQUESTS, 0.25)
+        tput = [float(SHARE["quota_request"]) * 1000.0 / busy_ms]
+        if times_ms is None:
+            times_ms = make_segment(statistics.median(tput))
+        assert times_ms is not None
+        samples: list[int] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(Exception):  # a missed sample is not a failure
+                    samples.append(int(c.get(name)["replicas"]))
+                stop.wait(0.25)
+
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        results = asyncio.run(_replay(srv.url, name, times_ms))
+        stop.set()
+        th.join()
+        # the busy time per request under the segment's load (the warm-up's is measured at a
+        # few requests/s): what the simulator's model is checked against
+        after = httpx.get(f"{srv.url}/v2/models/{name}/stats", timeout=10.0).json()
+        ca = after["model_stats"][0]["inference_stats"]["compute_infer"]
+        n_run = max(1, int(ca["count"]) - int(ci["count"]))
+        busy_ms_run = (float(ca["ns"]) - float(ci["ns"])) / 1e6 / n_run
+    lat = [r[1] for r in results]
+    bad = sum(1 for r in results if r[2] != 200 or r[1] > SLO_MS)
+    return times_ms, {
+        "autoscaler": autoscaler,
+        "world": "live",
+        "requests": len(results),
+        "errors": sum(1 for r in results if r[2] != 200),
+        "slo_violation_pct": 100.0 * bad / max(1, len(results)),
+        "p50_ms": percentile(lat, 50),
+        "p99_ms": percentile(lat, 99),
+        "mean_instances": statistics.fmean(samples) if samples else 0.0,
+        "throughput_rps_per_instance": tput[0],
+        "busy_ms_per_request": busy_ms,
+        "busy_ms_per_request_under_load": busy_ms_run,
+        "platform_ms": platform_ms,
+    }
+
+
+def run_sim(
+    autoscaler: str,
+    times_ms: np.ndarray,
+    max_instances: int,
+    tput_rps: float,
+    seed: int,
+    **cluster: Any,
+) -> dict[str, Any]:
+    """The same segment in the simulator: one config of the live instances' throughput.
+
+    The live controller's throughput of an instance is ``quota_request × 1000 / busy_ms`` (busy
+    time per request measured by the gateway); the simulated model runs ``busy_ms`` per request
+    at quota 100 % (linear in the batch) and the simulated token scheduler gates it at the
+    share's quota, with the runtime's token protocol (``LIVE_TOKEN_CONFIG``, token reuse).
+    ``cluster``: more ``ClusterConfig`` fields (``bench/fidelity.py`` passes the CPU burst
+    model and the busy-time noise)."""
+    batch = int(BATCH["max_batch"])
+    cfg_sm, cfg_q = float(SHARE["sm_pct"]), float(SHARE["quota_request"]) * 100.0
+    busy_ms = (cfg_q / 100.0) * 1000.0 / tput_rps
+    rows = [
+        ProfilePoint("live-mlp", sm, q, b, b * busy_ms * (100.0 / q))
+        for sm in (cfg_sm, 100.0)
+        for q in (cfg_q, 100.0)
+        for b in (1, 2, 4)
+    ]
+    table = ProfileTable(rows)
+    config = ScaleConfig(
+        sm_pct=cfg_sm,
+        quota_pct=cfg_q,
+        batch=batch,
+        throughput_rps=tput_rps,
+        latency_ms=batch * 1000.0 / tput_rps,
+    )
+    loop = EventLoop()
+    cluster = SimCluster(
+        loop,
+        table,
+        ClusterConfig(
+            max_gpus=1,
+            cold_start_ms=LIVE_FORK_COLD_START_MS,
+            control=ControlParams(),
+            autoscaler=autoscaler,
+            **{
+                **cpu_runtime_fields(),  # the live instance runs on the CPU device
+                "admission_slo_factor": DEFAULT_MAX_LATENCY_SLO_FACTOR,  # gshare serve's
+                **cluster,
+            },
+        ),
+        np.random.default_rng(seed),
+    )
+    cluster.add_function(
+        SimFunction(
+            "live-as",
+            "live-mlp",
+            SLO_MS,
+            (config,),
+            max_instances=max_instances,
+            max_wait_ms=float(BATCH["max_wait_ms"]),
+            quota_limit_pct=float(SHARE["quota_limit"]) * 100.0,
+            keep_alive_s=KEEP_ALIVE_S,
+        )
+    )
+    # as live: a gentle warm-up (4 requests/s for SIM_WARMUP_S, not measured), then the segment
+    warm_ms = SIM_WARMUP_S * 1000.0
+    arrivals = np.concatenate([np.arange(0.0, warm_ms, 250.0), np.asarray(times_ms) + warm_ms])
+    end = float(arrivals[-1]) + 1000.0
+    cluster.log.warmup_ms = warm_ms
+    workload.drive_open_loop(loop, cluster.gateway, "live-as", arrivals)
+    cluster.start(until_ms=end)
+    loop.run(until_ms=end)
+    insts = [r["instances"] for r in cluster.timeline if r["t_s"] * 1000.0 >= warm_ms]
+    loop.run()
+    s = cluster.log.summary("live-as")
+    return {
+        "sim_slo_violation_pct": s["slo_violation_pct"],
+        "sim_p50_ms": s["p50_ms"],
+        "sim_p99_ms": s["p99_ms"],
+        "sim_mean_instances": statistics.fmean(insts) if insts else 0.0,
+    }

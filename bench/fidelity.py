@@ -1,0 +1,363 @@
+"""The simulator's fidelity: scenarios run live (twice) and simulated (K seeds), scored per metric.
+
+Usage: ``python bench/fidelity.py [--quick] [--json PATH] [--seeds K] [--only NAME,...]``
+
+Every scenario runs from one file and one seed in both worlds (the same arrival times):
+live on a real ``gshare serve`` (``gshare.testing.ServeProcess``) driven open loop by
+``gshare load``'s generator (``experiments.scenario_load.run_load``) **twice** — the machine's
+own run-to-run spread — and in the simulator for seeds SEED .. SEED+K-1 (the scenario's seed
+first; its figure is ``sim``, the others give the 90 % interval). Scenarios:
+
+* ``mlp-chain`` / ``mlp-chain-tight`` — ``bench/twin.py``'s workflow scenarios (100 ms and
+  10 ms SLO): the functions are deployed, profiled live (``--quick``: the scenario's profile
+  CSV instead), a calibration run with another seed measures the platform constants and the
+  latency spread (``twin.calibrate``, ``twin.spread_above_median``), then the evaluation runs;
+  scored: the workflow's p50, p99 and SLO hit rate;
+* ``share-pair`` — two saturated functions at quotas 0.3 / 0.6 on one device
+  (``examples/scenarios/share-pair.yaml``); scored: each one's achieved share, the requests
+  finished per second in the measured window times their busy time (the profile's solo time,
+  8 ms: the same arithmetic in both worlds);
+* ``priority-pair`` — a priority-8 function beside a saturating priority-1 one, served with
+  ``--priority-sharing tokens`` (the token scheduler's priorities, which the simulator runs);
+  scored: the high class's p50, p99 and hit rate (full run only);
+* ``llm-autoscale`` — ``bench/autoscale_live.py``'s LLM-trace segment with ``gshare-burst``
+  (``_autoscale``: the same code; 180 s, full run only); scored: SLO violations, mean
+  instances, p50, p99.
+
+``--quick`` (≤ 2 minutes here, exercised by ``tests/runtime/test_fidelity_bench.py``):
+``mlp-chain`` and ``share-pair`` with short runs.
+
+Per figure (``experiments.fidelity.score``): ``sim``, ``sim_median``, ``sim_p05`` / ``sim_p95``,
+``live`` (mean of the two runs), ``live_runs``, ``live_spread``, ``error`` and ``within``, and
+``basis``: ``bound`` (judged on p50 ±15 %, p99 ±30 %, hit rate / violations ±5 pp, mean
+instances ±10 %, shares ±2 pp) or ``interval`` (outside its bound where the live spread is
+larger than the bound: within when the live figure is inside the simulated 90 % interval).
+Summary: ``within_bounds_all``, the count of figures
+within, per-scenario wall time and the machine's load (``loadavg_1m`` before and after each
+live run: the figures here are disturbed by other work on the shared machine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import _autoscale
+import twin
+from _common import bench_parser, machine_load, print_table, write_json
+from gshare.experiments.fidelity import score, within_all
+from gshare.experiments.scenario_load import deploy, run_load
+from gshare.experiments.scenario_sim import fetch_live_profiles, function_profiles, simulate
+from gshare.profiles import ProfilePoint
+from gshare.scenario import Scenario, load_scenario
+from gshare.sim.gpu import InterferenceModel
+from gshare.sim.profiler import DEFAULT_WAKEUP_MS
+from gshare.testing import ServeProcess
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIOS = REPO / "examples" / "scenarios"
+QUICK = ("mlp-chain", "share-pair")
+FULL = ("mlp-chain", "mlp-chain-tight", "share-pair", "priority-pair", "llm-autoscale")
+LIVE_RUNS = 2
+WARMUP_S = 3.0
+"""A workflow scenario's unmeasured warm-up load before its calibration run."""
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _live_twice(run: Callable[[], Any], loads: list[float]) -> list[Any]:
+    out = []
+    for _ in range(LIVE_RUNS):
+        loads.append(_load())
+        out.append(run())
+        loads.append(_load())
+    return out
+
+
+def _measured(rows: Sequence[dict[str, Any]], kind: str, name: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r["kind"] == kind and r["name"] == name and r["measured"]]
+
+
+def _pct(xs: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if len(xs) else None
+
+
+def latency_figures(rows: Sequence[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    """p50, p99 (answered requests) and SLO hit rate (%, hits / requests) of one workload."""
+    rs = _measured(rows, kind, name)
+    ok = [float(r["latency_ms"]) for r in rs if r["status"] == "ok"]
+    hits = sum(bool(r["hit"]) for r in rs)
+    return {
+        "p50_ms": _pct(ok, 50),
+        "p99_ms": _pct(ok, 99),
+        "slo_hit_rate_pct": 100.0 * hits / len(rs) if rs else None,
+    }
+
+
+def share_pct(
+    rows: Sequence[dict[str, Any]], name: str, busy_ms: float, lo_ms: float, hi_ms: float
+) -> float:
+    """The device share a function achieved: requests finished in ``[lo_ms, hi_ms)`` (arrival
+    + latency) times ``busy_ms`` each, over the window, in %."""
+    done = sum(
+        1
+        for r in rows
+        if r["kind"] == "function"
+        and r["name"] == name
+        and r["status"] == "ok"
+        and lo_ms <= float(r["arrival_ms"]) + float(r["latency_ms"]) < hi_ms
+    )
+    return 100.0 * done * busy_ms / max(1e-9, hi_ms - lo_ms)
+
+
+def _scores(name: str, sims: list[dict[str, Any]], lives: list[dict[str, Any]]) -> list[Any]:
+    keys = [k for k in sims[0] if sims[0][k] is not None]
+    return [
+        {"scenario": name, **score(k, [s.get(k) for s in sims], [lv.get(k) for lv in lives])}
+        for k in keys
+    ]
+
+
+def run_workflow(name: str, quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
+    """``mlp-chain`` / ``mlp-chain-tight`` (module doc)."""
+    sc = load_scenario(SCENARIOS / f"{name}.yaml")
+    wf = next(w.target for w in sc.workloads if w.kind == "workflow")
+    fns = sorted({s.function for s in sc.workflows[wf].stages})
+    dur, calib_s = (8.0, 5.0) if quick else (30.0, 20.0)
+    with ServeProcess("--workflow-policy", "esg", state_dir=tmp / name, cwd=REPO) as srv:
+        deploy(srv.client(), sc)
+        if quick:  # the scenario's CSV (profiling live takes a minute)
+            fp = function_profiles(sc, fns, None)
+            profiles: dict[str, list[ProfilePoint]] = {f: list(fp[f].renamed(f)) for f in fns}
+        else:
+            max_batch = max(sc.functions[f].batching.max_batch for f in fns)
+            twin._profile(srv, fns, [b for b in (1, 2, 4, 8) if b <= max_batch], 1.0)
+            profiles = fetch_live_profiles(srv.url, fns, token=srv.token)
+        # warm-up, not measured: the instances' first inferences (lazy initialisation) were
+        # the calibration's worst requests, and their spread, drawn per simulated request, put
+        # the simulated p99 at 20x the live one (quick run, no profiling to warm them)
+        run_load(sc, srv.url, token=srv.token, duration_s=WARMUP_S, seed=sc.seed + 2000)
+        calib = run_load(sc, srv.url, token=srv.token, duration_s=calib_s, seed=sc.seed + 1000)
+        constants = twin.calibrate(calib.summary["workflows"][wf], sc, wf, profiles)
+        jitter = twin.spread_above_median(calib, wf)
+        if jitter:
+            constants["frontend_ms"] = max(0.0, constants["frontend_ms"] - float(np.mean(jitter)))
+        unmatched = dict(constants)
+        constants = twin.match_median(
+            sc, wf, calib, constants, jitter, profiles, sc.seed + 1000, calib_s
+        )
+        lives = _live_twice(
+            lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed), loads
+        )
+    sim_sc = twin.with_cluster(sc, local_latency_ms=0.0, remote_latency_ms=0.0, **constants)
+    sims = [
+        simulate(
+            sim_sc,
+            duration_s=dur,
+            seed=sc.seed + k,
+            live_profiles=profiles,
+            frontend_jitter_ms=jitter,
+        )  # fmt: skip
+        for k in range(seeds)
+    ]
+    # before: the twin as it was, which measured the spread but did not give it to the
+    # simulator (its frontend_ms still without the spread's mean, and not matched)
+    before_sc = twin.with_cluster(sc, local_latency_ms=0.0, remote_latency_ms=0.0, **unmatched)
+    before = simulate(before_sc, duration_s=dur, seed=sc.seed, live_profiles=profiles)
+    fig = [latency_figures(r.rows, "workflow", wf) for r in (*sims, *lives)]
+    out = _scores(name, fig[:seeds], fig[seeds:])
+    fb = latency_figures(before.rows, "workflow", wf)
+    for o in out:
+        o["sim_before"] = fb[o["metric"]]
+    return out
+
+
+def _plain(
+    name: str,
+    quick: bool,
+    seeds: int,
+    tmp: Path,
+    loads: list[float],
+    *flags: str,
+    calibrate_on: str | None = None,
+) -> Any:
+    """A scenario of plain functions: (scenario, simulated results per seed, live results).
+    ``calibrate_on``: a function whose platform latency is measured first at a light load
+    (``_autoscale.light_load``, 40 requests) and given to the simulator as samples, one drawn
+    per request (``sim.gateway``: a plain request pays it)."""
+    sc = load_scenario(SCENARIOS / f"{name}.yaml")
+    dur = sc.duration_s(quick)
+    plat: list[float] = []
+    with ServeProcess(*flags, state_dir=tmp / name, cwd=REPO) as srv:
+        if calibrate_on is not None:
+            deploy(srv.client(), sc)
+            body = next(w.input_json for w in sc.workloads if w.target == calibrate_on)
+            plat, _, _ = _autoscale.light_load(srv.url, srv.client(), calibrate_on, body, 40, 0.1)
+        lives = _live_twice(
+            lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed), loads
+        )
+    sims = [simulate(sc, duration_s=dur, seed=sc.seed + k, platform_ms=plat) for k in range(seeds)]
+    return sc, sims, lives
+
+
+def _solo_ms(sc: Scenario, fn: str) -> float:
+    fp = function_profiles(sc, [fn], None)[fn].renamed(fn)
+    sm = sc.functions[fn].resources
+    assert not isinstance(sm, str)
+    return fp.latency_ms(fn, sm.sm_pct, 100.0, 1)
+
+
+def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
+    """``share-pair`` (module doc)."""
+    sc, sims, lives = _plain("share-pair", quick, seeds, tmp, loads)
+    lo, hi = sc.doc.warmup_s * 1000.0, sc.duration_s(quick) * 1000.0
+    fns = [w.target for w in sc.workloads]
+    fig = [
+        {f"share_pct:{f}": share_pct(r.rows, f, _solo_ms(sc, f), lo, hi) for f in fns}
+        for r in (*sims, *lives)
+    ]
+    out = _scores("share-pair", fig[:seeds], fig[seeds:])
+    # before: the simulator's GPU burst model (V100-fitted) for these CPU functions
+    gpu = dataclasses.replace(
+        sc, functions={n: f.model_copy(update={"device": "auto"}) for n, f in sc.functions.items()}
+    )
+    b = simulate(gpu, duration_s=sc.duration_s(quick), seed=sc.seed)
+    for o in out:
+        f = o["metric"].split(":", 1)[1]
+        o["sim_before"] = share_pct(b.rows, f, _solo_ms(sc, f), lo, hi)
+    return out
+
+
+def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
+    """``priority-pair`` (module doc): the high class's latency figures."""
+    sc, sims, lives = _plain(
+        "priority-pair", quick, seeds, tmp, loads, "--priority-sharing", "tokens",
+        calibrate_on="prio-hi",
+    )  # fmt: skip
+    fig = [latency_figures(r.rows, "function", "prio-hi") for r in (*sims, *lives)]
+    return _scores("priority-pair", fig[:seeds], fig[seeds:])
+
+
+def run_llm(quick: bool, seeds: int, tmp: Path, loads: list[float], **model: Any) -> list[Any]:
+    """``llm-autoscale`` (module doc): two live servers with ``gshare-burst`` on the segment
+    the first one's measured throughput sets, then K simulated seeds of it (``model``: more
+    ``ClusterConfig`` fields)."""
+    seconds = 30.0 if quick else 180.0
+    chosen: dict[str, float] = {}
+
+    def make(tput: float) -> np.ndarray:
+        chosen["tput"] = tput
+        return _autoscale.segment(min(40.0, 0.1 * tput), seconds, 0.0)
+
+    times: np.ndarray | None = None
+    lives = []
+    for i in range(LIVE_RUNS):
+        loads.append(_load())
+        times, live = _autoscale.run_live("gshare-burst", times, 4, tmp / f"llm-{i}", make)
+        loads.append(_load())
+        lives.append(live)
+    assert times is not None
+    platform = tuple(lives[0]["platform_ms"])  # the first server's warm-up, as the throughput
+    sims = [
+        _autoscale.run_sim(
+            "gshare-burst", times, 4, chosen["tput"], k, **{"platform_ms": platform, **model}
+        )
+        for k in range(seeds)
+    ]
+    keys = {
+        "slo_violation_pct": "slo_violation_pct",
+        "mean_instances": "mean_instances",
+        "p50_ms": "p50_ms",
+        "p99_ms": "p99_ms",
+    }
+    sim_fig = [{k: s[f"sim_{v}"] for k, v in keys.items()} for s in sims]
+    live_fig = [{k: lv[v] for k, v in keys.items()} for lv in lives]
+    out = _scores("llm-autoscale", sim_fig, live_fig)
+    # before: no admission, the V100-fitted 1-ms wake-up and interference, no platform latency
+    before = _autoscale.run_sim(
+        "gshare-burst", times, 4, chosen["tput"], 0, admission_slo_factor=None,
+        token_wakeup_ms=DEFAULT_WAKEUP_MS, interference=InterferenceModel(),
+    )  # fmt: skip
+    for o in out:
+        o["sim_before"] = before[f"sim_{keys[o['metric']]}"]
+    for o in out:
+        o["busy_ms_per_request_warmup"] = [lv["busy_ms_per_request"] for lv in lives]
+        o["busy_ms_per_request_under_load"] = [lv["busy_ms_per_request_under_load"] for lv in lives]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--seeds", type=int, default=None, help="simulated seeds (quick 3, 10)")
+    parser.add_argument("--only", default=None, help="comma-separated scenario names")
+    args = parser.parse_args(argv)
+    seeds = args.seeds or (3 if args.quick else 10)
+    names = args.only.split(",") if args.only else list(QUICK if args.quick else FULL)
+    unknown = set(names) - set(FULL)
+    if unknown:
+        raise SystemExit(f"--only: unknown scenario(s) {sorted(unknown)}; known: {FULL}")
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    scen: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="gshare-fid-") as d:
+        tmp = Path(d)
+        for n in names:
+            t = time.perf_counter()
+            loads: list[float] = []
+            print(f"{n}: live x{LIVE_RUNS}, simulated x{seeds} (load {_load()})", flush=True)
+            if n.startswith("mlp-chain"):
+                got = run_workflow(n, args.quick, seeds, tmp, loads)
+            elif n == "share-pair":
+                got = run_share(args.quick, seeds, tmp, loads)
+            elif n == "priority-pair":
+                got = run_priority(args.quick, seeds, tmp, loads)
+            else:
+                got = run_llm(args.quick, min(seeds, 5), tmp, loads)
+            rows.extend(got)
+            scen[n] = {"wall_s": time.perf_counter() - t, "loadavg_1m_live": loads,
+                       "within": within_all(got)}  # fmt: skip
+    summary: dict[str, Any] = {
+        "within_bounds_all": within_all(rows),
+        "figures": len(rows),
+        "figures_within": sum(r.get("within") is True for r in rows),
+        "scenarios": scen,
+        "seeds": seeds,
+        "wall_s": time.perf_counter() - t0,
+        **machine_load(),
+    }
+    print_table(
+        "fidelity: simulated vs live (error: relative, or pp for % figures)",
+        ["scenario", "metric", "sim", "sim p05-p95", "live", "live spread", "error", "basis", "ok"],
+        [
+            [
+                r["scenario"],
+                r["metric"],
+                r.get("sim"),
+                f"{r['sim_p05']:.3g}-{r['sim_p95']:.3g}" if r.get("sim_p05") is not None else "-",
+                r.get("live"),
+                r.get("live_spread"),
+                r.get("error"),
+                r.get("basis"),
+                r.get("within"),
+            ]
+            for r in rows
+        ],
+    )
+    n_in, n = summary["figures_within"], summary["figures"]
+    print(f"within_bounds_all: {summary['within_bounds_all']} ({n_in}/{n}), "
+          f"load {summary['loadavg_1m']:.2f}")  # fmt: skip
+    write_json(args.json, summary, rows=rows)
+    return {**summary, "rows": rows}
+
+
+if __name__ == "__main__":
+    main()

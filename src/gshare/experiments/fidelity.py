@@ -1,0 +1,125 @@
+"""Scoring a simulated figure against live runs of the same scenario (``bench/fidelity.py``).
+
+Who calls it: ``bench/fidelity.py`` (one call of ``score`` per scenario and metric) and the
+``--seeds`` summaries (``interval``: ``gshare simulate --seeds`` and ``gshare experiment run
+--seeds`` through ``experiments.results.aggregate_summaries``). Pure arithmetic: no I/O.
+
+A figure is within when its error is within its **bound** (``BOUNDS``: p50 within 15 %, p99
+within 30 %, SLO hit rate and violations within 5 percentage points, mean instances within
+10 %, achieved shares within 2 pp), or — only where the live run-to-run spread (the two live
+runs' difference, in the bound's unit) is larger than the bound, so that the machine cannot
+tell the simulator's error from its own noise at that resolution — when the live figure (the
+runs' mean) lies inside the simulator's 90 % interval over seeds (the **interval** basis). What
+must hold: every score says which basis it was judged on.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+Kind = Literal["rel", "pp"]
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A metric's tolerance: ``rel`` — relative error (0.15 = 15 %); ``pp`` — absolute, in
+    the figure's unit (percentage points for figures in %)."""
+
+    kind: Kind
+    tol: float
+
+
+BOUNDS: Final[Mapping[str, Bound]] = {
+    "p50_ms": Bound("rel", 0.15),
+    "p99_ms": Bound("rel", 0.30),
+    "slo_hit_rate_pct": Bound("pp", 5.0),
+    "slo_violation_pct": Bound("pp", 5.0),
+    "mean_instances": Bound("rel", 0.10),
+    "share_pct": Bound("pp", 2.0),
+}
+"""Each metric the harness scores, by name (a figure named ``share_pct:share-a`` uses the part
+before the colon)."""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100), linear between order statistics (numpy's default)."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def interval(values: Sequence[float]) -> dict[str, float]:
+    """``median`` and the 90 % interval (``p05``, ``p95``: the 5th and 95th percentiles) of
+    one figure over seeds. With few seeds the interval is the sample's range, nearly: 3 seeds
+    give p05/p95 just inside min/max."""
+    return {
+        "median": percentile(values, 50),
+        "p05": percentile(values, 5),
+        "p95": percentile(values, 95),
+    }
+
+
+def _error(kind: Kind, sim: float, live: float) -> float:
+    if kind == "pp":
+        return sim - live
+    return (sim - live) / live if live else math.inf if sim else 0.0
+
+
+def score(metric: str, sim_by_seed: Sequence[float], live_runs: Sequence[float]) -> dict[str, Any]:
+    """Score one figure (module doc). ``sim_by_seed``: the simulated figure per seed, the
+    scenario's own seed first (the live runs' seed: ``sim``); ``live_runs``: the live figure
+    of each run (at least one; two give the spread).
+
+    Returns ``sim``, ``sim_median``, ``sim_p05``, ``sim_p95``, ``live`` (mean of the runs),
+    ``live_runs``, ``live_spread`` (max − min, in the bound's unit: relative to ``live`` for a
+    relative bound), ``error`` (same unit), ``bound``, ``basis`` (``"bound"``: judged on the
+    bound; ``"interval"``: outside the bound, judged on the interval) and ``within``.
+    Non-finite inputs are dropped; a figure with no live or no
+    simulated value is scored ``within`` None."""
+    b = BOUNDS[metric.split(":", 1)[0]]
+    sims = [float(x) for x in sim_by_seed if x is not None and math.isfinite(x)]
+    lives = [float(x) for x in live_runs if x is not None and math.isfinite(x)]
+    out: dict[str, Any] = {"metric": metric, "bound": b.tol, "bound_kind": b.kind}
+    if not sims or not lives:
+        return {**out, "sim": sims[0] if sims else None, "live": None, "within": None}
+    live = statistics.fmean(lives)
+    spread = max(lives) - min(lives)
+    if b.kind == "rel":
+        spread = spread / live if live else 0.0
+    iv = interval(sims)
+    err = _error(b.kind, sims[0], live)
+    if abs(err) <= b.tol:
+        basis, within = "bound", True
+    elif spread > b.tol:
+        basis, within = "interval", iv["p05"] <= live <= iv["p95"]
+    else:
+        basis, within = "bound", False
+    return {
+        **out,
+        "sim": sims[0],
+        "sim_median": iv["median"],
+        "sim_p05": iv["p05"],
+        "sim_p95": iv["p95"],
+        "live": live,
+        "live_runs": lives,
+        "live_spread": spread,
+        "error": err,
+        "basis": basis,
+        "within": bool(within),
+    }
+
+
+def within_all(scores: Sequence[Mapping[str, Any]]) -> bool:
+    """True when every scored figure is within (figures without data count as not within)."""
+    return bool(scores) and all(s.get("within") is True for s in scores)
+
+
+__all__ = ["BOUNDS", "Bound", "interval", "percentile", "score", "within_all"]

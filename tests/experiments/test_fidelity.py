@@ -1,0 +1,97 @@
+"""Scoring a simulated figure against live runs (``experiments.fidelity``) and the seeds'
+intervals of ``gshare simulate --seeds``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gshare.cli import main
+from gshare.experiments.fidelity import BOUNDS, interval, score, within_all
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "mlp-chain.yaml"
+
+
+def test_interval_is_the_median_and_the_5th_to_95th_percentiles() -> None:
+    iv = interval([float(x) for x in range(101)])  # 0..100: percentiles are the values
+    assert iv == {"median": 50.0, "p05": 5.0, "p95": 95.0}
+    one = interval([3.0])
+    assert one["p05"] == one["median"] == one["p95"] == 3.0
+
+
+def test_a_figure_within_its_relative_bound_when_the_live_runs_agree() -> None:
+    live = [10.0, 10.2]  # spread 2 %: below p50's 15 %, so the bound decides
+    s = score("p50_ms", [11.0, 9.0, 12.0], live)
+    assert s["basis"] == "bound" and s["live"] == pytest.approx(10.1)
+    assert s["error"] == pytest.approx(11.0 / 10.1 - 1)  # the scenario's seed: the first
+    assert s["within"] is True
+    far = score("p50_ms", [13.0, 9.0, 12.0], live)  # 29 % over
+    assert far["basis"] == "bound" and far["within"] is False
+
+
+def test_percentage_figures_are_scored_in_points() -> None:
+    assert BOUNDS["slo_hit_rate_pct"].kind == "pp"
+    s = score("slo_hit_rate_pct", [94.0], [99.0, 99.0])
+    assert s["error"] == pytest.approx(-5.0) and s["within"] is True
+    assert score("share_pct:a", [27.0], [30.0, 30.5])["within"] is False  # 3.25 pp > 2 pp
+
+
+def test_a_noisy_live_figure_outside_its_bound_is_judged_on_the_simulated_interval() -> None:
+    live = [20.0, 40.0]  # spread 67 % of the mean: larger than p99's 30 % bound
+    inside = score("p99_ms", [18.0, 25.0, 35.0, 45.0], live)  # 18 vs 30: -40 %
+    assert inside["basis"] == "interval" and inside["live_spread"] == pytest.approx(20 / 30)
+    assert inside["sim_p05"] <= 30.0 <= inside["sim_p95"] and inside["within"] is True
+    outside = score("p99_ms", [10.0, 11.0, 12.0], live)
+    assert outside["basis"] == "interval" and outside["within"] is False
+    # within the bound, a noisy figure needs no interval
+    near = score("p99_ms", [33.0, 33.0], live)
+    assert near["basis"] == "bound" and near["within"] is True
+
+
+def test_the_interval_is_no_excuse_where_the_live_runs_agree() -> None:
+    s = score("p50_ms", [5.0, 9.0, 12.0], [10.0, 10.1])  # live inside the interval, but -50 %
+    assert s["sim_p05"] <= s["live"] <= s["sim_p95"]
+    assert s["basis"] == "bound" and s["within"] is False
+
+
+def test_missing_figures_are_not_within() -> None:
+    s = score("p99_ms", [float("nan")], [5.0])
+    assert s["within"] is None
+    assert within_all([s]) is False and within_all([]) is False
+    assert within_all([score("p50_ms", [1.0], [1.0])]) is True
+
+
+def test_gshare_simulate_seeds_reports_median_and_interval(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["simulate", str(EXAMPLE), "--quick", "--seeds", "3", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "p05" in out and "p95" in out
+    folder = tmp_path / "mlp-chain-simulate"
+    doc = json.loads((folder / "results.json").read_text())
+    assert doc["seeds"] == [1, 2, 3]  # the scenario's seed first
+    p99 = doc["summary"]["workflows"]["mlp-chain"]["p99_ms"]
+    assert len(p99["values"]) == 3
+    assert p99["min"] <= p99["p05"] <= p99["median"] <= p99["p95"] <= p99["max"]
+    for s in (1, 2, 3):
+        one = json.loads((folder / f"seed-{s}" / "results.json").read_text())
+        assert one["summary"]["seed"] == s
+
+
+def test_simulate_draws_measured_platform_latency_per_plain_request() -> None:
+    from gshare.experiments.scenario_sim import simulate
+    from gshare.scenario import load_scenario
+
+    sc = load_scenario(EXAMPLE.parent / "priority-pair.yaml")
+    base = simulate(sc, duration_s=2.0)
+    plus = simulate(sc, duration_s=2.0, platform_ms=(5.0,))
+    a = {(r["name"], r["arrival_ms"]): r for r in base.rows}
+    b = {(r["name"], r["arrival_ms"]): r for r in plus.rows}
+    assert a.keys() == b.keys() and a
+    # the same decisions (admission and instances read the answers' times, not the client's):
+    # every request 5 ms later at its client, none shed differently
+    for k, r in a.items():
+        assert b[k]["status"] == r["status"]
+        assert b[k]["latency_ms"] - r["latency_ms"] == pytest.approx(5.0)

@@ -1,0 +1,89 @@
+"""The simulator's model of the live runtime on the CPU device (``sim.cluster.cpu_runtime_fields``)
+and the per-request platform latency (``ClusterConfig.platform_ms``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gshare.policy.autoscale import ScaleConfig
+from gshare.profiles import ProfilePoint, ProfileTable
+from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction, cpu_runtime_fields
+from gshare.sim.engine import EventLoop
+from gshare.sim.request import SimRequest
+from gshare.sim.workload import drive_open_loop
+
+BURST_MS = 8.0
+QUOTAS = {"a": 30.0, "b": 60.0}
+HORIZON_MS = 4_000.0
+
+
+def _table() -> ProfileTable:
+    return ProfileTable(
+        [
+            ProfilePoint(f, 100.0, q, 1, BURST_MS * 100.0 / q)
+            for f in QUOTAS
+            for q in (30.0, 60.0, 100.0)
+        ]
+    )
+
+
+def _saturated_shares(**fields: object) -> dict[str, float]:
+    """Two functions at quotas 0.3 / 0.6 (request = limit) on all the SMs of one device, each
+    sent twice what its quota serves: the busy share each achieves (finished requests × the
+    burst, over the horizon)."""
+    loop = EventLoop()
+    cluster = SimCluster(
+        loop, _table(), ClusterConfig(max_gpus=1, cold_start_ms=0.0, **fields),  # type: ignore[arg-type]
+        np.random.default_rng(0),
+    )  # fmt: skip
+    for f, q in QUOTAS.items():
+        tput = q / 100.0 * 1000.0 / BURST_MS
+        cfg = ScaleConfig(sm_pct=100.0, quota_pct=q, batch=1, throughput_rps=tput,
+                          latency_ms=BURST_MS * 100.0 / q)  # fmt: skip
+        cluster.add_function(
+            SimFunction(f, f, 1e9, (cfg,), min_instances=1, max_instances=1, quota_limit_pct=q)
+        )
+        step = 1000.0 / (2 * tput)
+        drive_open_loop(loop, cluster.gateway, f, list(np.arange(step, HORIZON_MS, step)))
+    cluster.start(until_ms=HORIZON_MS)
+    loop.run(until_ms=HORIZON_MS)
+    done: dict[str, int] = {f: 0 for f in QUOTAS}
+    for r in cluster.log.completed:
+        done[r.function] += 1
+    return {f: 100.0 * n * BURST_MS / HORIZON_MS for f, n in done.items()}
+
+
+def test_cpu_runtime_holds_time_sharing_functions_to_their_quotas() -> None:
+    cpu = _saturated_shares(**cpu_runtime_fields())
+    gpu = _saturated_shares()  # the V100-fitted defaults: launch-gated, interference, 1 ms
+    for f, q in QUOTAS.items():
+        # the limit is a hard cap; the CPU model loses only grant latencies below it
+        assert q - 3.0 <= cpu[f] <= q + 1.0, cpu
+        # the GPU model charges a waiting neighbour as interference: far below the quota
+        assert gpu[f] < cpu[f] - 3.0, (gpu, cpu)
+
+
+def test_platform_latency_is_drawn_per_answer_and_does_not_hold_the_instance() -> None:
+    def run(platform: tuple[float, ...]) -> list[SimRequest]:
+        loop = EventLoop()
+        table = ProfileTable([ProfilePoint("m", 100.0, 100.0, 1, 5.0)])
+        cfg = ScaleConfig(sm_pct=100.0, quota_pct=100.0, batch=1, throughput_rps=200.0,
+                          latency_ms=5.0)  # fmt: skip
+        cluster = SimCluster(
+            loop, table,
+            ClusterConfig(max_gpus=1, cold_start_ms=0.0, platform_ms=platform,
+                          **cpu_runtime_fields()),  # type: ignore[arg-type]
+            np.random.default_rng(1),
+        )  # fmt: skip
+        cluster.add_function(SimFunction("m", "m", 1e9, (cfg,), min_instances=1, max_instances=1))
+        drive_open_loop(loop, cluster.gateway, "m", [10.0 * i for i in range(1, 41)])
+        cluster.start(until_ms=1_000.0)
+        loop.run()
+        return sorted(cluster.log.completed, key=lambda r: r.request_id)
+
+    plain, padded = run(()), run((1.0, 3.0))
+    assert len(plain) == len(padded) == 40
+    extra = {round(b.latency_ms - a.latency_ms, 9) for a, b in zip(plain, padded, strict=True)}
+    assert extra == {1.0, 3.0}  # one sample per answer, both drawn
+    # the instance started each burst at the same time: the platform is not its busy time
+    assert [r.start_ms for r in plain] == [r.start_ms for r in padded]
