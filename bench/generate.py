@@ -260,7 +260,7 @@ def modes_cfg(lm: CausalLM, args: Any) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser(__doc__)
     parser.add_argument("--model", choices=["tiny", "gpt2-small"], default="tiny")
     parser.add_argument("--requests", type=int, default=None)
@@ -273,7 +273,12 @@ def main() -> None:
     parser.add_argument("--ctx-scale", type=float, default=64.0)
     parser.add_argument("--max-prompt", type=int, default=200)
     parser.add_argument("--max-gen", type=int, default=128)
-    args = parser.parse_args()
+    parser.add_argument("--no-live", action="store_true", help="skip the live server and twin")
+    parser.add_argument("--twin-rate", type=float, default=20.0, help="the trace's mean rps")
+    parser.add_argument("--twin-reps", type=int, default=None, help="live runs (default 3; 1)")
+    parser.add_argument("--write-profile", action="store_true",
+                        help="store the live constants in the shipped step profile")  # fmt: skip
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     n = args.requests or (24 if args.quick else 96)
     loads = [
@@ -381,12 +386,29 @@ def main() -> None:
         **{f"decode_{k}": v for k, v in layouts.items()},
         **prio,
     }
+    if not args.no_live:
+        from _generate_live import live_twin
+
+        twin = live_twin(
+            args.twin_rate,
+            args.twin_reps or (1 if args.quick else 3),
+            {"ttft_ms": 500.0, "tpot_ms": 10.0},
+            quick=args.quick,
+            write_profile=args.write_profile,
+        )
+        print_table(
+            "twin: the LLM trace segment live (gshare load) and simulated (gshare simulate)",
+            ["figure", "value"],
+            [[k, v] for k, v in twin.items()],
+        )
+        summary.update(twin)
     summary.update(machine_load())
     print(
         {
             k: round(v, 3) if isinstance(v, float) else v
             for k, v in summary.items()
-            if k.startswith(("tokens_per_s_ratio", "hi_tpot_p99")) or k.endswith("_at_slo")
+            if k.startswith(("tokens_per_s_ratio", "hi_tpot_p99", "ttft_p", "tpot_p"))
+            or k.endswith("_at_slo")
         }
     )
     write_json(
@@ -398,6 +420,7 @@ def main() -> None:
             for load, r in by_load.items()
         ],
     )
+    return summary
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ absolute percentage error printed; the document is written to ``--out`` under th
 name (``causal-lm-tiny``), keeping the other models' entries, with ``measured_on`` naming the
 machine, the load and this measurement. ``frontend_ms`` and ``step_overhead_ms`` (a live
 server's extra time per request and per step) are kept from the existing entry unless
-``--frontend-ms`` / ``--step-overhead-ms`` are given (``bench/generate.py --live`` measures
-them against the live server).
+``--frontend-ms`` / ``--step-overhead-ms`` are given (``bench/generate.py --write-profile``
+measures them and ``token_overhead_ms`` against the live server).
 """
 
 from __future__ import annotations
@@ -177,6 +177,7 @@ def main() -> None:
         if args.step_overhead_ms is not None
         else prev.get("step_overhead_ms", 0.0)
     )
+    doc["token_overhead_ms"] = prev.get("token_overhead_ms", 0.0)
     print_table(
         f"{name}: step model fitted on {len(times)} steps",
         ["coefficient", "value"],

@@ -96,5 +96,5 @@ def test_features_of_a_decision() -> None:
     }
     d = StepDecision(prefill=(Prefill("b", 30),), decode=("a", "c"))
     f = step_features(d, seqs, frozenset({"a", "c"}))
-    assert f == StepFeatures(1, 30, 2, 15 + 9, False)
+    assert f == StepFeatures(1, 30, 2, 15 + 9, False, tokens_out=3)
     assert step_features(d, seqs, frozenset({"a"})).rebuilt

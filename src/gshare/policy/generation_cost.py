@@ -49,6 +49,9 @@ class StepFeatures:
     decode_seqs: int = 0
     decode_context_tokens: int = 0
     rebuilt: bool = False
+    tokens_out: int = 0
+    """Sequences that get a token at the end of the step (decodes, and prefill chunks that end
+    their pending tokens): the chunks a live instance sends."""
 
     def row(self) -> list[float]:
         """The regressors, in ``COEFFICIENTS`` order."""
@@ -99,7 +102,10 @@ class StepCostModel:
     gateway and the instance's wire): added to its time to first token."""
     step_overhead_ms: float = 0.0
     """A live instance's time per step beyond the in-process engine's (the token gate, the
-    chunk frames): added to every step."""
+    step's frames): added to every step."""
+    token_overhead_ms: float = 0.0
+    """A live server's time per token sent beyond the in-process engine's (the chunk through
+    the wire, the gateway and the stream, on the same CPUs): times ``tokens_out``."""
     measured_on: str = ""
     """The measurement the coefficients were fitted on (machine, threads, load)."""
     fit: Mapping[str, float] | None = None
@@ -110,9 +116,9 @@ class StepCostModel:
 
     def step_ms(self, f: StepFeatures) -> float:
         """The predicted time of a step with features ``f`` (a live instance's: the in-process
-        step plus ``step_overhead_ms``)."""
+        step plus ``step_overhead_ms`` and ``token_overhead_ms`` per token out)."""
         engine = float(np.dot(self.coefficients(), f.row()))
-        return engine + self.step_overhead_ms
+        return engine + self.step_overhead_ms + self.token_overhead_ms * f.tokens_out
 
     def to_doc(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -129,7 +135,7 @@ class StepCostModel:
         for req in ("model", "kv_bytes_per_token", "max_context_tokens"):
             if req not in doc:
                 raise StepCostError(f"{req}: required")
-        for c in (*COEFFICIENTS, "frontend_ms", "step_overhead_ms"):
+        for c in (*COEFFICIENTS, "frontend_ms", "step_overhead_ms", "token_overhead_ms"):
             v = doc.get(c, 0.0)
             if not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
                 raise StepCostError(f"{c}: must be a finite number >= 0 (ms), got {v!r}")
@@ -144,12 +150,14 @@ def step_features(
     """The features of ``decision`` over the snapshot's sequences (by id); ``last_decode``:
     the ids that decoded in the previous step (``rebuilt`` when the set changed)."""
     dec = decision.decode
+    done = sum(1 for p in decision.prefill if seqs[p.seq_id].pending_tokens == p.n_tokens)
     return StepFeatures(
         prefill_chunks=len(decision.prefill),
         prefill_tokens=sum(p.n_tokens for p in decision.prefill),
         decode_seqs=len(dec),
         decode_context_tokens=sum(seqs[s].context_tokens for s in dec),
         rebuilt=bool(dec) and frozenset(dec) != last_decode,
+        tokens_out=len(dec) + done,
     )
 
 
