@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from _common import bench_parser, machine_load, percentile, print_table, write_json
+from _generate_live import live_twin
 from gshare.policy.generation import BatchingMode
 from gshare.runtime.instance.generative.causal_lm import CausalLM
 from gshare.runtime.instance.generative.contract import GenerationParams, PrefillWork, SeqView
@@ -387,8 +388,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         **prio,
     }
     if not args.no_live:
-        from _generate_live import live_twin
-
         twin = live_twin(
             args.twin_rate,
             args.twin_reps or (1 if args.quick else 3),
