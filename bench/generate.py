@@ -14,8 +14,9 @@ The live twin (``_generate_live.live_twin``; ``--no-live`` skips it): the summar
 ``ttft_p50_ratio_sim_over_live`` and ``tpot_p50_ratio_sim_over_live`` (and p99), the module doc
 of ``_generate_live`` says how they are measured.
 
-What runs in process (one process, one torch thread, no gateway): the engine (``runtime.instance.generative.engine``) over ``CausalLM`` (random weights), three
-ways, on the same seeded requests and arrival times:
+What runs in process (one process, one torch thread, no gateway): the engine
+(``runtime.instance.generative.engine``) over ``CausalLM`` (random weights), three ways, on the
+same seeded requests and arrival times:
 
 * **continuous** — Orca's iteration-level batching: sequences join and leave between steps,
   chunked prefill (``--prefill-chunk`` tokens per step), up to ``--max-batch`` sequences;
