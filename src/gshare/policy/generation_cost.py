@@ -20,9 +20,9 @@ differs from the last step's (the built-in then restacks its padded KV batch). W
 every coefficient is >= 0 (the fit is non-negative least squares), so a step never costs less
 for running more.
 
-NOTE: Orca (Yu et al., OSDI '22) §2 and §5 — an iteration's latency is the prefill tokens it
-processes plus a decode cost that grows with the batch and the context its attention reads; the
-model is that decomposition, its coefficients measured (not derived from FLOPs).
+NOTE: Orca (Yu et al., OSDI '22) §3 — the iteration is the unit of scheduling, so it is the
+unit of time here: its latency is the prefill tokens it processes plus a decode cost growing with
+the batch and the context its attention reads, the coefficients measured (not from FLOPs).
 """
 
 from __future__ import annotations
