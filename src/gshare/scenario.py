@@ -31,6 +31,13 @@ YAML form (``load_scenario``; paths are relative to the scenario file)::
         # trace: {format: azure2019, path: ..., rate_rps: 20, start_minute: 600, minutes: 1,
         #         rank: 0, repeat: true}        (formats: azure2019 | azure2021 | llm)
         # input: request.bin           # raw bytes sent by ``gshare load`` (or input_json: ...)
+      - function: gen                  # a generative function (model: causal-lm-*)
+        trace: {format: llm, rate_rps: 4}
+        tokens: {prompt_scale: 64, max_prompt_tokens: 200, max_tokens: 128}
+        # each request's prompt and generated token counts: the LLM trace's rows in order
+        # (ContextTokens / prompt_scale, at least min_prompt_tokens, at most max_prompt_tokens;
+        # GeneratedTokens / generated_scale, at least 1, at most max_tokens); path: another
+        # trace of that format. A generative function's workload without tokens: the defaults.
 
 Errors: every problem raises ``ScenarioError`` with ONE line naming the field by its dotted
 path (list items by index: ``workloads.1.poisson.rate_rps``), what is allowed and what was
@@ -55,7 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gshare.documents import DocumentError, load_yaml, one_line_errors
 from gshare.profiles import ProfileError, ProfilePoint, ProfileTable
-from gshare.spec import FunctionSpec, Int, Num, SpecError, load_function_spec
+from gshare.spec import GENERATIVE_MODELS, FunctionSpec, Int, Num, SpecError, load_function_spec
 from gshare.workflows.spec import WorkflowSpec, WorkflowSpecError, load_workflow
 
 MAX_DURATION_S: Final[float] = 7 * 86_400.0
@@ -114,6 +121,16 @@ FIELD_RULES: Final[Mapping[str, str]] = {
     "workloads.trace.minutes": "an integer in [1, 1440] (azure2019 only)",
     "workloads.trace.rank": "an integer >= 0: the rank-th busiest function (azure2019 only)",
     "workloads.input": "a file whose bytes are each request's body",
+    "workloads.tokens": (
+        "a mapping with path, prompt_scale, generated_scale, min_prompt_tokens, "
+        "max_prompt_tokens, max_tokens (generative functions only)"
+    ),
+    "workloads.tokens.path": "an LLM trace file (default: the shipped code trace)",
+    "workloads.tokens.prompt_scale": "a number > 0: the trace's context tokens are divided by it",
+    "workloads.tokens.generated_scale": "a number > 0: its generated tokens are divided by it",
+    "workloads.tokens.min_prompt_tokens": "an integer >= 1",
+    "workloads.tokens.max_prompt_tokens": "an integer >= min_prompt_tokens, or null",
+    "workloads.tokens.max_tokens": "an integer >= 1, or null (the generated tokens' cap)",
     "workloads.input_json": "any JSON value: each request's body",
 }
 
@@ -180,6 +197,28 @@ class Trace(_Model):
         return self
 
 
+class Tokens(_Model):
+    """The prompt and generated token counts of a generative function's requests: the rows of
+    an LLM trace (``sim.workload.azure_llm_tokens``) in order, scaled and clamped (module
+    doc; ``experiments.scenario_arrivals.request_tokens``)."""
+
+    path: str | None = None
+    prompt_scale: Num = Field(default=1.0, gt=0)
+    generated_scale: Num = Field(default=1.0, gt=0)
+    min_prompt_tokens: Int = Field(default=1, ge=1)
+    max_prompt_tokens: Int | None = Field(default=None, ge=1)
+    max_tokens: Int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _range(self) -> Tokens:
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < self.min_prompt_tokens:
+            raise ValueError(
+                f"@max_prompt_tokens: must be an integer >= min_prompt_tokens="
+                f"{self.min_prompt_tokens}, got {self.max_prompt_tokens}"
+            )
+        return self
+
+
 class Workload(_Model):
     """The arrivals of one workflow or function (exactly one of each pair)."""
 
@@ -192,6 +231,8 @@ class Workload(_Model):
     """A file whose bytes are every request's body (``gshare load``)."""
     input_json: Any = None
     """A JSON value sent as every request's body (``gshare load``)."""
+    tokens: Tokens | None = None
+    """A generative function's token counts per request (None: ``Tokens()``'s defaults)."""
 
     @model_validator(mode="after")
     def _one_each(self) -> Workload:
@@ -380,6 +421,7 @@ _MODELS: Final[Mapping[str, type[BaseModel]]] = {
     "workloads.poisson": Poisson,
     "workloads.uniform": Uniform,
     "workloads.trace": Trace,
+    "workloads.tokens": Tokens,
 }
 
 
@@ -496,6 +538,16 @@ def build_scenario(doc: ScenarioDoc, path: Path) -> Scenario:
         update: dict[str, Any] = {}
         if w.input is not None:
             update["input"] = str(_file(base, w.input, f"{field}.input"))
+        if w.tokens is not None:
+            fspec = functions.get(str(w.function)) if w.function is not None else None
+            if fspec is None or not fspec.is_generative_builtin:
+                raise ScenarioError(
+                    f"{field}.tokens: token counts are for a generative function's workload "
+                    f"(model one of {', '.join(GENERATIVE_MODELS)}), got {w.target!r}"
+                )
+            if w.tokens.path is not None:
+                tp = _file(base, w.tokens.path, f"{field}.tokens.path")
+                update["tokens"] = w.tokens.model_copy(update={"path": str(tp)})
         if w.trace is not None and w.trace.path is not None:
             tp = _file(base, w.trace.path, f"{field}.trace.path")
             update["trace"] = w.trace.model_copy(update={"path": str(tp)})
@@ -530,6 +582,7 @@ __all__ = [
     "Scenario",
     "ScenarioDoc",
     "ScenarioError",
+    "Tokens",
     "Trace",
     "Uniform",
     "Workload",

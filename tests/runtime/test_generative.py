@@ -316,3 +316,21 @@ def test_the_builtin_loads_shared_weights_without_copying_them(lm: CausalLM) -> 
     assert h.predict(["hello"], parameters=[{"max_tokens": 8}]) == lm.predict(
         ["hello"], parameters=[{"max_tokens": 8}]
     )
+
+
+def test_ignore_eos_generates_max_tokens_past_the_end_of_sequence(lm: CausalLM) -> None:
+    prompts = [bytes([32 + (7 * i + j) % 90 for j in range(5 + i)]) for i in range(24)]
+    eng = GenerationEngine(lm, engine_config(lm, max_batch_seqs=24))
+    plain = [eng.submit(p, GenerationParams(max_tokens=96)) for p in prompts]
+    eng.run_until_idle()
+    stopped = [h for h in plain if h.finish_reason is FinishReason.STOP]
+    assert stopped, "no prompt reached the end-of-sequence token: the test is vacuous"
+    assert all(h.generated[-1] == EOS_ID for h in stopped)
+    with pytest.raises(InputError, match="ignore_eos"):
+        GenerationParams.parse({"ignore_eos": "yes"})
+    params = GenerationParams.parse({"max_tokens": 96, "ignore_eos": True})
+    forced = [eng.submit(p, params) for p in prompts]
+    eng.run_until_idle()
+    for a, b in zip(plain, forced, strict=True):
+        assert b.finish_reason is FinishReason.LENGTH and len(b.generated) == 96
+        assert b.generated[: len(a.generated)] == a.generated  # the same tokens, then more

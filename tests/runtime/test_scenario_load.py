@@ -73,3 +73,43 @@ def test_gshare_load_sends_the_scenario_and_accounts_for_every_arrival(
     assert r.returncode == 0, r.stderr
     sim = json.loads((tmp_path / "mlp-chain-simulate" / "results.json").read_text())["summary"]
     assert set(sim["workflows"]["mlp-chain"]["profiles"].values()) == {"scenario profiles"}
+
+
+LLM_EXAMPLE = REPO / "examples" / "scenarios" / "llm-code.yaml"
+
+
+def test_gshare_load_streams_the_llm_trace_with_its_token_counts(
+    served: ServeProcess, tmp_path: Path
+) -> None:
+    from gshare.experiments.scenario_arrivals import request_tokens
+
+    r = served.cli("load", str(LLM_EXAMPLE), "--out", str(tmp_path), timeout_s=400)
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{served.log()}"
+    doc = json.loads((tmp_path / "llm-code-load" / "results.json").read_text())
+    s, rows = doc["summary"], doc["rows"]
+    sc = load_scenario(LLM_EXAMPLE)
+    arrivals = scenario_arrivals(sc, sc.duration_s())
+    tokens = request_tokens(sc, arrivals)
+    assert s["arrivals"] == len(arrivals) == len(rows) and s["all_accounted"]
+    ok = [x for x in rows if x["status"] == "ok"]
+    assert ok, [x["error"] for x in rows][:3]
+    for x in ok:  # ignore_eos: every answered request got exactly the trace's tokens
+        assert (x["prompt_tokens"], x["completion_tokens"]) == tokens[x["request"]]
+        assert 0 < x["ttft_ms"] <= x["latency_ms"]
+    for x in rows:
+        if x["status"] != "ok":
+            assert x["error"] and not x["hit"]
+    st = s["functions"]["gen"]
+    assert st["ttft_ms_p50"] <= st["ttft_ms_p99"] and st["tpot_ms_p50"] <= st["tpot_ms_p99"]
+    assert st["tokens_per_s"] > 0 and 0.0 <= st["slo_attainment"] <= 1.0
+    # the simulator's report of the same scenario has the same figures
+    sim = simulate_summary(tmp_path)
+    assert {k for k in st if k.startswith(("ttft", "tpot", "slo_att", "tokens"))} <= set(sim)
+
+
+def simulate_summary(out: Path) -> dict[str, object]:
+    r = run_cli("simulate", str(LLM_EXAMPLE), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "llm-code-simulate" / "results.json").read_text())
+    st: dict[str, object] = doc["summary"]["functions"]["gen"]
+    return st

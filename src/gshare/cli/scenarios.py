@@ -48,7 +48,21 @@ def _scenario_tables(result: Any, world: str) -> None:
     cols = ("requests", "answered", "slo_ms", "slo_hit_rate", "p50_ms", "p99_ms")
     for kind, extra in (
         ("workflows", ("cost_per_1m_requests_usd",)),
-        ("functions", ("devices_mean", "devices_end", "instances_mean", "instances_end")),
+        (
+            "functions",
+            (
+                "devices_mean",
+                "devices_end",
+                "instances_mean",
+                "instances_end",
+                "ttft_ms_p50",
+                "ttft_ms_p99",
+                "tpot_ms_p50",
+                "tpot_ms_p99",
+                "tokens_per_s",
+                "slo_attainment",
+            ),
+        ),  # fmt: skip
     ):
         rows = s.get(kind) or {}
         if not rows:

@@ -22,8 +22,12 @@ milliseconds from the start of the load, in ``[0, duration)``:
   azure2021_arrivals``' rule) until the duration is filled.
 
 The scenario's stream is every workload's arrivals merged, sorted by time (ties: workload
-order). Who calls it: ``scenario_sim`` and ``scenario_load``; the tests check both get equal
-lists.
+order). A generative function's requests also carry token counts (``request_tokens``): the
+k-th arrival of its workload takes row k (cycling) of the LLM trace of its ``tokens.path`` (the
+shipped code trace by default), its prompt ``ContextTokens / prompt_scale`` rounded and clamped
+to ``[min_prompt_tokens, max_prompt_tokens]``, its ``max_tokens`` ``GeneratedTokens /
+generated_scale`` rounded and clamped to ``[1, max_tokens]``. Who calls it: ``scenario_sim``
+and ``scenario_load``; the tests check both get equal lists.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Literal
 
 import numpy as np
 
-from gshare.scenario import Scenario, ScenarioError, Trace, Workload
+from gshare.scenario import Scenario, ScenarioError, Tokens, Trace, Workload
 from gshare.sim import workload as wl
 from gshare.sim.workflow.workload import uniform_intervals
 
@@ -126,4 +130,35 @@ def scenario_arrivals(
     return out
 
 
-__all__ = ["Arrival", "scenario_arrivals", "workload_times"]
+def request_tokens(scenario: Scenario, arrivals: list[Arrival]) -> dict[int, tuple[int, int]]:
+    """``(prompt tokens, max_tokens)`` of every arrival (by index in ``arrivals``) to a
+    generative function (module doc); the others are left out."""
+    gen = {
+        i
+        for i, w in enumerate(scenario.workloads)
+        if w.function is not None and scenario.functions[w.function].is_generative_builtin
+    }
+    traces: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
+    seen: dict[int, int] = {}
+    out: dict[int, tuple[int, int]] = {}
+    for k, a in enumerate(arrivals):
+        if a.workload not in gen:
+            continue
+        t = scenario.workloads[a.workload].tokens or Tokens()
+        if t.path not in traces:
+            traces[t.path] = wl.azure_llm_tokens(t.path)
+        ctx, made = traces[t.path]
+        j = seen.get(a.workload, 0)
+        seen[a.workload] = j + 1
+        row = j % len(ctx)
+        prompt = max(int(t.min_prompt_tokens), round(int(ctx[row]) / float(t.prompt_scale)))
+        if t.max_prompt_tokens is not None:
+            prompt = min(prompt, int(t.max_prompt_tokens))
+        n = max(1, round(int(made[row]) / float(t.generated_scale)))
+        if t.max_tokens is not None:
+            n = min(n, int(t.max_tokens))
+        out[k] = (prompt, n)
+    return out
+
+
+__all__ = ["Arrival", "request_tokens", "scenario_arrivals", "workload_times"]

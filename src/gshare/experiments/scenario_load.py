@@ -25,7 +25,10 @@
    function the instances and devices it runs on at the end.
 
 A request is a hit when it was answered with HTTP 200 within the SLO (the workflow's
-``slo_ms``; the function's ``slo_ms``).
+``slo_ms``; the function's ``slo_ms``). A **generative** function's requests are streamed over
+the OpenAI-compatible API with their trace token counts (``scenario_generate.
+stream_completion``: TTFT, TPOT, tokens; a hit meets ``slo.ttft_ms`` and ``slo.tpot_ms``); its
+summary has the simulator's TTFT / TPOT figures (``scenario_generate.summarise_generative``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,14 @@ from typing import Any
 import httpx
 
 from gshare.experiments.results import ExperimentResult
-from gshare.experiments.scenario_arrivals import Arrival, scenario_arrivals
+from gshare.experiments.scenario_arrivals import Arrival, request_tokens, scenario_arrivals
+from gshare.experiments.scenario_generate import (
+    GENERATIVE_COLUMNS,
+    generative_functions,
+    slo_of,
+    stream_completion,
+    summarise_generative,
+)
 from gshare.experiments.scenario_sim import (
     REQUEST_COLUMNS,
     accounted,
@@ -143,11 +153,16 @@ def default_body(metadata: Mapping[str, Any], function: str) -> tuple[bytes, str
 
 
 def request_bodies(scenario: Scenario, url: str) -> list[tuple[bytes, str]]:
-    """The body and content type of every workload's requests (module doc)."""
+    """The body and content type of every workload's requests (module doc; a generative
+    function's are built per request: empty here)."""
     out: list[tuple[bytes, str]] = []
     meta: dict[str, Mapping[str, Any]] = {}
+    gen = set(generative_functions(scenario))
     with httpx.Client(base_url=url, timeout=30) as http:
         for i, w in enumerate(scenario.workloads):
+            if w.function in gen:
+                out.append((b"", ""))
+                continue
             if w.input is not None:
                 out.append((Path(w.input).read_bytes(), "application/octet-stream"))
                 continue
@@ -186,9 +201,12 @@ async def drive(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: Progress | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    generate: Mapping[int, tuple[int, int, float | None, float | None]] | None = None,
 ) -> list[dict[str, Any]]:
     """Send ``arrivals`` open loop (module doc); one row per arrival, in arrival order
-    (``transport``: httpx's, for tests)."""
+    (``transport``: httpx's, for tests). ``generate``: per arrival index of a generative
+    function, its prompt tokens, max tokens and SLO (``ttft_ms``, ``tpot_ms``): streamed."""
+    gen = generate or {}
     rows: list[dict[str, Any]] = [{} for _ in arrivals]
     state = {"sent": 0, "answered": 0, "outstanding": 0, "dropped": 0}
     limits = httpx.Limits(
@@ -232,6 +250,10 @@ async def drive(
             path = f"/workflow/{a.target}" if a.kind == "workflow" else f"/function/{a.target}"
             t0 = time.perf_counter()
             try:
+                if i in gen:
+                    p, m, ttft, tpot = gen[i]
+                    await stream_completion(http, row, a.target, p, m, (ttft, tpot))
+                    return
                 r = await http.post(path, content=body, headers={"content-type": ctype})
                 ms = (time.perf_counter() - t0) * 1000.0
                 row["code"] = r.status_code
@@ -383,6 +405,10 @@ def run_load(
         say(f"deploying {len(scenario.functions)} functions, {len(scenario.workflows)} workflows")
         deploy(client, scenario, ready_timeout_s=ready_timeout_s)
         bodies = request_bodies(scenario, client.url)
+        generate = {
+            i: (p, m, *slo_of(scenario, arrivals[i].target))
+            for i, (p, m) in request_tokens(scenario, arrivals).items()
+        }
         slos: dict[tuple[str, str], float | None] = {}
         for w in scenario.workloads:
             slos[(w.kind, w.target)] = (
@@ -407,6 +433,7 @@ def run_load(
                 max_outstanding=max_outstanding,
                 timeout_s=timeout_s,
                 progress=progress,
+                generate=generate,
             )
         )
         wall_s = time.perf_counter() - t0
@@ -441,6 +468,8 @@ def run_load(
         st["cost_per_1m_requests_usd"] = c * 1e6 if c is not None else None
     for name, st in per["functions"].items():
         st.update(placement.get(name, {}))
+    for name, st in summarise_generative(rows, scenario).items():
+        per["functions"][name].update(st)
     summary.update(per)
     exp = f"{scenario.name}-load"
     return ExperimentResult(
@@ -456,7 +485,13 @@ def run_load(
         rows=rows,
         summary=summary,
         plots=[latency_cdf_plot(f"{scenario.name}: live ({client.url})", exp)],
-        table_columns=(*REQUEST_COLUMNS, "code", "late_ms", "error"),
+        table_columns=(
+            *REQUEST_COLUMNS,
+            "code",
+            "late_ms",
+            "error",
+            *(GENERATIVE_COLUMNS if generate else ()),
+        ),
     )
 
 

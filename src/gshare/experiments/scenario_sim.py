@@ -27,7 +27,9 @@ live server for the same seed. Two simulators share them:
   and waiting for readiness); reported times are from the load's start.
 
 The two run separately: a workflow and a plain function do not compete for devices in the
-simulator (they do on a live server).
+simulator (they do on a live server). A **generative** function's workload runs in a third,
+``scenario_generate.run_generative`` (the live engine's step policy in virtual time, priced by
+the model's fitted step profile), which adds TTFT / TPOT figures to the function's summary.
 
 Profiles, per function (``function_profiles``), in this order: the live rows of
 ``--profiles-from URL`` (the ``table`` of ``GET /system/profile/{name}``), the scenario's
@@ -53,7 +55,13 @@ from typing import Any, cast
 import numpy as np
 
 from gshare.experiments.results import ExperimentResult
-from gshare.experiments.scenario_arrivals import Arrival, scenario_arrivals
+from gshare.experiments.scenario_arrivals import Arrival, request_tokens, scenario_arrivals
+from gshare.experiments.scenario_generate import (
+    GENERATIVE_COLUMNS,
+    generative_functions,
+    run_generative,
+    summarise_generative,
+)
 from gshare.profiles import ProfileError, ProfilePoint, ProfileTable
 from gshare.scenario import Scenario, ScenarioError
 from gshare.spec import FunctionSpec
@@ -398,6 +406,7 @@ def run_functions(
     from gshare.sim.workload import drive_open_loop
 
     names = list(dict.fromkeys(w.target for w in scenario.function_workloads()))
+    names = [n for n in names if not scenario.functions[n].is_generative_builtin]
     if not names:
         return [], {}
     table = ProfileTable(p for n in names for p in profiles[n].renamed(n))
@@ -611,12 +620,14 @@ def simulate(
     bo_params: Mapping[str, Any] | None = None,
     frontend_jitter_ms: Sequence[float] = (),
     platform_ms: Sequence[float] = (),
+    step_profiles: Mapping[str, Any] | None = None,
 ) -> ExperimentResult:
     """Run ``scenario`` in the simulator (module doc); ``ScenarioError`` for what the scenario
     cannot run with (a policy name, a function without profile, ...). ``frontend_jitter_ms``:
     measured latency spread added per workflow request (``bench/twin.py``); ``platform_ms``:
     measured platform latency samples, one per plain function request (``bench/fidelity.py``;
-    default: the scenario's ``frontend_ms + dispatch_ms``)."""
+    default: the scenario's ``frontend_ms + dispatch_ms``); ``step_profiles``: generative
+    models' step models in place of the shipped ones (``bench/generate.py``)."""
     wf_policy, autoscaler = check_policies(scenario, policy)
     dur = duration_s if duration_s is not None else scenario.duration_s(quick)
     s = scenario.seed if seed is None else seed
@@ -626,7 +637,8 @@ def simulate(
             [*scenario.workflow_functions(), *(w.target for w in scenario.function_workloads())]
         )
     )
-    profiles = function_profiles(scenario, names, live_profiles)
+    gen = generative_functions(scenario)
+    profiles = function_profiles(scenario, [n for n in names if n not in gen], live_profiles)
     horizon_ms = dur * 1000.0
     warmup_ms = min(scenario.doc.warmup_s * 1000.0, horizon_ms)
     wf_rows, wf_extra = run_workflows(
@@ -637,7 +649,11 @@ def simulate(
         scenario, arrivals, horizon_ms, autoscaler, profiles, seed=s, warmup_ms=warmup_ms,
         progress=progress, platform_ms=platform_ms,
     )  # fmt: skip
-    rows = [*wf_rows, *fn_rows]
+    gen_rows, gen_extra = run_generative(
+        scenario, arrivals, request_tokens(scenario, arrivals), seed=s, warmup_ms=warmup_ms,
+        step_profiles=step_profiles,
+    )  # fmt: skip
+    rows = [*wf_rows, *fn_rows, *gen_rows]
     rows.sort(key=lambda r: (r["arrival_ms"], r["workload"]))
     summary: dict[str, Any] = {
         "scenario": scenario.name,
@@ -654,6 +670,8 @@ def simulate(
         st.update(wf_extra.get(name, {}))
     for name, st in per["functions"].items():
         st.update(fn_extra.get(name, {}))
+    for name, st in summarise_generative(rows, scenario).items():
+        per["functions"][name].update(st, **gen_extra[name])
     summary.update(per)
     exp = f"{scenario.name}-simulate"
     return ExperimentResult(
@@ -669,7 +687,7 @@ def simulate(
         rows=rows,
         summary=summary,
         plots=[latency_cdf_plot(f"{scenario.name}: simulator ({wf_policy}, {autoscaler})", exp)],
-        table_columns=REQUEST_COLUMNS,
+        table_columns=(*REQUEST_COLUMNS, *(GENERATIVE_COLUMNS if gen else ())),
     )
 
 

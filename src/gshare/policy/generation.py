@@ -56,6 +56,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+DEFAULT_MAX_BATCH_SEQS = 16
+"""Sequences per step of a live instance (and its simulated twin) whose function's
+``batching.max_batch`` is 1 (the default): one sequence at a time is what continuous batching
+exists to avoid."""
+
 
 class GenerationPolicyError(ValueError):
     """A bad parameter of the policy; the message names it."""
@@ -400,6 +405,7 @@ def plan_of(decision: StepDecision) -> Sequence[str]:
 
 
 __all__ = [
+    "DEFAULT_MAX_BATCH_SEQS",
     "BatchingMode",
     "GenerationPolicyError",
     "KvPlan",

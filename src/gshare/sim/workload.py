@@ -143,6 +143,21 @@ def azure_llm(path: str | Path | None = None) -> np.ndarray:
     return out
 
 
+def azure_llm_tokens(path: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Context and generated token counts of the Azure LLM inference 2023 (code) trace's
+    requests, in the order of ``azure_llm``'s arrivals (by timestamp, ties in file order)."""
+    p = Path(path) if path else _data_path("azure_llm_inference_2023_code.csv")
+    with open(p, newline="") as f:
+        rows = [
+            (_parse_ts(r["TIMESTAMP"]), int(r["ContextTokens"]), int(r["GeneratedTokens"]))
+            for r in csv.DictReader(f)
+        ]
+    order = np.argsort(np.array([t for t, _, _ in rows]), kind="stable")
+    ctx = np.array([rows[i][1] for i in order], dtype=np.int64)
+    gen = np.array([rows[i][2] for i in order], dtype=np.int64)
+    return ctx, gen
+
+
 def _parse_ts(s: str) -> float:
     s = s.strip()
     if "." in s:

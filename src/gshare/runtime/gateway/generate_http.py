@@ -34,7 +34,9 @@ from gshare.runtime.gateway.streams import (
 )
 
 PREFIX: Final = "/v2/models/"
-PARAMETER_KEYS: Final = frozenset({"max_tokens", "temperature", "top_p", "seed", "stop"})
+PARAMETER_KEYS: Final = frozenset(
+    {"max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos"}
+)
 TOP_LEVEL_KEYS: Final = PARAMETER_KEYS | {"text_input", "parameters", "id", "stream"}
 
 

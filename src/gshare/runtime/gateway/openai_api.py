@@ -43,7 +43,7 @@ from gshare.runtime.gateway.streams import (
 PREFIX: Final = "/v1/"
 COMMON_FIELDS: Final = frozenset(
     {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
-     "user", "n", "presence_penalty", "frequency_penalty", "logit_bias"}
+     "user", "n", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos"}
 )  # fmt: skip
 COMPLETION_FIELDS: Final = COMMON_FIELDS | {"prompt", "echo", "logprobs", "best_of", "suffix"}
 CHAT_FIELDS: Final = COMMON_FIELDS | {

@@ -89,7 +89,8 @@ def _number(doc: Mapping[str, Any], key: str, *, integer: bool = False) -> float
 
 def check_parameters(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The decoding parameters of a request (``max_tokens``, ``temperature``, ``top_p``,
-    ``seed``, ``stop``), type- and range-checked; ``BadParameter`` naming the first bad one."""
+    ``seed``, ``stop``, ``ignore_eos``), type- and range-checked; ``BadParameter`` naming the
+    first bad one."""
     out: dict[str, Any] = {}
     mt = _number(doc, "max_tokens", integer=True)
     if mt is not None:
@@ -124,6 +125,11 @@ def check_parameters(doc: Mapping[str, Any]) -> dict[str, Any]:
                 "stop", f"stop must be a non-empty string or a list of 1 to {MAX_STOP} of them"
             )
         out["stop"] = stop
+    ie = doc.get("ignore_eos")
+    if ie is not None:
+        if not isinstance(ie, bool):
+            raise BadParameter("ignore_eos", "ignore_eos must be true or false")
+        out["ignore_eos"] = ie
     return out
 
 

@@ -86,6 +86,9 @@ class GenerationParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    """Generate ``max_tokens`` whatever the model's end-of-sequence token (benchmarks that
+    replay a trace's generated token counts; vLLM's parameter of that name)."""
 
     @property
     def greedy(self) -> bool:
@@ -124,7 +127,10 @@ class GenerationParams:
             raise InputError("stop must be a string or a list of strings")
         if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
             raise InputError(f"stop takes 1 to {MAX_STOP_STRINGS} non-empty strings")
-        return cls(max_tokens, temperature, top_p, seed, stop)
+        ignore_eos = p.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise InputError("ignore_eos must be true or false")
+        return cls(max_tokens, temperature, top_p, seed, stop, ignore_eos)
 
 
 @dataclass(frozen=True, slots=True)

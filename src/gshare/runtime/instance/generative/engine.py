@@ -425,7 +425,11 @@ class GenerationEngine:
         h.token_times_s.append(now)
         self._count(tokens_generated=1)
         reason: FinishReason | None = None
-        if self.spec.eos_token_id is not None and tok == self.spec.eos_token_id:
+        if (
+            self.spec.eos_token_id is not None
+            and tok == self.spec.eos_token_id
+            and not h.view.params.ignore_eos
+        ):
             text, reason = "", FinishReason.STOP
         else:
             text, stopped = h.text.push(self.model.token_bytes(tok))

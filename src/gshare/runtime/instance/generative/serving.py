@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gshare.policy.generation import KvPlan
+from gshare.policy.generation import DEFAULT_MAX_BATCH_SEQS, KvPlan
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.generative.contract import (
     Chunk,
@@ -59,9 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gshare.runtime.instance.server")
 
-DEFAULT_MAX_BATCH_SEQS = 16
-"""Sequences per decode step when the function's ``batching.max_batch`` is 1 (the default):
-one sequence at a time is what continuous batching exists to avoid."""
 MIB = 1 << 20
 
 
