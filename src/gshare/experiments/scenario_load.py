@@ -51,12 +51,8 @@ from gshare.experiments.scenario_generate import (
     stream_completion,
     summarise_generative,
 )
-from gshare.experiments.scenario_sim import (
-    REQUEST_COLUMNS,
-    accounted,
-    latency_cdf_plot,
-    summarise,
-)
+from gshare.experiments.scenario_plots import latency_cdf_plot
+from gshare.experiments.scenario_sim import REQUEST_COLUMNS, accounted, summarise
 from gshare.scenario import Scenario, ScenarioError, Workload
 
 Progress = Callable[[int, int, int, int, int], None]

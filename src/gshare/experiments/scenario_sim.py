@@ -62,6 +62,7 @@ from gshare.experiments.scenario_generate import (
     run_generative,
     summarise_generative,
 )
+from gshare.experiments.scenario_plots import latency_cdf_plot
 from gshare.profiles import ProfileError, ProfilePoint, ProfileTable
 from gshare.scenario import Scenario, ScenarioError
 from gshare.spec import FunctionSpec
@@ -547,55 +548,6 @@ def summarise(rows: Sequence[Mapping[str, Any]], scenario: Scenario) -> dict[str
     return out
 
 
-def latency_cdf_plot(title: str, file_stem: str) -> Callable[[ExperimentResult, Path], Path]:
-    """A PNG: the latency CDF of every workflow and function (answered requests), its SLO a
-    dashed line, and the hit rate in the legend."""
-
-    def plot(result: ExperimentResult, folder: Path) -> Path:
-        import matplotlib.pyplot as plt
-
-        groups = [
-            (kind, name, st)
-            for kind in ("workflows", "functions")
-            for name, st in result.summary.get(kind, {}).items()
-        ]
-        n = max(1, len(groups))
-        fig, axes = plt.subplots(1, n, figsize=(4.4 * n, 3.4), squeeze=False)
-        for ax, (kind, name, st) in zip(axes.flat, groups, strict=False):
-            lat = np.sort(
-                [
-                    float(r["latency_ms"])
-                    for r in result.rows
-                    if r["kind"] == kind[:-1]
-                    and r["name"] == name
-                    and r["measured"]
-                    and r["status"] == "ok"
-                ]
-            )
-            total = max(1, int(st["requests"]))
-            if len(lat):
-                ax.step(lat, np.arange(1, len(lat) + 1) / total, where="post", label="latency")
-            if st.get("slo_ms"):
-                hit = st.get("slo_hit_rate")
-                label = f"SLO {st['slo_ms']:g} ms" + (
-                    f" (hit {hit:.1%})" if hit is not None else ""
-                )
-                ax.axvline(float(st["slo_ms"]), color="red", linestyle="--", label=label)
-            ax.set_ylim(0, 1.02)
-            ax.set_title(f"{kind[:-1]} {name}", fontsize=9)
-            ax.set_xlabel("latency (ms)")
-            ax.set_ylabel("fraction of requests")
-            ax.legend(fontsize=7, loc="lower right")
-        fig.suptitle(title, fontsize=10)
-        fig.tight_layout()
-        out = folder / f"{file_stem}_latency_cdf.png"
-        fig.savefig(out, dpi=100)
-        plt.close(fig)
-        return out
-
-    return plot
-
-
 def accounted(rows: Sequence[Mapping[str, Any]], arrivals: Sequence[Arrival]) -> dict[str, Any]:
     """Every arrival has one row: counts per status and whether they add up."""
     by: dict[str, int] = {}
@@ -700,7 +652,6 @@ __all__ = [
     "fetch_live_profiles",
     "function_profiles",
     "instances_per_device",
-    "latency_cdf_plot",
     "run_functions",
     "run_workflows",
     "share_perf",
