@@ -180,16 +180,27 @@ class ProfileTable:
         y1 = self._lat_bq(model, by_b[b1], b1, sm_pct, quota_pct)
         return max(1e-6, y0 + (y1 - y0) * (batch - b0) / (b1 - b0))
 
-    def launch_floor_ms(self, model: str) -> float:
+    def launch_floor_ms(self, model: str, quantile_pct: float = 0.0) -> float:
         """The model's host-bound floor: its smallest latency at quota 100 % over every
         measured SM share and batch. With enough SMs a small batch is bound by the host
         launching kernels, not by the GPU; the simulator's launch-gated bursts (see
-        ``sim.gpu``) use this as the token-gated launch work of one inference."""
+        ``sim.gpu``) use this as the token-gated launch work of one inference.
+
+        ``quantile_pct`` > 0: that percentile (linear interpolation) of the quota-100 latencies
+        instead of their minimum — a floor robust to a single low measurement (0 = the minimum).
+        """
+        if not 0.0 <= quantile_pct <= 100.0:
+            raise ProfileError(f"quantile_pct must be in [0, 100], got {quantile_pct}")
         by_b = self._model(model)
-        lats = [min(e[1]) for by_q in by_b.values() for q, e in by_q.items() if q == 100.0]
+        lats = sorted(
+            x for by_q in by_b.values() for q, e in by_q.items() if q == 100.0 for x in e[1]
+        )
         if not lats:
             raise ProfileError(f"model {model!r} has no quota-100 rows")
-        return min(lats)
+        pos = (len(lats) - 1) * quantile_pct / 100.0
+        lo = int(pos)
+        hi = min(lo + 1, len(lats) - 1)
+        return lats[lo] + (lats[hi] - lats[lo]) * (pos - lo)
 
     def throughput_rps(
         self, model: str, sm_pct: float, quota_pct: float = 100.0, batch: int = 1

@@ -10,8 +10,9 @@ import pytest
 
 from gshare.experiments.registry import run_experiment
 from gshare.experiments.results import ExperimentResult, write_result
-from gshare.experiments.token_fidelity import Protocol, simulate_closed_loop
+from gshare.experiments.token_fidelity import Predictor, Protocol, load_points, simulate_closed_loop
 from gshare.policy.tokens import ClientSpec
+from gshare.profiles import ProfilePoint, ProfileTable
 from gshare.sim.engine import EventLoop
 from gshare.sim.gpu import InterferenceModel, SimGpu
 
@@ -141,7 +142,13 @@ def test_token_fidelity_calibrates_on_one_half_and_reports_the_other(
     grid = s["calibration"]["grid_mape_pct"]
     c = s["constants"]
     best = min(grid.values())
-    assert grid[f"k={c['launch_scale']:g} wake={c['token_wakeup_ms']:g}ms"] == best
+    key = (
+        f"k={c['launch_scale']:g} wake={c['token_wakeup_ms']:g}ms p={c['launch_exponent']:g} "
+        f"floor=q{c['floor_quantile_pct']:g}"
+    )
+    assert grid[key] == best
+    # the quick grid crosses 2 scales x 2 wake-ups x 2 exponents
+    assert len(grid) == 8
     assert s["points_held_out"] < s["points_all"]
 
 
@@ -150,3 +157,18 @@ def test_token_fidelity_writes_its_files(fidelity: ExperimentResult, tmp_path: P
     data = json.loads((d / "results.json").read_text())
     assert data["summary"]["mape_pct"] == pytest.approx(fidelity.summary["mape_pct"], rel=1e-5)
     assert len(list(d.glob("*.png"))) == 3
+
+
+def test_token_fidelity_predictor_takes_the_floor_from_quota_100_rows() -> None:
+    # the floor at a percentile comes from the table's quota-100 rows; a quota < 100 row (the
+    # thing predicted) never moves it
+    rows = [ProfilePoint("m", sm, 100.0, 1, lat) for sm, lat in ((50.0, 4.0), (100.0, 8.0))]
+    rows.append(ProfilePoint("m", 100.0, 10.0, 1, 1.0))
+    table = ProfileTable(rows)
+    (pt,) = load_points(table)
+    assert (pt.l100_ms, pt.floor_ms, pt.measured_ms) == (8.0, 4.0, 1.0)
+    pred = Predictor(Protocol(), table)
+    assert pred.floor_ms(pt, 0.0) == 4.0
+    assert pred.floor_ms(pt, 50.0) == pytest.approx(6.0)
+    # a larger floor gates more launch work: slower at quota 10 %
+    assert pred(pt, 1.0, 0.0, 1.0, 50.0) > pred(pt, 1.0, 0.0, 1.0, 0.0)

@@ -15,12 +15,12 @@ Two burst models (``InstanceConfig.launch``):
 * ``None`` (default) — the whole burst is token-gated GPU time: the textbook time-slicing model
   in which a share's quota bounds its GPU time exactly;
 * ``LaunchGating`` — the model the ``token-fidelity`` experiment validated against the measured
-  V100 table: the token gates the host's kernel launches (``launch_scale`` x the model's launch
-  floor, ``ProfileTable.launch_floor_ms``), the device drains what was launched, and the burst
-  completes at max(launches done, start + device time). Device time is the solo latency slowed
-  by the interference of the other instances with work in flight on the GPU when the burst
-  starts. Use it wherever the simulator must agree with the measured profiles at quota < 100 %
-  (the autoscaler chooses configurations from those profiles).
+  V100 table: the token gates the host's kernel launches (``LaunchGating.launch_ms`` of the
+  model's launch floor, ``ProfileTable.launch_floor_ms``), the device drains what was launched,
+  and the burst completes at max(launches done, start + device time). Device time is the solo
+  latency slowed by the interference of the other instances with work in flight on the GPU when
+  the burst starts. Use it wherever the simulator must agree with the measured profiles at
+  quota < 100 % (the autoscaler chooses configurations from those profiles).
 """
 
 from __future__ import annotations
@@ -39,14 +39,43 @@ from gshare.sim.engine import EventLoop
 from gshare.sim.gpu import SimGpu
 from gshare.sim.request import SimRequest
 
+LAUNCH_REF_FLOOR_MS = 10.0
+"""Reference launch floor of ``LaunchGating`` (a unit, not fitted: ``launch_scale`` is the gated
+work's multiple of the floor for a model whose floor is 10 ms)."""
+
 
 @dataclass(frozen=True, slots=True)
 class LaunchGating:
-    """Launch-gated bursts; the defaults are ``token-fidelity``'s calibrated constants."""
+    """Launch-gated bursts. The defaults are ``token-fidelity``'s earlier two-constant
+    calibration (exponent 1), which the cluster experiments were run with; the experiment's
+    three-constant calibration is in docs/journal/token-fidelity.md."""
 
     launch_scale: float = 1.3
-    """Token-gated launch work = ``launch_scale`` x the model's launch floor (capped at the
-    device time)."""
+    """Token-gated launch work at the reference floor, as a multiple of it (see ``launch_ms``)."""
+    launch_exponent: float = 1.0
+    """How the gated work grows with the floor: ``launch_scale x REF x (floor / REF) **
+    launch_exponent`` (1.0: proportional to the floor)."""
+    floor_quantile_pct: float = 0.0
+    """Which launch floor: this percentile of the model's quota-100 latencies
+    (``ProfileTable.launch_floor_ms``); 0 = their minimum."""
+
+    def launch_ms(self, floor_ms: float, device_ms: float) -> float:
+        """Token-gated launch work of one inference of a model whose launch floor is
+        ``floor_ms``, capped at its device time (launches cannot outlast the inference).
+
+        NOTE — gated share of the floor (FaST-GShare §3.3.2: the hook gates kernel launches,
+        not the rest of the host's work). Rule: ``G = launch_scale x R x (C / R) **
+        launch_exponent`` with R = ``LAUNCH_REF_FLOOR_MS``; an exponent above 1 says that the
+        token-gated part of a model's host floor C grows faster than C (small models' floors are
+        mostly per-inference work the token does not gate). Why and the fit:
+        ``experiments/token_fidelity.py`` and docs/journal/token-fidelity.md."""
+        if floor_ms <= 0:
+            return 0.0
+        if self.launch_exponent == 1.0:  # exactly the proportional rule (bit-for-bit)
+            return min(self.launch_scale * floor_ms, device_ms)
+        ref = LAUNCH_REF_FLOOR_MS
+        gated = self.launch_scale * ref * float((floor_ms / ref) ** self.launch_exponent)
+        return min(gated, device_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +194,11 @@ class SimInstance:
             self.gpu.run_burst(self.instance_id, work, self._on_batch_done)
             return
         if self._launch_floor_ms is None:
-            self._launch_floor_ms = self.profiles.launch_floor_ms(c.model)
+            self._launch_floor_ms = self.profiles.launch_floor_ms(
+                c.model, c.launch.floor_quantile_pct
+            )
         device = work * self.gpu.interference.slowdown(self.gpu.active_sm_pct(self.instance_id))
-        launch = min(c.launch.launch_scale * self._launch_floor_ms, device)
+        launch = c.launch.launch_ms(self._launch_floor_ms, device)
         self.gpu.run_burst(self.instance_id, launch, self._on_batch_done, device_ms=device)
 
     def _on_timer(self) -> None:

@@ -5,8 +5,8 @@ a closed-loop load and records latency and throughput; the autoscaler then picks
 from those profiles. In the simulator, "the platform" is the simulator, so a profile the
 autoscaler can trust must be measured *in the simulator*. ``simulate_closed_loop`` runs one
 client on one ``SimGpu`` under the token scheduler, with launch-gated bursts (the model
-``token-fidelity`` validated: token-gated launch work ``min(launch_scale x launch floor, L100)``,
-device time L100), in a closed loop whose think time is the caller's ``ClosedLoopProtocol``
+``token-fidelity`` validated: token-gated launch work ``LaunchGating.launch_ms(launch floor,
+L100)``, device time L100), in a closed loop whose think time is the caller's ``ClosedLoopProtocol``
 (``token-fidelity`` passes the 5 ms of the profiler that produced the shipped V100 table, RaPP's
 script: warm-up, then inferences 5 ms apart, mean latency). ``simulated_profile`` runs it over a
 grid with no think time (a *saturating* loop: each row is the sustainable service time per
@@ -136,14 +136,14 @@ def simulated_profile(
     """
     launch = launch or LaunchGating()
     proto = proto or ClosedLoopProtocol(think_ms=0.0)
-    floor = table.launch_floor_ms(model)
+    floor = table.launch_floor_ms(model, launch.floor_quantile_pct)
     rows: list[ProfilePoint] = []
     for b in sorted(set(batches)):
         for sm in sorted(set(sm_values)):
             l100 = table.latency_ms(model, sm, 100.0, b)
             if colocation is not None:
                 l100 *= colocation.slowdown(max(0.0, 100.0 - sm))
-            gated = min(launch.launch_scale * floor, l100)
+            gated = launch.launch_ms(floor, l100)
             for q in sorted(set(quota_values)):
                 if q >= 100.0:
                     lat = l100
