@@ -77,6 +77,20 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None) -> lis
             return chunks
 
 
+async def read_json_body(scope: Scope, receive: Receive, limit: int) -> tuple[object] | None:
+    """The request's JSON body, parsed, in a 1-tuple (any JSON value, ``null`` included);
+    None when the client disconnected; ``HttpError`` as ``read_body``, or 400 naming what is
+    malformed (the generate routes: OpenAI's and the OIP's)."""
+    h = header_map(scope, (b"content-length",))
+    chunks = await read_body(receive, limit, h.get(b"content-length"))
+    if chunks is None:
+        return None
+    try:
+        return (orjson.loads(b"".join(chunks)),)
+    except orjson.JSONDecodeError as e:
+        raise HttpError(400, f"the body is not valid JSON: {e}") from None
+
+
 async def send_response(
     send: Send,
     status: int,

@@ -21,7 +21,7 @@ from typing import Any, Final
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from gshare.runtime.gateway.asgi import header_map, read_body, send_response
+from gshare.runtime.gateway.asgi import read_json_body, send_response
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.oip_service import OipService
 from gshare.runtime.gateway.sse import SseWriter
@@ -98,15 +98,10 @@ async def serve_generate(
     if scope["method"] != "POST":
         raise HttpError(405, f"use POST to generate, not {scope['method']}")
     v = oip.version_of(name, version)
-    h = header_map(scope, (b"content-length",))
-    chunks = await read_body(receive, oip.gw.max_body_bytes, h.get(b"content-length"))
-    if chunks is None:
+    doc = await read_json_body(scope, receive, oip.gw.max_body_bytes)
+    if doc is None:
         return
-    try:
-        doc = orjson.loads(b"".join(chunks))
-    except orjson.JSONDecodeError as e:
-        raise HttpError(400, f"the body is not valid JSON: {e}") from None
-    text, params, rid = _request(doc)
+    text, params, rid = _request(doc[0])
     gen = start_generation(oip.gw, name, text, params, receive)
     base: dict[str, object] = {"model_name": name, "model_version": str(v)}
     if rid is not None:

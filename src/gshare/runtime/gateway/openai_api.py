@@ -27,7 +27,7 @@ from typing import Any, Final
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from gshare.runtime.gateway.asgi import header_map, read_body, send_response
+from gshare.runtime.gateway.asgi import read_json_body, send_response
 from gshare.runtime.gateway.errors import HttpError
 from gshare.runtime.gateway.router import Gateway
 from gshare.runtime.gateway.sse import SseWriter
@@ -96,14 +96,10 @@ async def serve_openai(gw: Gateway, scope: Scope, receive: Receive, send: Send) 
             raise HttpError(404, f"no route {method} {path}")
         if method != "POST":
             raise HttpError(405, f"use POST on {path}, not {method}")
-        h = header_map(scope, (b"content-length",))
-        chunks = await read_body(receive, gw.max_body_bytes, h.get(b"content-length"))
-        if chunks is None:
+        body = await read_json_body(scope, receive, gw.max_body_bytes)
+        if body is None:
             return
-        try:
-            doc = orjson.loads(b"".join(chunks))
-        except orjson.JSONDecodeError as e:
-            raise HttpError(400, f"the body is not valid JSON: {e}") from None
+        doc = body[0]
         if not isinstance(doc, dict):
             raise HttpError(400, "the body must be a JSON object")
         chat = path == "/v1/chat/completions"
