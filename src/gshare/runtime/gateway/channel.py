@@ -168,24 +168,22 @@ class InstanceChannel(asyncio.Protocol):
             p = self.inflight.pop(req_id, None)
             if lanes is not None:
                 lanes.release_request(req_id)  # answered: the instance is done with its bytes
-                if enc & ENC_IN_LANE:
-                    try:
-                        if p is not None and p.borrow and status == P.ST_OK and not p.future.done():
-                            view, loan = lanes.borrow_response(payload)
-                            p.borrowed, payload = view, b""
-                            p.release = functools.partial(lanes.give_back, loan)
-                            self._bytes_resp_lane.inc(len(view))
-                        else:
-                            payload = lanes.take_response(payload)
-                            self._bytes_resp_lane.inc(len(payload))
-                    except LaneError as e:
-                        log.error("instance %s: %s; closing", self.instance_id, e)
-                        if self.transport:
-                            self.transport.close()
-                        return
-                    enc &= ~ENC_IN_LANE
-                else:
-                    self._bytes_resp_socket.inc(len(payload))
+            if lanes is not None and enc & ENC_IN_LANE:
+                try:
+                    if p is not None and p.borrow and status == P.ST_OK and not p.future.done():
+                        view, loan = lanes.borrow_response(payload)
+                        p.borrowed, payload = view, b""
+                        p.release = functools.partial(lanes.give_back, loan)
+                        self._bytes_resp_lane.inc(len(view))
+                    else:
+                        payload = lanes.take_response(payload)
+                        self._bytes_resp_lane.inc(len(payload))
+                except LaneError as e:
+                    log.error("instance %s: %s; closing", self.instance_id, e)
+                    if self.transport:
+                        self.transport.close()
+                    return
+                enc &= ~ENC_IN_LANE
             else:
                 self._bytes_resp_socket.inc(len(payload))
             if p is None:

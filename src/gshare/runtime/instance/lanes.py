@@ -243,13 +243,13 @@ class GatewayLanes:
         self._held: dict[int, int] = {}
         """Request id → its allocation in the request lane, until the instance answers."""
         self._cursor = RingCursor(self._resp)
-        self._resp_ring = Ring(response_bytes - HEADER_BYTES)
+        self._resp_size = response_bytes - HEADER_BYTES
+        """The response ring's size (the instance allocates in it: ``Ring``)."""
         self._loans: deque[Loan] = deque()
         """Answers read and not yet given back, in the lane's order."""
         self._seen_end = 0
         """Where the last answer read ends."""
         self._closed = False
-        self.requests_in_lane = 0
         self.responses_in_lane = 0
 
     def fds(self) -> list[int]:
@@ -279,7 +279,6 @@ class GatewayLanes:
             return None
         _write_parts(self._req, pos, parts)
         self._held[req_id] = pos
-        self.requests_in_lane += 1
         return LANE_REF.pack(pos, n)
 
     def release_request(self, req_id: int) -> None:
@@ -294,15 +293,15 @@ class GatewayLanes:
         it (nor anything after it: answers are given back in any order, the instance reuses
         the lane in order). ``LaneError`` when the reference does not fit the lane."""
         pos, n = LANE_REF.unpack_from(ref)
-        ring = self._resp_ring
-        off = ring.offset(pos)
+        size = self._resp_size
+        off = pos % size  # as Ring.offset
         # the answer starts after the last one read and, if an earlier one is still lent,
         # ends within one turn of that one's start (the instance may not overwrite it)
         if (
             n <= 0
-            or off + n > ring.size
+            or off + n > size
             or pos < self._seen_end
-            or (self._loans and pos + n - self._loans[0].start > ring.size)
+            or (self._loans and pos + n - self._loans[0].start > size)
         ):
             raise LaneError(f"an answer at {pos} ({n} bytes) is outside the response lane")
         self._seen_end = pos + n

@@ -72,6 +72,8 @@ import socket
 import struct
 from typing import TYPE_CHECKING, Final
 
+from gshare.runtime.instance.lanes import nbytes
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -155,9 +157,7 @@ def payload_bytes(payload: Payload) -> bytes:
 
 
 def payload_size(payload: Payload) -> int:
-    if isinstance(payload, bytes):
-        return len(payload)
-    return sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in payload)
+    return len(payload) if isinstance(payload, bytes) else nbytes(payload)
 
 
 class ProtocolError(Exception):
