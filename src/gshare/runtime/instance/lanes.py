@@ -262,9 +262,7 @@ class GatewayLanes:
 
     def close_fds(self) -> None:
         """The descriptors are no longer needed once passed (the mappings stay)."""
-        for fd in self._fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        close_fds(self._fds)
         self._fds = []
 
     def put_request(self, req_id: int, parts: Sequence[bytes | memoryview]) -> bytes | None:
@@ -394,6 +392,13 @@ class InstanceLanes:
 # -- passing the descriptors ----------------------------------------------------------------------
 
 
+def close_fds(fds: Sequence[int]) -> None:
+    """Close descriptors received or made for a connection, whatever state they are in."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def send_with_fds(sock: socket.socket, data: bytes, fds: Sequence[int]) -> None:
     """Send ``data`` with ``fds`` attached (``SCM_RIGHTS``) on a connected Unix socket; the
     whole of ``data`` (small: the connection's first frames) or ``OSError``."""
@@ -420,9 +425,7 @@ def recv_with_fds(sock: socket.socket, max_bytes: int = 1 << 16) -> tuple[bytes,
             a.frombytes(cdata[: len(cdata) - (len(cdata) % fd_size)])
             fds.extend(a)
     if flags & socket.MSG_CTRUNC:
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        close_fds(fds)
         raise LaneError("more descriptors were passed than a connection takes")
     return data, fds
 
@@ -440,6 +443,7 @@ __all__ = [
     "LaneError",
     "Loan",
     "Ring",
+    "close_fds",
     "nbytes",
     "RingCursor",
     "recv_with_fds",

@@ -34,6 +34,7 @@ from gshare.runtime.instance.lanes import (
     LANES_MSG,
     InstanceLanes,
     LaneError,
+    close_fds,
     recv_with_fds,
 )
 from gshare.runtime.instance.launch import InstanceLaunch
@@ -107,9 +108,7 @@ class Conn(asyncio.Protocol):
         self._close_fds()
 
     def _close_fds(self) -> None:
-        for fd in self._fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        close_fds(self._fds)
         self._fds = []
 
     def _bad(self, why: str) -> None:
@@ -306,9 +305,7 @@ class DataPath:
             return
         self.loop.remove_reader(conn.fileno())
         if not data:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            close_fds(fds)
             conn.close()
             return
         proto = Conn(self.owner, self.launch.channel_secret, first=data, fds=fds)
