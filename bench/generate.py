@@ -3,11 +3,11 @@ in process, on the built-in causal LM with the Azure LLM code trace's token coun
 live twin (a real ``gshare serve``: the trace segment run live and simulated).
 
 Usage: ``python bench/generate.py [--quick] [--json PATH] [--model tiny|gpt2-small]
-[--requests N] [--loads 0.25,0.5,1,2,3,4,6] [--reps R] [--ttft-slo-ms MS] [--no-live]
+[--requests N] [--loads 0.1,0.2,0.35,0.5,0.75,1,2,3,4,6] [--reps R] [--ttft-slo-ms MS] [--no-live]
 [--twin-rate RPS] [--twin-reps N] [--hi-tokens N] [--write-profile]``
 
 ``--quick``: 24 requests, loads 0.5 and 2, one repetition, one live twin run (about 30 s; a
-smoke run, its ratios are noise). The full run: 96 requests, seven loads, three repetitions,
+smoke run, its ratios are noise). The full run: 96 requests, ten loads, three repetitions,
 three live twin runs (several minutes on the shared 2-core VM, tiny).
 
 The live twin (``_generate_live.live_twin``; ``--no-live`` skips it): the summary keys
@@ -72,7 +72,7 @@ from gshare.runtime.instance.generative.causal_lm import CausalLM
 from gshare.runtime.instance.generative.contract import GenerationParams, PrefillWork, SeqView
 from gshare.runtime.instance.generative.engine import GenerationEngine, engine_config
 
-DEFAULT_LOADS = "0.25,0.5,1,2,3,4,6"
+DEFAULT_LOADS = "0.1,0.2,0.35,0.5,0.75,1,2,3,4,6"
 TRACE = Path(__file__).resolve().parent.parent / "src/gshare/data/azure_llm_inference_2023_code.csv"
 
 
@@ -159,45 +159,56 @@ def figures(run: dict[str, Any], slo_s: float) -> dict[str, float]:
 def decode_layouts(lm: CausalLM, batch: int, iters: int, seed: int) -> dict[str, float]:
     """ms per decode step of ``batch`` sequences of different lengths: the persistent padded
     batch (what ``CausalLM.decode`` keeps while the batch does not change), the same batch
-    rebuilt from per-sequence caches at every step (stacked, left-padded, and cut back out:
-    the cost of a step after a join or a leave), and each sequence decoded alone."""
-    rng = random.Random(seed)
-    lens = [rng.randrange(16, 200) for _ in range(batch)]
-    views = []
-    for i, n in enumerate(lens):
-        v = SeqView(f"L{i}", [rng.randrange(256) for _ in range(n)], GenerationParams())
-        tok = lm.prefill([PrefillWork(v, n)])[0]
-        v.cached_tokens = n
-        v.token_ids.append(int(tok or 0))
-        views.append(v)
+    rebuilt from per-sequence caches at every step (every row cut back out and stacked again),
+    a batch that changes at every step (one sequence pauses, the one paused before resumes:
+    the incremental rebuild a join or a leave costs), and each sequence decoded alone."""
+
+    def fresh() -> list[SeqView]:  # the same sequences, prefilled again, for each layout
+        rng = random.Random(seed)
+        views = []
+        for i in range(batch):
+            n = rng.randrange(16, 200)
+            v = SeqView(f"L{i}", [rng.randrange(256) for _ in range(n)], GenerationParams())
+            tok = lm.prefill([PrefillWork(v, n)])[0]
+            v.cached_tokens = n
+            v.token_ids.append(int(tok or 0))
+            views.append(v)
+        return views
 
     def advance(vs: list[SeqView]) -> None:
         for v, tok in zip(vs, lm.decode(vs), strict=True):
             v.cached_tokens += 1
             v.token_ids.append(tok)
 
-    def timed(fn: Any) -> float:
-        fn()  # warm
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return (time.perf_counter() - t) / iters * 1e3
-
-    def rebuilt() -> None:
-        lm._unbatch()  # the next decode stacks the per-sequence caches again
+    def persistent(views: list[SeqView], _: int) -> None:
         advance(views)
 
-    def alone() -> None:
+    def rebuilt(views: list[SeqView], _: int) -> None:
+        lm._unbatch()  # the next decode stacks every per-sequence cache again
+        advance(views)
+
+    def churn(views: list[SeqView], step: int) -> None:  # one pauses, the last one resumes
+        advance([v for i, v in enumerate(views) if i != step % len(views)])
+
+    def alone(views: list[SeqView], _: int) -> None:
         for v in views:
             advance([v])
 
-    out = {
-        "persistent_ms": timed(lambda: advance(views)),
-        "rebuilt_each_step_ms": timed(rebuilt),
-        "alone_ms": timed(alone),
-    }
-    for v in views:
-        lm.free(v.seq_id)
+    out = {}
+    for name, fn in (
+        ("persistent_ms", persistent),
+        ("rebuilt_each_step_ms", rebuilt),
+        ("churn_each_step_ms", churn),
+        ("alone_ms", alone),
+    ):
+        views = fresh()  # every layout decodes the same contexts, grown by the same steps
+        fn(views, 0)  # warm
+        t = time.perf_counter()
+        for step in range(1, iters + 1):
+            fn(views, step)
+        out[name] = (time.perf_counter() - t) / iters * 1e3
+        for v in views:
+            lm.free(v.seq_id)
     return out
 
 
@@ -295,7 +306,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser(__doc__)
     parser.add_argument("--model", choices=["tiny", "gpt2-small"], default="tiny")
     parser.add_argument("--requests", type=int, default=None)
-    parser.add_argument("--loads", default=None, help="comma-separated (default 0.5,1,2,3,4)")
+    parser.add_argument("--loads", default=None, help=f"comma-separated (default {DEFAULT_LOADS})")
     parser.add_argument("--ttft-slo-ms", type=float, default=None)
     parser.add_argument("--slo-attainment", type=float, default=0.9)
     parser.add_argument("--reps", type=int, default=None, help="runs per load (default 3)")

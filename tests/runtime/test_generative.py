@@ -99,6 +99,38 @@ def test_sequences_join_and_leave_between_steps(lm: CausalLM) -> None:
     assert len(a.generated) == 6 and a.finish_reason is FinishReason.LENGTH
 
 
+def test_churning_batch_keeps_every_sequence_equal_to_it_alone(lm: CausalLM) -> None:
+    """Sequences of random lengths join at random steps, the longest leave first or last, a
+    high-priority arrival pauses the others: the persistent batch is rebuilt incrementally
+    (rows kept as a block, shifted; joiners stacked in; freed rows dropped; paused rows cut
+    back out), and no sequence's tokens change."""
+    import random
+
+    rng = random.Random(7)
+    reqs = [
+        (
+            "".join(chr(rng.randrange(97, 123)) for _ in range(rng.randrange(1, 60))),
+            rng.randrange(2, 30),
+            8 if i % 7 == 6 else 1,
+        )
+        for i in range(18)
+    ]
+    alone = [run_alone(lm, p, max_tokens=n, ignore_eos=True)[0] for p, n, _ in reqs]
+    eng = GenerationEngine(lm, engine_config(lm, max_batch_seqs=5, fikit=True, fill_tokens=0))
+    pending, hs, widths = list(reqs), [], set()
+    while pending or eng.has_work:
+        for _ in range(rng.randrange(0, 3)):
+            if pending:
+                p, n, prio = pending.pop(0)
+                hs.append(
+                    eng.submit(p, GenerationParams(max_tokens=n, ignore_eos=True), priority=prio)
+                )
+        if eng.has_work:
+            widths.add(len(eng.step().decision.decode))
+    assert [h.generated for h in hs] == alone
+    assert max(widths) == 5 and len(widths) >= 4  # the batch really grew and shrank
+
+
 def test_stop_strings_and_max_tokens(lm: CausalLM) -> None:
     tokens, text, reason = run_alone(lm, PROMPTS[3], max_tokens=30)
     assert reason is FinishReason.LENGTH and len(tokens) == 30
