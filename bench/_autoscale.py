@@ -49,6 +49,9 @@ WARMUP_REQUESTS = 32
 SIM_WARMUP_S = 8.0
 """The simulated twin of the live warm-up (a few requests/s until the throughput is measured)."""
 BODY = bytes(64 * 4)  # zeros: a valid float32 input of the built-in mlp
+CALIB_S = 15.0
+CALIB_OFFSET_S = 600.0
+"""The under-load calibration: a window of the trace far from the measured segment's."""
 
 
 def segment(rate_rps: float, seconds: float, offset_s: float) -> np.ndarray:
@@ -117,9 +120,16 @@ def run_live(
     max_instances: int,
     tmp: Path,
     make_segment: Any = None,
+    calibrate_under_load: bool = False,
 ) -> tuple[dict[str, Any], np.ndarray]:
     """One server with ``autoscaler``; ``times_ms`` None: build the segment with
-    ``make_segment(measured throughput per instance)`` once the instance measured it."""
+    ``make_segment(measured throughput per instance)`` once the instance measured it.
+
+    ``calibrate_under_load``: before the segment, measure the busy time per request under the
+    segment's load (``busy_ms_under_load_calibration``): another function of the same model and
+    share (``live-cal``, deleted after) is sent ``CALIB_S`` seconds of the trace at the
+    segment's mean rate from ``CALIB_OFFSET_S`` on; the measured function's instances and rate
+    history are untouched."""
     with ServeProcess(
         "--autoscaler", autoscaler, state_dir=tmp / f"state-{autoscaler}", cwd=ROOT
     ) as srv:
@@ -146,6 +156,9 @@ def run_live(
         if times_ms is None:
             times_ms = make_segment(statistics.median(tput))
         assert times_ms is not None
+        busy_cal = None
+        if calibrate_under_load:
+            busy_cal = _busy_under_load(srv, c, times_ms, max_instances)
         samples: list[int] = []
         stop = threading.Event()
 
@@ -180,8 +193,37 @@ def run_live(
         "throughput_rps_per_instance": tput[0],
         "busy_ms_per_request": busy_ms,
         "busy_ms_per_request_under_load": busy_ms_run,
+        "busy_ms_under_load_calibration": busy_cal,
         "platform_ms": platform_ms,
     }
+
+
+def _busy_under_load(srv: ServeProcess, c: Any, times_ms: np.ndarray, max_instances: int) -> float:
+    """``run_live``'s under-load calibration (its docstring): busy ms per request."""
+    cal = "live-cal"
+    c.deploy(
+        {
+            "name": cal,
+            "model": "mlp",
+            "device": "cpu",
+            "resources": SHARE,
+            "batching": BATCH,
+            "slo_ms": SLO_MS,
+            "min_instances": 0,
+            "max_instances": max_instances,
+            "keep_alive_s": KEEP_ALIVE_S,
+        }
+    )
+    c.invoke_raw(cal, BODY)  # its instance is up (the cold start is not measured)
+    stats_url = f"{srv.url}/v2/models/{cal}/stats"
+    before = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
+    rate = len(times_ms) / max(1e-9, float(times_ms[-1]) / 1000.0)
+    asyncio.run(_replay(srv.url, cal, segment(rate, CALIB_S, CALIB_OFFSET_S)))
+    after = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
+    c.delete(cal)
+    b, a = before["compute_infer"], after["compute_infer"]
+    n = max(1, int(a["count"]) - int(b["count"]))
+    return (float(a["ns"]) - float(b["ns"])) / 1e6 / n
 
 
 def run_sim(
@@ -190,6 +232,7 @@ def run_sim(
     max_instances: int,
     tput_rps: float,
     seed: int,
+    service_busy_ms: float | None = None,
     **cluster: Any,
 ) -> dict[str, Any]:
     """The same segment in the simulator: one config of the live instances' throughput.
@@ -202,7 +245,7 @@ def run_sim(
     model and the busy-time noise)."""
     batch = int(BATCH["max_batch"])
     cfg_sm, cfg_q = float(SHARE["sm_pct"]), float(SHARE["quota_request"]) * 100.0
-    busy_ms = (cfg_q / 100.0) * 1000.0 / tput_rps
+    busy_ms = service_busy_ms or (cfg_q / 100.0) * 1000.0 / tput_rps
     rows = [
         ProfilePoint("live-mlp", sm, q, b, b * busy_ms * (100.0 / q))
         for sm in (cfg_sm, 100.0)
