@@ -1,6 +1,7 @@
 """The decode-step cost model (``policy.generation_cost``): the fit recovers the coefficients
 that generated the step times, never negative ones; the document round-trips and bad fields
-are named; a step with more work never costs less."""
+are named; a step with more work never costs less; the busy time per generation the
+autoscaler sizes a generative function with."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gshare.policy.generation_cost import (
     StepCostError,
     StepCostModel,
     StepFeatures,
+    busy_ms_per_generation,
     fit_step_cost,
     step_features,
 )
@@ -98,3 +100,15 @@ def test_features_of_a_decision() -> None:
     f = step_features(d, seqs, frozenset({"a", "c"}))
     assert f == StepFeatures(1, 30, 2, 15 + 9, False, tokens_out=3)
     assert step_features(d, seqs, frozenset({"a"})).rebuilt
+
+
+def test_busy_per_generation_is_the_engines_busy_time_over_what_they_finished() -> None:
+    assert busy_ms_per_generation([]) is None
+    assert busy_ms_per_generation([{"busy_s": 2.0, "finished": 0}]) is None  # none yet
+    two = [{"busy_s": 1.5, "finished": 10, "steps": 900}, {"busy_s": 0.5, "finished": 30}]
+    assert busy_ms_per_generation(two) == pytest.approx(2000.0 / 40)
+    # longer generations (more steps each) cost more per request: the autoscaler's throughput
+    # (quota x 1000 / busy ms) falls with the tokens each request asks for
+    short = busy_ms_per_generation([{"busy_s": 1.0, "finished": 100}])
+    long = busy_ms_per_generation([{"busy_s": 4.0, "finished": 100}])
+    assert short is not None and long is not None and long > short

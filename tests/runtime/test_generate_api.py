@@ -30,6 +30,7 @@ import openai
 import pytest
 import tritonclient.grpc as grpcclient
 
+from gshare.runtime.control.configs import DEFAULT_BUSY_MS_PER_REQUEST
 from gshare.testing import ServeProcess, wait_until
 
 pytestmark = pytest.mark.slow
@@ -357,6 +358,28 @@ def test_bad_requests_over_the_openai_client_and_oip_generate(served: Served) ->
     assert r.status_code == 400 and "generative functions only" in r.json()["error"]
     ok = httpx.post(f"{url}/gen/generate", json={"text_input": "x", "max_tokens": 2})
     assert ok.status_code == 200  # the server keeps serving
+
+
+def test_the_autoscaler_sizes_a_generative_function_on_its_engines_busy_time(
+    served: Served,
+) -> None:
+    """After the generations above, the throughput the autoscaler divides the arrival rate by
+    is the share's quota over the engines' busy time per finished generation (which grows with
+    the tokens each asks for), not the default busy time of a function never measured."""
+    c = served.srv.client()
+
+    def expected() -> float | None:
+        busy_s = metric(served.url, "gshare_generate_engine_busy_seconds_total")
+        done = metric(served.url, "gshare_generate_engine_finished_total")
+        return SHARE["quota_request"] * 1000.0 / (1000.0 * busy_s / done) if done else None
+
+    def matches() -> bool:
+        want, got = expected(), c.get("gen")["config_throughput_rps"]
+        return want is not None and len(got) == 1 and abs(got[0] - want) <= 0.02 * want
+
+    wait_until(matches, 30, "the function's throughput from its engines' busy time")
+    default = SHARE["quota_request"] * 1000.0 / DEFAULT_BUSY_MS_PER_REQUEST
+    assert c.get("gen")["config_throughput_rps"][0] != pytest.approx(default)
 
 
 def test_no_thread_or_stream_is_left_behind(served: Served) -> None:

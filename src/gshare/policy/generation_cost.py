@@ -1,6 +1,9 @@
 """The time of one generation step, as a function of what the step runs: the simulator's
 decode-step model, fitted on the live engine's steps.
 
+Also the busy time per generation the autoscaler sizes a generative function with
+(``busy_ms_per_generation``).
+
 Who calls it: ``sim.generative.SimGenerativeInstance`` prices every step ``plan_step`` decides
 (``StepCostModel.step_ms`` over ``step_features``); ``bench/generate.py --fit-profile`` fits the
 coefficients (``fit_step_cost``) on the steps of the real engine and writes them as a
@@ -197,8 +200,26 @@ def fit_step_cost(
     )
 
 
+def busy_ms_per_generation(engines: Sequence[Mapping[str, float]]) -> float | None:
+    """A generative function's busy time per request, for the autoscaler: its engines' busy
+    time over the sequences they finished (the engines' ``EngineCounters`` as the gateway last
+    received them: ``busy_s``, ``finished``), in ms; None before any finished.
+
+    Who calls it: ``runtime.control.loop`` at every period, in place of the gateway's compute
+    time per item (a generation answers in chunks, not with one batch's compute time). A
+    request then costs its share of the steps it ran in, which grows with its prompt and
+    generated tokens, so the throughput the autoscaler divides the arrival rate by —
+    ``quota × 1000 / busy ms`` — is in generations of the kind arriving: the instances are
+    sized on token demand, at the batching the engines achieved."""
+    finished = sum(float(e.get("finished", 0.0)) for e in engines)
+    if finished <= 0:
+        return None
+    return 1000.0 * sum(float(e.get("busy_s", 0.0)) for e in engines) / finished
+
+
 __all__ = [
     "COEFFICIENTS",
+    "busy_ms_per_generation",
     "StepCostError",
     "StepCostModel",
     "StepFeatures",

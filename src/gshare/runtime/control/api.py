@@ -245,6 +245,7 @@ class ControlApi(ControlPlane):
             "waiting_reason": route.waiting_reason if route else None,
             "config_source": fs.configs.describe(),
             "configs": len(fs.configs.configs),
+            "config_throughput_rps": [round(c.throughput_rps, 3) for c in fs.configs.configs],
             "last_decision": fs.last_reason,
             "memory": _memory_view(fs),
             "priority": fs.spec.priority,

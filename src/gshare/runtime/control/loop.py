@@ -47,6 +47,7 @@ from gshare.policy.control import (
     on_start_failed,
     on_started,
 )
+from gshare.policy.generation_cost import busy_ms_per_generation
 from gshare.policy.placement import NoCapacity, make_placer
 from gshare.resources import GpuShare
 from gshare.runtime.control.configs import configs_for, share_for
@@ -259,11 +260,15 @@ class Controller:
             fs.table = self.state.profile_table(fs.spec.name)
             fs.table_loaded = True
         r = self.gateway.routes.get(fs.spec.name)
+        busy = r.exec_ms_per_item if r is not None else None
+        if r is not None and r.gen is not None:  # generations: the engines' busy time each
+            engines = [ch.engine_stats for ch in r.channels.values() if ch.engine_stats]
+            busy = busy_ms_per_generation(engines) or busy
         fs.configs = configs_for(
             fs.spec,
             fs.table,
             has_cuda=any(d.name.startswith("cuda") for d in self.devices),
-            busy_ms_per_request=r.exec_ms_per_item if r is not None else None,
+            busy_ms_per_request=busy,
         )
 
     # -- the loop --------------------------------------------------------------------------------

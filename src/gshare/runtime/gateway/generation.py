@@ -56,6 +56,8 @@ ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("refused", "gshare_generate_engine_refused", "Sequences the engines refused"),
     ("preemptions", "gshare_generate_engine_preemptions", "Sequence preemptions at steps"),
     ("steps", "gshare_generate_engine_steps", "Engine steps (one time-token burst each)"),
+    ("finished", "gshare_generate_engine_finished", "Sequences the engines finished"),
+    ("busy_s", "gshare_generate_engine_busy_seconds", "Seconds the engines' steps ran"),
 )
 
 
