@@ -238,6 +238,7 @@ class CausalLM:
         lens = [self.kv_tokens(sid) for sid in ids]
         longest = max(lens)
         rows = {} if bt is None else {s: i for i, s in enumerate(bt.ids) if s not in bt.gone}
+        layers: list[_Layer]
         if bt is None or not any(sid in rows for sid in ids):
             self._unbatch()
             if len(ids) == 1:
@@ -255,7 +256,7 @@ class CausalLM:
         dst = torch.tensor(new_pos, device=self.device)
         joiners = [(j, self._kv.pop(sid)) for j, sid in enumerate(ids) if sid not in rows]
         shift = longest - bt.length  # < 0 when the longest sequence left: its padding goes
-        layers: list[_Layer] = []
+        layers = []
         for layer, (k, v) in enumerate(bt.layers):
             ks = k.new_zeros((len(ids), k.shape[1], longest, k.shape[3]))
             vs = v.new_zeros(ks.shape)
