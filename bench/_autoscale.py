@@ -63,8 +63,12 @@ def segment(rate_rps: float, seconds: float, offset_s: float) -> np.ndarray:
     return seg
 
 
-async def _replay(url: str, name: str, times_ms: np.ndarray) -> list[tuple[float, float, int]]:
-    """Send one request at each time; (scheduled ms, latency ms, status) per request."""
+async def _replay(
+    url: str, name: str, times_ms: np.ndarray, platform_ms: list[float] | None = None
+) -> list[tuple[float, float, int]]:
+    """Send one request at each time; (scheduled ms, latency ms, status) per request.
+    ``platform_ms``: appended, per answered request, its latency beyond the instance's compute
+    and token wait (``x-gshare-exec-ms``, ``x-gshare-token-wait-ms``)."""
     out: list[tuple[float, float, int]] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
@@ -84,7 +88,12 @@ async def _replay(url: str, name: str, times_ms: np.ndarray) -> list[tuple[float
                 status = r.status_code
             except httpx.HTTPError:
                 status = 0
-            out.append((at_ms, (time.perf_counter() - start) * 1000.0, status))
+            lat = (time.perf_counter() - start) * 1000.0
+            out.append((at_ms, lat, status))
+            if platform_ms is not None and status == 200:
+                inst = float(r.headers.get("x-gshare-exec-ms", 0.0))
+                inst += float(r.headers.get("x-gshare-token-wait-ms", 0.0))
+                platform_ms.append(max(0.0, lat - inst))
 
         await asyncio.gather(*(one(float(t)) for t in times_ms))
     return out
@@ -114,6 +123,22 @@ def light_load(
     return [max(0.0, x - busy_ms) for x in lat_ms[n // 4 :]], busy_ms, ci
 
 
+def function_spec(name: str, max_instances: int) -> dict[str, Any]:
+    """The live function: the built-in mlp on the CPU device with the segment's share,
+    batching, SLO, bounds and keep-alive (the simulated twin's, ``run_sim``)."""
+    return {
+        "name": name,
+        "model": "mlp",
+        "device": "cpu",
+        "resources": SHARE,
+        "batching": BATCH,
+        "slo_ms": SLO_MS,
+        "min_instances": 0,
+        "max_instances": max_instances,
+        "keep_alive_s": KEEP_ALIVE_S,
+    }
+
+
 def run_live(
     autoscaler: str,
     times_ms: np.ndarray | None,
@@ -121,33 +146,22 @@ def run_live(
     tmp: Path,
     make_segment: Any = None,
     calibrate_under_load: bool = False,
-) -> tuple[dict[str, Any], np.ndarray]:
+) -> tuple[np.ndarray, dict[str, Any]]:
     """One server with ``autoscaler``; ``times_ms`` None: build the segment with
     ``make_segment(measured throughput per instance)`` once the instance measured it.
 
-    ``calibrate_under_load``: before the segment, measure the busy time per request under the
-    segment's load (``busy_ms_under_load_calibration``): another function of the same model and
-    share (``live-cal``, deleted after) is sent ``CALIB_S`` seconds of the trace at the
-    segment's mean rate from ``CALIB_OFFSET_S`` on; the measured function's instances and rate
-    history are untouched."""
+    ``calibrate_under_load``: before the segment, measure the busy time per request and the
+    platform latency per request under the segment's load (``busy_ms_under_load_calibration``,
+    ``platform_ms_under_load``: each answer's latency beyond the instance's compute and token
+    wait): another function of the same model and share (``live-cal``, deleted after) is sent
+    ``CALIB_S`` seconds of the trace at the segment's mean rate from ``CALIB_OFFSET_S`` on; the
+    measured function's instances and rate history are untouched."""
     with ServeProcess(
         "--autoscaler", autoscaler, state_dir=tmp / f"state-{autoscaler}", cwd=ROOT
     ) as srv:
         c = srv.client()
         name = "live-as"
-        c.deploy(
-            {
-                "name": name,
-                "model": "mlp",
-                "device": "cpu",
-                "resources": SHARE,
-                "batching": BATCH,
-                "slo_ms": SLO_MS,
-                "min_instances": 0,
-                "max_instances": max_instances,
-                "keep_alive_s": KEEP_ALIVE_S,
-            }
-        )
+        c.deploy(function_spec(name, max_instances))
         # warm up gently (4 requests/s, so the rate history stays far below one instance's
         # capacity); the instance's throughput as the controller estimates it for new
         # instances: quota_request × 1000 / busy ms per request (Triton statistics' compute time)
@@ -156,9 +170,9 @@ def run_live(
         if times_ms is None:
             times_ms = make_segment(statistics.median(tput))
         assert times_ms is not None
-        busy_cal = None
+        busy_cal, plat_cal = None, None
         if calibrate_under_load:
-            busy_cal = _busy_under_load(srv, c, times_ms, max_instances)
+            busy_cal, plat_cal = _under_load(srv, c, times_ms, max_instances)
         samples: list[int] = []
         stop = threading.Event()
 
@@ -194,36 +208,29 @@ def run_live(
         "busy_ms_per_request": busy_ms,
         "busy_ms_per_request_under_load": busy_ms_run,
         "busy_ms_under_load_calibration": busy_cal,
+        "platform_ms_under_load": plat_cal,
         "platform_ms": platform_ms,
     }
 
 
-def _busy_under_load(srv: ServeProcess, c: Any, times_ms: np.ndarray, max_instances: int) -> float:
-    """``run_live``'s under-load calibration (its docstring): busy ms per request."""
+def _under_load(
+    srv: ServeProcess, c: Any, times_ms: np.ndarray, max_instances: int
+) -> tuple[float, list[float]]:
+    """``run_live``'s under-load calibration (its docstring): busy ms per request, and the
+    platform latency samples (ms) of the answered requests after the first quarter."""
     cal = "live-cal"
-    c.deploy(
-        {
-            "name": cal,
-            "model": "mlp",
-            "device": "cpu",
-            "resources": SHARE,
-            "batching": BATCH,
-            "slo_ms": SLO_MS,
-            "min_instances": 0,
-            "max_instances": max_instances,
-            "keep_alive_s": KEEP_ALIVE_S,
-        }
-    )
+    c.deploy(function_spec(cal, max_instances))
     c.invoke_raw(cal, BODY)  # its instance is up (the cold start is not measured)
     stats_url = f"{srv.url}/v2/models/{cal}/stats"
     before = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
     rate = len(times_ms) / max(1e-9, float(times_ms[-1]) / 1000.0)
-    asyncio.run(_replay(srv.url, cal, segment(rate, CALIB_S, CALIB_OFFSET_S)))
+    plat: list[float] = []
+    asyncio.run(_replay(srv.url, cal, segment(rate, CALIB_S, CALIB_OFFSET_S), plat))
     after = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
     c.delete(cal)
     b, a = before["compute_infer"], after["compute_infer"]
     n = max(1, int(a["count"]) - int(b["count"]))
-    return (float(a["ns"]) - float(b["ns"])) / 1e6 / n
+    return (float(a["ns"]) - float(b["ns"])) / 1e6 / n, plat[len(plat) // 4 :]
 
 
 def run_sim(
