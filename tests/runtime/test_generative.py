@@ -129,6 +129,7 @@ def test_churning_batch_keeps_every_sequence_equal_to_it_alone(lm: CausalLM) -> 
             widths.add(len(eng.step().decision.decode))
     assert [h.generated for h in hs] == alone
     assert max(widths) == 5 and len(widths) >= 4  # the batch really grew and shrank
+    assert lm._batch is None and not lm._kv  # every sequence freed: no cache is held
 
 
 def test_stop_strings_and_max_tokens(lm: CausalLM) -> None:
