@@ -67,8 +67,8 @@ async def _replay(
     url: str, name: str, times_ms: np.ndarray, platform_ms: list[float] | None = None
 ) -> list[tuple[float, float, int]]:
     """Send one request at each time; (scheduled ms, latency ms, status) per request.
-    ``platform_ms``: appended, per answered request, its latency beyond the instance's compute
-    and token wait (``x-gshare-exec-ms``, ``x-gshare-token-wait-ms``)."""
+    ``platform_ms``: appended, per answered request, its latency beyond the instance's compute,
+    token wait and queue (``x-gshare-exec-ms``, ``-token-wait-ms``, ``-queue-ms``)."""
     out: list[tuple[float, float, int]] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
@@ -91,8 +91,9 @@ async def _replay(
             lat = (time.perf_counter() - start) * 1000.0
             out.append((at_ms, lat, status))
             if platform_ms is not None and status == 200:
-                inst = float(r.headers.get("x-gshare-exec-ms", 0.0))
-                inst += float(r.headers.get("x-gshare-token-wait-ms", 0.0))
+                inst = sum(
+                    float(r.headers[f"x-gshare-{k}-ms"]) for k in ("exec", "token-wait", "queue")
+                )
                 platform_ms.append(max(0.0, lat - inst))
 
         await asyncio.gather(*(one(float(t)) for t in times_ms))
@@ -152,8 +153,8 @@ def run_live(
 
     ``calibrate_under_load``: before the segment, measure the busy time per request and the
     platform latency per request under the segment's load (``busy_ms_under_load_calibration``,
-    ``platform_ms_under_load``: each answer's latency beyond the instance's compute and token
-    wait): another function of the same model and share (``live-cal``, deleted after) is sent
+    ``platform_ms_under_load``: each answer's latency beyond the instance's compute, token wait
+    and queue): another function of the same model and share (``live-cal``, deleted after) is sent
     ``CALIB_S`` seconds of the trace at the segment's mean rate from ``CALIB_OFFSET_S`` on; the
     measured function's instances and rate history are untouched."""
     with ServeProcess(

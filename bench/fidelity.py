@@ -287,7 +287,7 @@ def run_llm(quick: bool, seeds: int, tmp: Path, loads: list[float], **model: Any
         tput = (
             float(_autoscale.SHARE["quota_request"]) * 1000.0 / lv["busy_ms_under_load_calibration"]
         )
-        return {"tput_rps": tput, "platform_ms": tuple(lv["platform_ms"])}
+        return {"tput_rps": tput, "platform_ms": tuple(lv["platform_ms_under_load"])}
 
     sims = []
     for k in range(seeds):

@@ -345,8 +345,14 @@ def test_bad_inputs_get_4xx_and_the_server_keeps_serving(served: ServeProcess, e
         assert r.status_code == code, (method, path, r.status_code, r.text)
         assert msg in r.json()["error"], (msg, r.text)
     # the handler rejecting its input is the caller's fault too
+    t = time.perf_counter()
     r = post(served, "/function/echo", content=b"still fine")
+    client_ms = (time.perf_counter() - t) * 1000.0
     assert r.status_code == 200 and r.content == b"still fine"
+    # the instance's measurements come back as headers, and fit inside what the client waited
+    parts = [float(r.headers[f"x-gshare-{k}-ms"]) for k in ("exec", "token-wait", "queue")]
+    assert all(x >= 0 for x in parts) and sum(parts) <= client_ms
+    assert int(r.headers["x-gshare-batch"]) >= 1
 
 
 def test_function_errors_are_explicit(served: ServeProcess) -> None:

@@ -35,6 +35,7 @@ from gshare.runtime.gateway.asgi import (
     read_request,
     send_error,
     send_response,
+    timing_headers,
 )
 from gshare.runtime.gateway.control_plane import ControlPlane
 from gshare.runtime.gateway.errors import HttpError, error_response, status_of
@@ -395,7 +396,7 @@ class InvokeFastPath:
             err.recorded = True
             raise err
         media = b"application/json" if renc == P.ENC_JSON else b"application/octet-stream"
-        await send_response(send, 200, data, media, [(b"x-gshare-batch", str(m[3]).encode())])
+        await send_response(send, 200, data, media, timing_headers(m))
 
 
 def engine_stats(gw: Gateway) -> list[tuple[str, dict[str, float]]]:

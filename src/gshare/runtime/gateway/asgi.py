@@ -113,11 +113,15 @@ async def send_error(
 
 
 def timing_headers(m: tuple[float, float, float, int] | None) -> list[tuple[bytes, bytes]]:
-    """The instance's measurements of a request as response headers."""
+    """The instance's measurements of a request as response headers: the batch it ran in, its
+    compute time, its wait for the time token and its wait in the instance's queue (ms). What
+    the client measured beyond their sum is the platform's: the HTTP exchange, the gateway, the
+    hop to the instance and any wait for an instance at the gateway."""
     if m is None:
         return []
     return [
         (b"x-gshare-batch", str(m[3]).encode()),
+        (b"x-gshare-queue-ms", f"{m[0]:.3f}".encode()),
         (b"x-gshare-exec-ms", f"{m[2]:.3f}".encode()),
         (b"x-gshare-token-wait-ms", f"{m[1]:.3f}".encode()),
     ]
