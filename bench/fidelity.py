@@ -271,17 +271,17 @@ def run_llm(quick: bool, seeds: int, tmp: Path, loads: list[float], **model: Any
     assert times is not None
 
     # NOTE — the busy time under load. An instance serving a few requests per second (the
-    # warm-up) took 0.79-1.34 ms per request; under the segment's load the same instance took
-    # 0.42-0.60 ms (quiet machine, 2026-11-27; on a loaded one it was the other way round), and
+    # warm-up) took 0.75-1.41 ms per request; under the segment's load the same instance took
+    # 0.31-0.60 ms (quiet machine, 2026-11-27; on a loaded one it was the other way round), and
     # the live gateway's estimate follows it (an EWMA of the batches' compute time, which the
     # controller's throughput uses at every period). The simulated instance serves at a live
     # server's under-load calibration (``run_live``: another function, another window of the
-    # trace) and the simulated controller estimates with it; its platform latency is that
-    # server's warm-up samples (the calibration's, beyond the instance's compute and token
-    # wait, are reported but not used: they hold the gateway's queueing, which the simulator
-    # adds itself, and put the p50 36 % above live). Seed k takes server k mod 2's
-    # measurements (seed 0, the figure: the first server's), so the interval covers the
-    # inputs as measured twice, not only the seeds.
+    # trace) and the simulated controller estimates with it. The platform latency is measured
+    # there too: each answer's latency beyond the instance's compute, token wait and queue (the
+    # timing headers). Under load it was 2.8-3.2 ms at the median against 2.1-2.5 ms at the
+    # warm-up's light load, and the simulated p50 went from -36 % to -11 % (run C). Seed k
+    # takes server k mod 2's measurements (seed 0, the figure: the first server's), so the
+    # interval covers the inputs as measured twice, not only the seeds.
     def measured(k: int) -> dict[str, Any]:
         lv = lives[k % len(lives)]
         tput = (
