@@ -45,6 +45,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gshare.stats import percentile  # the benches take it from here
+
 _STARTED = time.perf_counter()
 """When the bench process imported this module (``provenance``'s wall time)."""
 
@@ -70,18 +72,6 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results")
     parser.add_argument("--seed", type=int, default=0)
     return parser
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) of ``values``, linear between order statistics
-    (numpy's default); NaN for an empty sequence."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def machine_load() -> dict[str, float]:

@@ -60,6 +60,7 @@ from gshare.profiles import ProfilePoint
 from gshare.scenario import Scenario, load_scenario
 from gshare.sim.gpu import InterferenceModel
 from gshare.sim.profiler import DEFAULT_WAKEUP_MS
+from gshare.stats import percentile_or_none
 from gshare.testing import ServeProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,18 +89,14 @@ def _measured(rows: Sequence[dict[str, Any]], kind: str, name: str) -> list[dict
     return [r for r in rows if r["kind"] == kind and r["name"] == name and r["measured"]]
 
 
-def _pct(xs: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if len(xs) else None
-
-
 def latency_figures(rows: Sequence[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     """p50, p99 (answered requests) and SLO hit rate (%, hits / requests) of one workload."""
     rs = _measured(rows, kind, name)
     ok = [float(r["latency_ms"]) for r in rs if r["status"] == "ok"]
     hits = sum(bool(r["hit"]) for r in rs)
     return {
-        "p50_ms": _pct(ok, 50),
-        "p99_ms": _pct(ok, 99),
+        "p50_ms": percentile_or_none(ok, 50),
+        "p99_ms": percentile_or_none(ok, 99),
         "slo_hit_rate_pct": 100.0 * hits / len(rs) if rs else None,
     }
 

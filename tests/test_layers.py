@@ -54,6 +54,7 @@ LAYERS: tuple[tuple[str, int, str], ...] = (
     ("gshare.documents", 0, ""),
     ("gshare.workflows", 0, ""),
     ("gshare.scenario", 0, ""),
+    ("gshare.stats", 0, ""),
     ("gshare.policy", 1, ""),
     ("gshare.sim", 2, "sim"),
     ("gshare.runtime", 2, "runtime"),

@@ -37,6 +37,8 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from gshare.stats import percentile
+
 SHIPPED_V100_TABLE = "rapp_v100_sm_quota_latency.csv.gz"
 
 
@@ -192,15 +194,10 @@ class ProfileTable:
         if not 0.0 <= quantile_pct <= 100.0:
             raise ProfileError(f"quantile_pct must be in [0, 100], got {quantile_pct}")
         by_b = self._model(model)
-        lats = sorted(
-            x for by_q in by_b.values() for q, e in by_q.items() if q == 100.0 for x in e[1]
-        )
+        lats = [x for by_q in by_b.values() for q, e in by_q.items() if q == 100.0 for x in e[1]]
         if not lats:
             raise ProfileError(f"model {model!r} has no quota-100 rows")
-        pos = (len(lats) - 1) * quantile_pct / 100.0
-        lo = int(pos)
-        hi = min(lo + 1, len(lats) - 1)
-        return lats[lo] + (lats[hi] - lats[lo]) * (pos - lo)
+        return percentile(lats, quantile_pct)
 
     def throughput_rps(
         self, model: str, sm_pct: float, quota_pct: float = 100.0, batch: int = 1

@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from gshare.stats import percentile
+
 Kind = Literal["rel", "pp"]
 
 
@@ -43,17 +45,6 @@ BOUNDS: Final[Mapping[str, Bound]] = {
 }
 """Each metric the harness scores, by name (a figure named ``share_pct:share-a`` uses the part
 before the colon)."""
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100), linear between order statistics (numpy's default)."""
-    xs = sorted(values)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def interval(values: Sequence[float]) -> dict[str, float]:
@@ -122,4 +113,4 @@ def within_all(scores: Sequence[Mapping[str, Any]]) -> bool:
     return bool(scores) and all(s.get("within") is True for s in scores)
 
 
-__all__ = ["BOUNDS", "Bound", "interval", "percentile", "score", "within_all"]
+__all__ = ["BOUNDS", "Bound", "interval", "score", "within_all"]

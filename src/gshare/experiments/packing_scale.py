@@ -88,6 +88,7 @@ from gshare.policy.placement import (
     make_placer,
 )
 from gshare.profiles import ProfileTable
+from gshare.stats import percentile
 
 GPU_AREA = 10_000.0
 """A whole GPU: 100 % quota x 100 % SMs."""
@@ -365,10 +366,6 @@ def pattern_bounds(wl: Workload, warmup_arrivals: int, every: int) -> dict[int, 
 # -- the experiment ------------------------------------------------------------------------------
 
 
-def _pct(xs: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs), q)) if xs else math.nan
-
-
 @register(
     "packing-scale",
     "FaST-GShare §3.4.2 at scale: GPUs used / area bound and decision time of MRA (and "
@@ -431,10 +428,10 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
                 "rooms": r.rooms,
                 "departures": r.departures,
                 "migrations_per_departure": r.migrations / r.departures if r.departures else 0.0,
-                "decision_us_p50": _pct(r.decision_us, 50),
-                "decision_us_p99": _pct(r.decision_us, 99),
-                "release_us_p50": _pct(r.release_us, 50),
-                "release_us_p99": _pct(r.release_us, 99),
+                "decision_us_p50": percentile(r.decision_us, 50),
+                "decision_us_p99": percentile(r.decision_us, 99),
+                "release_us_p50": percentile(r.release_us, 50),
+                "release_us_p99": percentile(r.release_us, 99),
                 "samples": len(r.ratios),
                 "gpus_after_drain": r.gpus_after_drain,
             }

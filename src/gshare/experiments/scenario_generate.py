@@ -42,6 +42,7 @@ import numpy as np
 from gshare.experiments.scenario_arrivals import Arrival
 from gshare.policy.generation_cost import StepCostModel
 from gshare.scenario import Scenario, ScenarioError
+from gshare.stats import percentile_or_none
 
 NOISE_SIGMA = 0.05
 GENERATIVE_COLUMNS = ("ttft_ms", "tpot_ms", "prompt_tokens", "completion_tokens")
@@ -167,10 +168,6 @@ def run_generative(
     return rows, extra
 
 
-def _pct(xs: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if xs else None
-
-
 def summarise_generative(
     rows: Sequence[Mapping[str, Any]], scenario: Scenario
 ) -> dict[str, dict[str, Any]]:
@@ -191,10 +188,10 @@ def summarise_generative(
         )
         k = len(rs)
         out[n] = {
-            "ttft_ms_p50": _pct(ttft, 50),
-            "ttft_ms_p99": _pct(ttft, 99),
-            "tpot_ms_p50": _pct(tpot, 50),
-            "tpot_ms_p99": _pct(tpot, 99),
+            "ttft_ms_p50": percentile_or_none(ttft, 50),
+            "ttft_ms_p99": percentile_or_none(ttft, 99),
+            "tpot_ms_p50": percentile_or_none(tpot, 50),
+            "tpot_ms_p99": percentile_or_none(tpot, 99),
             "completion_tokens": made,
             "tokens_per_s": made / (span_ms / 1000.0) if span_ms > 0 else None,
             "ttft_slo_ms": slo[0],

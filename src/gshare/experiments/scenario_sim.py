@@ -66,6 +66,7 @@ from gshare.experiments.scenario_plots import latency_cdf_plot
 from gshare.profiles import ProfileError, ProfilePoint, ProfileTable
 from gshare.scenario import Scenario, ScenarioError
 from gshare.spec import FunctionSpec
+from gshare.stats import percentile_or_none
 
 Progress = Callable[[str, float, float], None]
 """``(phase, done, total)``: the front end's progress bar (virtual seconds here)."""
@@ -505,10 +506,6 @@ def run_functions(
 # -- summary and plots (shared with scenario_load) -------------------------------------------------
 
 
-def _pct(xs: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if xs else None
-
-
 def summarise(rows: Sequence[Mapping[str, Any]], scenario: Scenario) -> dict[str, Any]:
     """Per workflow and function, over the measured rows: ``requests`` (arrivals), the count
     of each status, ``slo_hit_rate`` (hits / requests: an unanswered, failed or dropped request
@@ -537,9 +534,9 @@ def summarise(rows: Sequence[Mapping[str, Any]], scenario: Scenario) -> dict[str
             "dropped_client": sum(r["status"] == "dropped_client" for r in rs),
             "slo_ms": slo,
             "slo_hit_rate": (sum(bool(r["hit"]) for r in rs) / n) if n and slo else None,
-            "p50_ms": _pct(ok, 50),
-            "p95_ms": _pct(ok, 95),
-            "p99_ms": _pct(ok, 99),
+            "p50_ms": percentile_or_none(ok, 50),
+            "p95_ms": percentile_or_none(ok, 95),
+            "p99_ms": percentile_or_none(ok, 99),
             "mean_ms": float(np.mean(ok)) if ok else None,
             "cost_per_request_usd": (sum(costs) / n / 1e6) if costs and n else None,
             "cost_per_1m_requests_usd": (sum(costs) / n) if costs and n else None,
