@@ -23,6 +23,7 @@ import httpx
 import numpy as np
 
 from _common import percentile
+from gshare.experiments.fidelity import fifo_waits_ms, fit_serial_ms
 from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
 from gshare.policy.autoscale import ScaleConfig
 from gshare.policy.control import ControlParams
@@ -64,11 +65,15 @@ def segment(rate_rps: float, seconds: float, offset_s: float) -> np.ndarray:
 
 
 async def _replay(
-    url: str, name: str, times_ms: np.ndarray, platform_ms: list[float] | None = None
+    url: str,
+    name: str,
+    times_ms: np.ndarray,
+    platform_ms: list[tuple[float, float]] | None = None,
 ) -> list[tuple[float, float, int]]:
     """Send one request at each time; (scheduled ms, latency ms, status) per request.
-    ``platform_ms``: appended, per answered request, its latency beyond the instance's compute,
-    token wait and queue (``x-gshare-exec-ms``, ``-token-wait-ms``, ``-queue-ms``)."""
+    ``platform_ms``: appended, per answered request, (its scheduled ms, its latency beyond the
+    instance's compute, token wait and queue: ``x-gshare-exec-ms``, ``-token-wait-ms``,
+    ``-queue-ms``)."""
     out: list[tuple[float, float, int]] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
@@ -94,7 +99,7 @@ async def _replay(
                 inst = sum(
                     float(r.headers[f"x-gshare-{k}-ms"]) for k in ("exec", "token-wait", "queue")
                 )
-                platform_ms.append(max(0.0, lat - inst))
+                platform_ms.append((at_ms, max(0.0, lat - inst)))
 
         await asyncio.gather(*(one(float(t)) for t in times_ms))
     return out
@@ -154,9 +159,12 @@ def run_live(
     ``calibrate_under_load``: before the segment, measure the busy time per request and the
     platform latency per request under the segment's load (``busy_ms_under_load_calibration``,
     ``platform_ms_under_load``: each answer's latency beyond the instance's compute, token wait
-    and queue): another function of the same model and share (``live-cal``, deleted after) is sent
-    ``CALIB_S`` seconds of the trace at the segment's mean rate from ``CALIB_OFFSET_S`` on; the
-    measured function's instances and rate history are untouched."""
+    and queue, less its wait in the platform's serial stage; ``platform_serial_ms``: that
+    stage's service time, fitted on ``burst_probe``; ``cold_start_ms``: its first request's
+    latency less the platform's median): another function of the same model and
+    share (``live-cal``, deleted after) is sent ``CALIB_S`` seconds of the trace at the
+    segment's mean rate from ``CALIB_OFFSET_S`` on, then ``burst_probe``; the measured
+    function's instances and rate history are untouched."""
     with ServeProcess(
         "--autoscaler", autoscaler, state_dir=tmp / f"state-{autoscaler}", cwd=ROOT
     ) as srv:
@@ -171,9 +179,9 @@ def run_live(
         if times_ms is None:
             times_ms = make_segment(statistics.median(tput))
         assert times_ms is not None
-        busy_cal, plat_cal = None, None
+        busy_cal, plat_cal, serial_ms, cold_ms = None, None, None, None
         if calibrate_under_load:
-            busy_cal, plat_cal = _under_load(srv, c, times_ms, max_instances)
+            busy_cal, plat_cal, serial_ms, cold_ms = _under_load(srv, c, times_ms, max_instances)
         samples: list[int] = []
         stop = threading.Event()
 
@@ -210,28 +218,87 @@ def run_live(
         "busy_ms_per_request_under_load": busy_ms_run,
         "busy_ms_under_load_calibration": busy_cal,
         "platform_ms_under_load": plat_cal,
+        "platform_serial_ms": serial_ms,
+        "cold_start_ms": cold_ms,
+        "answers": [[round(at, 3), round(lat, 3), st] for at, lat, st in results],
         "platform_ms": platform_ms,
     }
 
 
 def _under_load(
     srv: ServeProcess, c: Any, times_ms: np.ndarray, max_instances: int
-) -> tuple[float, list[float]]:
-    """``run_live``'s under-load calibration (its docstring): busy ms per request, and the
-    platform latency samples (ms) of the answered requests after the first quarter."""
+) -> tuple[float, list[float], float, float]:
+    """``run_live``'s under-load calibration (its docstring): busy ms per request; the platform
+    latency samples (ms) of the answered requests after the first quarter, each less its wait
+    in the platform's serial stage; that stage's service time (ms; ``burst_probe``); and the
+    cold start (ms: the new function's first request, answered by an instance started for it,
+    less the platform's median)."""
     cal = "live-cal"
     c.deploy(function_spec(cal, max_instances))
-    c.invoke_raw(cal, BODY)  # its instance is up (the cold start is not measured)
+    t0 = time.perf_counter()
+    c.invoke_raw(cal, BODY)  # its instance is up
+    first_ms = (time.perf_counter() - t0) * 1000.0
     stats_url = f"{srv.url}/v2/models/{cal}/stats"
     before = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
     rate = len(times_ms) / max(1e-9, float(times_ms[-1]) / 1000.0)
-    plat: list[float] = []
-    asyncio.run(_replay(srv.url, cal, segment(rate, CALIB_S, CALIB_OFFSET_S), plat))
+    plat: list[tuple[float, float]] = []
+    cal_times = segment(rate, CALIB_S, CALIB_OFFSET_S)
+    asyncio.run(_replay(srv.url, cal, cal_times, plat))
     after = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
+    serial_ms = fit_serial_ms(asyncio.run(burst_probe(srv.url, cal)))
     c.delete(cal)
     b, a = before["compute_infer"], after["compute_infer"]
     n = max(1, int(a["count"]) - int(b["count"]))
-    return (float(a["ns"]) - float(b["ns"])) / 1e6 / n, plat[len(plat) // 4 :]
+    # the stage's waits at the calibration's own bursts come back in the simulator at its own;
+    # within requests sent at one time, the lower platform latency took the shorter wait
+    waits_at: dict[float, list[float]] = {}
+    times = cal_times.tolist()
+    for at, w in zip(times, fifo_waits_ms(times, serial_ms), strict=True):
+        waits_at.setdefault(at, []).append(w)
+    base = [
+        max(0.0, p - (waits_at[at].pop(0) if waits_at.get(at) else 0.0)) for at, p in sorted(plat)
+    ]
+    base = base[len(base) // 4 :]
+    cold_ms = max(0.0, first_ms - statistics.median(base)) if base else first_ms
+    return (float(a["ns"]) - float(b["ns"])) / 1e6 / n, base, serial_ms, cold_ms
+
+
+BURST_SIZES = (1, 2, 4, 8)
+BURST_REPS = 6
+BURST_GAP_S = 0.3
+
+
+async def burst_probe(url: str, name: str) -> list[tuple[int, float]]:
+    """Bursts of k simultaneous requests to ``name`` (``BURST_SIZES`` × ``BURST_REPS``, in a
+    shuffled order, ``BURST_GAP_S`` apart): per burst (k, the mean platform latency of its
+    answered requests: latency beyond the timing headers). What
+    ``experiments.fidelity.fit_serial_ms`` fits the platform's serial stage on."""
+    order = [k for _ in range(BURST_REPS) for k in BURST_SIZES]
+    np.random.default_rng(0).shuffle(order)
+    out: list[tuple[int, float]] = []
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
+
+        async def one() -> float | None:
+            t = time.perf_counter()
+            r = await client.post(
+                f"/function/{name}",
+                content=BODY,
+                headers={"content-type": "application/octet-stream"},
+            )
+            lat = (time.perf_counter() - t) * 1000.0
+            if r.status_code != 200:
+                return None
+            return lat - sum(
+                float(r.headers[f"x-gshare-{h}-ms"]) for h in ("exec", "token-wait", "queue")
+            )
+
+        for k in order:
+            got = [p for p in await asyncio.gather(*(one() for _ in range(k))) if p is not None]
+            if got:
+                out.append((k, statistics.fmean(got)))
+            await asyncio.sleep(BURST_GAP_S)
+    return out
 
 
 def run_sim(
@@ -269,12 +336,13 @@ def run_sim(
         latency_ms=batch * 1000.0 / tput_rps,
     )
     loop = EventLoop()
-    cluster = SimCluster(
+    cold_start_ms = float(cluster.pop("cold_start_ms", None) or LIVE_FORK_COLD_START_MS)
+    sim = SimCluster(
         loop,
         table,
         ClusterConfig(
             max_gpus=1,
-            cold_start_ms=LIVE_FORK_COLD_START_MS,
+            cold_start_ms=cold_start_ms,
             control=ControlParams(),
             autoscaler=autoscaler,
             **{
@@ -285,7 +353,7 @@ def run_sim(
         ),
         np.random.default_rng(seed),
     )
-    cluster.add_function(
+    sim.add_function(
         SimFunction(
             "live-as",
             "live-mlp",
@@ -301,14 +369,17 @@ def run_sim(
     warm_ms = SIM_WARMUP_S * 1000.0
     arrivals = np.concatenate([np.arange(0.0, warm_ms, 250.0), np.asarray(times_ms) + warm_ms])
     end = float(arrivals[-1]) + 1000.0
-    cluster.log.warmup_ms = warm_ms
-    workload.drive_open_loop(loop, cluster.gateway, "live-as", arrivals)
-    cluster.start(until_ms=end)
+    sim.log.warmup_ms = warm_ms
+    workload.drive_open_loop(loop, sim.gateway, "live-as", arrivals)
+    sim.start(until_ms=end)
     loop.run(until_ms=end)
-    insts = [r["instances"] for r in cluster.timeline if r["t_s"] * 1000.0 >= warm_ms]
+    insts = [r["instances"] for r in sim.timeline if r["t_s"] * 1000.0 >= warm_ms]
     loop.run()
-    s = cluster.log.summary("live-as")
+    s = sim.log.summary("live-as")
+    slow = [r for r in sim.log.completed if r.arrival_ms >= warm_ms and r.latency_ms > SLO_MS]
     return {
+        "sim_shed": sim.gateway.shed.get("live-as", 0),
+        "sim_over_slo_answered": sum(1 for r in slow if not r.shed),
         "sim_slo_violation_pct": s["slo_violation_pct"],
         "sim_p50_ms": s["p50_ms"],
         "sim_p99_ms": s["p99_ms"],

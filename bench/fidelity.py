@@ -1,6 +1,7 @@
 """The simulator's fidelity: scenarios run live (twice) and simulated (K seeds), scored per metric.
 
-Usage: ``python bench/fidelity.py [--quick] [--json PATH] [--seeds K] [--only NAME,...]``
+Usage: ``python bench/fidelity.py [--quick] [--json PATH] [--seeds K] [--only NAME,...]
+[--replay JSON]``
 
 Every scenario runs from one file and one seed in both worlds (the same arrival times):
 live on a real ``gshare serve`` (``gshare.testing.ServeProcess``) driven open loop by
@@ -22,8 +23,11 @@ first; its figure is ``sim``, the others give the 90 % interval). Scenarios:
   scored: the high class's p50, p99 and hit rate (full run only);
 * ``llm-autoscale`` — ``bench/autoscale_live.py``'s LLM-trace segment with ``gshare-burst``
   (``_autoscale``: the same code; 180 s, full run only), each live server first measuring the
-  busy time per request under the segment's load on another function (``run_live``'s
-  calibration); scored: SLO violations, mean instances, p50, p99.
+  busy time per request and the platform latency under the segment's load on another function,
+  and the platform's serial stage on bursts of simultaneous requests (``run_live``'s
+  calibration); scored: SLO violations, mean instances, p50, p99. The summary records each live
+  server's figures and measurements (``scenarios.llm-autoscale.inputs``); ``--replay JSON``
+  simulates them again without running live (a model change checked on recorded runs).
 
 ``--quick`` (≤ 2 minutes here, exercised by ``tests/runtime/test_fidelity_bench.py``):
 ``mlp-chain`` and ``share-pair`` with short runs.
@@ -245,10 +249,29 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
     return _scores("priority-pair", fig[:seeds], fig[seeds:])
 
 
-def run_llm(quick: bool, seeds: int, tmp: Path, loads: list[float], **model: Any) -> list[Any]:
+LLM_INPUTS = (
+    "requests", "errors", "slo_violation_pct", "mean_instances", "p50_ms", "p99_ms",
+    "throughput_rps_per_instance",
+    "busy_ms_per_request", "busy_ms_per_request_under_load", "busy_ms_under_load_calibration",
+    "platform_ms_under_load", "platform_serial_ms", "platform_ms", "cold_start_ms", "answers",
+)  # fmt: skip
+"""What ``run_llm`` records of each live server (``inputs``), enough to simulate again."""
+
+
+def run_llm(
+    quick: bool,
+    seeds: int,
+    tmp: Path,
+    loads: list[float],
+    inputs: dict[str, Any],
+    replay: dict[str, Any] | None = None,
+    **model: Any,
+) -> list[Any]:
     """``llm-autoscale`` (module doc): two live servers with ``gshare-burst`` on the segment
     the first one's measured throughput sets, then K simulated seeds of it (``model``: more
-    ``ClusterConfig`` fields)."""
+    ``ClusterConfig`` fields). ``inputs``: filled with the segment and each live server's
+    figures and measurements (``LLM_INPUTS``); ``replay``: such a record of an earlier run,
+    simulated again instead of running live."""
     seconds = 30.0 if quick else 180.0
     chosen: dict[str, float] = {}
 
@@ -257,8 +280,12 @@ def run_llm(quick: bool, seeds: int, tmp: Path, loads: list[float], **model: Any
         return _autoscale.segment(min(40.0, 0.1 * tput), seconds, 0.0)
 
     times: np.ndarray | None = None
-    lives = []
-    for i in range(LIVE_RUNS):
+    lives: list[dict[str, Any]] = []
+    if replay is not None:
+        times = np.asarray(replay["times_ms"], dtype=float)
+        lives = [dict(lv) for lv in replay["lives"]]
+        chosen["tput"] = float(lives[0]["throughput_rps_per_instance"])
+    for i in range(LIVE_RUNS if replay is None else 0):
         loads.append(_load())
         times, live = _autoscale.run_live(
             "gshare-burst", times, 4, tmp / f"llm-{i}", make, calibrate_under_load=True
@@ -266,6 +293,8 @@ def run_llm(quick: bool, seeds: int, tmp: Path, loads: list[float], **model: Any
         loads.append(_load())
         lives.append(live)
     assert times is not None
+    inputs["times_ms"] = [float(t) for t in times]
+    inputs["lives"] = [{k: lv.get(k) for k in LLM_INPUTS} for lv in lives]
 
     # NOTE — the busy time under load. An instance serving a few requests per second (the
     # warm-up) took 0.75-1.41 ms per request; under the segment's load the same instance took
@@ -278,18 +307,31 @@ def run_llm(quick: bool, seeds: int, tmp: Path, loads: list[float], **model: Any
     # timing headers). Under load it was 2.8-3.2 ms at the median against 2.1-2.5 ms at the
     # warm-up's light load, and the simulated p50 went from -36 % to -11 % (run C). Seed k
     # takes server k mod 2's measurements (seed 0, the figure: the first server's), so the
-    # interval covers the inputs as measured twice, not only the seeds.
+    # interval covers the inputs as measured twice, not only the seeds. The platform's serial
+    # stage (``sim.gateway``): the same server's burst probe fits its service time (1.2-1.3 ms
+    # a request), and the platform samples are taken less their waits in it at the
+    # calibration's own bursts; the simulator adds the waits back at the segment's bursts.
     def measured(k: int) -> dict[str, Any]:
         lv = lives[k % len(lives)]
         tput = (
             float(_autoscale.SHARE["quota_request"]) * 1000.0 / lv["busy_ms_under_load_calibration"]
         )
-        return {"tput_rps": tput, "platform_ms": tuple(lv["platform_ms_under_load"])}
+        return {
+            "tput_rps": tput,
+            "platform_ms": tuple(lv["platform_ms_under_load"]),
+            "platform_serial_ms": lv["platform_serial_ms"],
+            "cold_start_ms": lv.get("cold_start_ms"),
+        }
 
     sims = []
     for k in range(seeds):
         m = measured(k)
-        cluster = {"platform_ms": m["platform_ms"], **model}
+        cluster = {
+            "platform_ms": m["platform_ms"],
+            "platform_serial_ms": m["platform_serial_ms"],
+            "cold_start_ms": m["cold_start_ms"],
+            **model,
+        }
         sims.append(_autoscale.run_sim("gshare-burst", times, 4, m["tput_rps"], k, **cluster))
     keys = {
         "slo_violation_pct": "slo_violation_pct",
@@ -313,6 +355,11 @@ def run_llm(quick: bool, seeds: int, tmp: Path, loads: list[float], **model: Any
             "warmup": [float(np.median(lv["platform_ms"])) for lv in lives],
             "under_load": [float(np.median(lv["platform_ms_under_load"])) for lv in lives],
         }
+        o["platform_serial_ms"] = [lv["platform_serial_ms"] for lv in lives]
+        o["cold_start_ms"] = [lv.get("cold_start_ms") for lv in lives]
+        o["sim_shed"] = [sm["sim_shed"] for sm in sims]
+        o["sim_over_slo_answered"] = [sm["sim_over_slo_answered"] for sm in sims]
+        o["live_errors"] = [lv.get("errors") for lv in lives]
         o["busy_ms_per_request_warmup"] = [lv["busy_ms_per_request"] for lv in lives]
         o["busy_ms_per_request_under_load"] = [lv["busy_ms_per_request_under_load"] for lv in lives]
     return out
@@ -322,7 +369,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = bench_parser(__doc__)
     parser.add_argument("--seeds", type=int, default=None, help="simulated seeds (quick 3, 10)")
     parser.add_argument("--only", default=None, help="comma-separated scenario names")
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="simulate llm-autoscale again from an earlier --json's recorded live runs",
+    )
     args = parser.parse_args(argv)
+    replay = None
+    if args.replay is not None:
+        import json
+
+        try:
+            replay = json.loads(args.replay.read_text())["scenarios"]["llm-autoscale"]["inputs"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(
+                f"--replay {args.replay}: no recorded llm-autoscale run ({e})"
+            ) from None
+        args.only = "llm-autoscale"
     seeds = args.seeds or (3 if args.quick else 10)
     names = args.only.split(",") if args.only else list(QUICK if args.quick else FULL)
     unknown = set(names) - set(FULL)
@@ -336,6 +401,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for n in names:
             t = time.perf_counter()
             loads: list[float] = []
+            inputs: dict[str, Any] = {}
             print(f"{n}: live x{LIVE_RUNS}, simulated x{seeds} (load {_load()})", flush=True)
             if n.startswith("mlp-chain"):
                 got = run_workflow(n, args.quick, seeds, tmp, loads)
@@ -344,10 +410,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             elif n == "priority-pair":
                 got = run_priority(args.quick, seeds, tmp, loads)
             else:
-                got = run_llm(args.quick, min(seeds, 5), tmp, loads)
+                got = run_llm(args.quick, min(seeds, 5), tmp, loads, inputs, replay)
             rows.extend(got)
             scen[n] = {"wall_s": time.perf_counter() - t, "loadavg_1m_live": loads,
                        "within": within_all(got)}  # fmt: skip
+            if inputs:
+                scen[n]["inputs"] = inputs
     summary: dict[str, Any] = {
         "within_bounds_all": within_all(rows),
         "figures": len(rows),

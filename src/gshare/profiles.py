@@ -40,6 +40,9 @@ from pathlib import Path
 from gshare.stats import percentile
 
 SHIPPED_V100_TABLE = "rapp_v100_sm_quota_latency.csv.gz"
+KERNELS_TABLE = "torchvision_kernels.csv"
+"""Kernel launches per eager inference forward of the shipped table's models, counted from
+their architectures (``tools/model_ops.py`` writes it; an approximation, not a measurement)."""
 
 
 class ProfileError(LookupError):
@@ -275,3 +278,19 @@ def _shipped_v100() -> ProfileTable:
     ref = resources.files("gshare").joinpath("data", SHIPPED_V100_TABLE)
     with resources.as_file(ref) as p:
         return ProfileTable.from_csv(p)
+
+
+@lru_cache(maxsize=1)
+def kernels_per_inference() -> dict[str, int]:
+    """Kernel launches of one inference of each shipped-table model (``KERNELS_TABLE``; the
+    same for every batch). Who calls it: ``sim.instance.LaunchGating`` users that take the
+    token-gated launch work per kernel (``token-fidelity``). A model not in it has no count."""
+    ref = resources.files("gshare").joinpath("data", KERNELS_TABLE)
+    out: dict[str, int] = {}
+    with ref.open("r", encoding="utf-8") as f:
+        for i, row in enumerate(csv.DictReader(f), start=2):
+            try:
+                out[row["model"]] = int(row["kernels"])
+            except (KeyError, ValueError) as e:
+                raise ProfileError(f"{KERNELS_TABLE}:{i}: bad row {row!r} ({e})") from None
+    return out

@@ -144,10 +144,12 @@ def test_token_fidelity_calibrates_on_one_half_and_reports_the_other(
     best = min(grid.values())
     key = (
         f"k={c['launch_scale']:g} wake={c['token_wakeup_ms']:g}ms p={c['launch_exponent']:g} "
-        f"floor=q{c['floor_quantile_pct']:g}"
+        f"floor=q{c['floor_quantile_pct']:g} us/kernel={c['launch_us_per_kernel']:g}"
     )
     assert grid[key] == best
-    # the quick grid crosses 2 scales x 2 wake-ups x 2 exponents
+    # the quick grid, on the capped kernel basis, crosses 2 scales x 2 wake-ups x 1 exponent x
+    # 2 costs per kernel
+    assert c["launch_basis"] == "kernels-capped"
     assert len(grid) == 8
     assert s["points_held_out"] < s["points_all"]
 
@@ -172,3 +174,22 @@ def test_token_fidelity_predictor_takes_the_floor_from_quota_100_rows() -> None:
     assert pred.floor_ms(pt, 50.0) == pytest.approx(6.0)
     # a larger floor gates more launch work: slower at quota 10 %
     assert pred(pt, 1.0, 0.0, 1.0, 50.0) > pred(pt, 1.0, 0.0, 1.0, 0.0)
+
+
+def test_token_fidelity_points_carry_the_models_kernel_counts() -> None:
+    table = ProfileTable.shipped_v100()
+    pts = load_points(table, ["resnet18", "resnet50"])
+    by_model = {p.model: p.kernels for p in pts}
+    assert by_model == {"resnet18": 68, "resnet50": 174}
+    # on the kernel basis the gated work is per kernel: resnet50's is 174/68 of resnet18's
+    # wherever neither is capped at its device time
+    pred = Predictor(Protocol(), table)
+    r18 = next(p for p in pts if p.model == "resnet18" and p.quota_pct == 10.0)
+    slow = pred(r18, 1.0, 0.0, 1.0, 0.0, 0.09)
+    fast = pred(r18, 1.0, 0.0, 1.0, 0.0, 0.03)
+    assert slow > fast  # more gated work per kernel: slower at quota 10 %
+
+
+def test_token_fidelity_refuses_an_unknown_launch_basis() -> None:
+    with pytest.raises(ValueError, match="launch_basis"):
+        run_experiment("token-fidelity", quick=True, overrides=["launch_basis=flops"])

@@ -7,9 +7,18 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gshare.cli import main
-from gshare.experiments.fidelity import BOUNDS, interval, score, within_all
+from gshare.experiments.fidelity import (
+    BOUNDS,
+    fifo_waits_ms,
+    fit_serial_ms,
+    interval,
+    score,
+    within_all,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "mlp-chain.yaml"
 
@@ -95,3 +104,38 @@ def test_simulate_draws_measured_platform_latency_per_plain_request() -> None:
     for k, r in a.items():
         assert b[k]["status"] == r["status"]
         assert b[k]["latency_ms"] - r["latency_ms"] == pytest.approx(5.0)
+
+
+def test_fifo_waits_follow_lindleys_recursion() -> None:
+    assert fifo_waits_ms([], 1.0) == []
+    assert fifo_waits_ms([0.0, 0.0, 0.0], 2.0) == [0.0, 2.0, 4.0]  # a burst queues
+    assert fifo_waits_ms([0.0, 5.0], 2.0) == [0.0, 0.0]  # far apart: no wait
+    assert fifo_waits_ms([0.0, 1.0, 1.5], 2.0) == [0.0, 1.0, 2.5]  # a backlog carries over
+    assert fifo_waits_ms([0.0, 0.0], 0.0) == [0.0, 0.0]
+
+
+@given(
+    st.lists(st.floats(0.0, 1e4, allow_nan=False), max_size=40),
+    st.floats(0.0, 10.0, allow_nan=False),
+)
+def test_fifo_waits_keep_the_stage_work_conserving(arrivals: list[float], s: float) -> None:
+    ts = sorted(arrivals)
+    waits = fifo_waits_ms(ts, s)
+    starts = [t + w for t, w in zip(ts, waits, strict=True)]
+    assert all(w >= 0.0 for w in waits)
+    # one request at a time, in order, and never idle while one waits
+    for i in range(1, len(ts)):
+        assert starts[i] >= starts[i - 1] + s - 1e-6
+        if waits[i] > 1e-9:
+            assert starts[i] == pytest.approx(starts[i - 1] + s)
+
+
+def test_the_serial_stage_is_fitted_from_the_bursts_means() -> None:
+    # bursts of a FIFO stage with s = 1.3 ms above a 2.5-ms base: the mean is a + s (k - 1) / 2
+    bursts = [(k, 2.5 + 1.3 * (k - 1) / 2 + e) for k in (1, 2, 4, 8) for e in (-0.2, 0.2)]
+    assert fit_serial_ms(bursts) == pytest.approx(1.3)
+    # no growth with the burst: no serial stage (and never a negative one)
+    assert fit_serial_ms([(1, 3.0), (8, 3.0)]) == 0.0
+    assert fit_serial_ms([(1, 3.0), (8, 2.0)]) == 0.0
+    with pytest.raises(ValueError, match="two sizes"):
+        fit_serial_ms([(4, 3.0), (4, 5.0)])

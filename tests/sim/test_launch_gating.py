@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gshare.profiles import ProfileError, ProfilePoint, ProfileTable
+from gshare.profiles import ProfileError, ProfilePoint, ProfileTable, kernels_per_inference
 from gshare.sim.instance import LAUNCH_REF_FLOOR_MS, LaunchGating
 from gshare.sim.profiler import ClosedLoopProtocol, simulated_profile
 
@@ -19,6 +19,23 @@ def test_exponent_one_is_proportional_to_the_floor(floor: float) -> None:
 def test_the_reference_floor_gets_launch_scale_times_itself(exponent: float) -> None:
     g = LaunchGating(launch_scale=0.9, launch_exponent=exponent)
     assert g.launch_ms(LAUNCH_REF_FLOOR_MS, 1e9) == pytest.approx(0.9 * LAUNCH_REF_FLOOR_MS)
+
+
+def test_the_kernel_basis_charges_each_kernel_and_ignores_the_floor() -> None:
+    g = LaunchGating(launch_ms_per_kernel=0.07)
+    assert g.launch_ms(5.0, 1e9, kernels=174) == pytest.approx(0.07 * 174)
+    assert g.launch_ms(50.0, 1e9, kernels=174) == pytest.approx(0.07 * 174)  # floor unused
+    assert g.launch_ms(5.0, 3.0, kernels=174) == 3.0  # capped at the device time
+    # a model without a kernel count falls back to the floor rule
+    assert g.launch_ms(5.0, 1e9, kernels=None) == pytest.approx(1.3 * 5.0)
+    # and the floor rule (the default) ignores a count it is given
+    assert LaunchGating().launch_ms(5.0, 1e9, kernels=174) == pytest.approx(1.3 * 5.0)
+
+
+def test_every_shipped_model_has_a_kernel_count() -> None:
+    counts = kernels_per_inference()
+    assert set(counts) == set(ProfileTable.shipped_v100().models())
+    assert all(k > 0 for k in counts.values())
 
 
 def test_launches_never_outlast_the_device_time() -> None:

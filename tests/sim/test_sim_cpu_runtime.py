@@ -1,10 +1,12 @@
 """The simulator's model of the live runtime on the CPU device (``sim.cluster.cpu_runtime_fields``)
-and the per-request platform latency (``ClusterConfig.platform_ms``)."""
+and the per-request platform latency (``ClusterConfig.platform_ms``, ``platform_serial_ms``)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from gshare.experiments.fidelity import fifo_waits_ms
 from gshare.policy.autoscale import ScaleConfig
 from gshare.profiles import ProfilePoint, ProfileTable
 from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction, cpu_runtime_fields
@@ -87,3 +89,48 @@ def test_platform_latency_is_drawn_per_answer_and_does_not_hold_the_instance() -
     assert extra == {1.0, 3.0}  # one sample per answer, both drawn
     # the instance started each burst at the same time: the platform is not its busy time
     assert [r.start_ms for r in plain] == [r.start_ms for r in padded]
+
+
+def _burst_run(serial_ms: float, arrivals: list[float]) -> list[SimRequest]:
+    """One instance (busy 0.5 ms a request, quota 100 %) sent ``arrivals``; the platform's
+    serial stage busy ``serial_ms`` per request. The answered requests, by id."""
+    loop = EventLoop()
+    table = ProfileTable([ProfilePoint("m", 100.0, 100.0, 1, 0.5)])
+    cfg = ScaleConfig(sm_pct=100.0, quota_pct=100.0, batch=1, throughput_rps=2000.0,
+                      latency_ms=0.5)  # fmt: skip
+    cluster = SimCluster(
+        loop, table,
+        ClusterConfig(max_gpus=1, cold_start_ms=0.0, platform_serial_ms=serial_ms,
+                      **cpu_runtime_fields()),  # type: ignore[arg-type]
+        np.random.default_rng(1),
+    )  # fmt: skip
+    cluster.add_function(SimFunction("m", "m", 1e9, (cfg,), min_instances=1, max_instances=1))
+    drive_open_loop(loop, cluster.gateway, "m", arrivals)
+    cluster.start(until_ms=1_000.0)
+    loop.run()
+    return sorted(cluster.log.completed, key=lambda r: r.request_id)
+
+
+def test_the_serial_stage_delays_a_bursts_later_requests_by_the_fifo_waits() -> None:
+    # a burst of 5 at 100 ms, one request alone at 300 ms, two 1 ms apart at 500 ms
+    arrivals = [100.0] * 5 + [300.0, 500.0, 501.0]
+    plain, staged = _burst_run(0.0, arrivals), _burst_run(1.5, arrivals)
+    assert len(plain) == len(staged) == len(arrivals)
+    waits = fifo_waits_ms(arrivals, 1.5)
+    assert waits == [0.0, 1.5, 3.0, 4.5, 6.0, 0.0, 0.0, 0.5]
+    # each request reached the instance after its wait in the stage (the instance's queue,
+    # 0.5 ms a request, absorbs part of it: without the stage the burst queued there instead)
+    for r, w in zip(staged, waits, strict=True):
+        assert r.start_ms >= r.arrival_ms + w - 1e-9
+    assert staged[4].start_ms == pytest.approx(100.0 + 6.0)  # the burst's last: after the stage
+    assert plain[4].start_ms == pytest.approx(100.0 + 4 * 0.5)  # it waited in the queue before
+    # an isolated request pays nothing: the stage's own service time is in the platform samples
+    assert staged[5].latency_ms == pytest.approx(plain[5].latency_ms)
+    # a wider stage delays more, never less
+    wider = _burst_run(3.0, arrivals)
+    assert all(w.latency_ms >= s.latency_ms - 1e-9 for w, s in zip(wider, staged, strict=True))
+
+
+def test_a_negative_serial_stage_is_refused_with_its_name() -> None:
+    with pytest.raises(ValueError, match="platform_serial_ms"):
+        _burst_run(-1.0, [1.0])

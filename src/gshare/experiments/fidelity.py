@@ -11,6 +11,11 @@ runs' difference, in the bound's unit) is larger than the bound, so that the mac
 tell the simulator's error from its own noise at that resolution — when the live figure (the
 runs' mean) lies inside the simulator's 90 % interval over seeds (the **interval** basis). What
 must hold: every score says which basis it was judged on.
+
+The platform's serial stage (``sim.gateway``): ``fit_serial_ms`` fits its service time from a
+probe of simultaneous bursts, and ``fifo_waits_ms`` gives the waits it adds to given arrivals
+(the harness takes them out of the platform samples it measured under load, which the simulator
+adds back where its own bursts are).
 """
 
 from __future__ import annotations
@@ -113,4 +118,31 @@ def within_all(scores: Sequence[Mapping[str, Any]]) -> bool:
     return bool(scores) and all(s.get("within") is True for s in scores)
 
 
-__all__ = ["BOUNDS", "Bound", "interval", "score", "within_all"]
+def fifo_waits_ms(arrivals_ms: Sequence[float], service_ms: float) -> list[float]:
+    """Each arrival's wait in one FIFO stage busy ``service_ms`` per request (Lindley's
+    recursion; ``arrivals_ms`` in order): what ``sim.gateway``'s serial stage adds to it."""
+    waits: list[float] = []
+    free = -math.inf
+    for t in arrivals_ms:
+        start = max(float(t), free)
+        waits.append(start - float(t))
+        free = start + service_ms
+    return waits
+
+
+def fit_serial_ms(bursts: Sequence[tuple[int, float]]) -> float:
+    """The serial stage's service time (ms) from a burst probe: ``bursts`` holds, per burst of
+    ``k`` simultaneous requests, ``(k, mean platform latency of its requests in ms)``. In a FIFO
+    stage a k-burst's requests wait 0, s, …, (k − 1) s, so the mean is ``a + s (k − 1) / 2``;
+    ``s`` is the least-squares slope (≥ 0). Needs bursts of at least two sizes."""
+    xs = [(k - 1) / 2.0 for k, _ in bursts]
+    ys = [float(m) for _, m in bursts]
+    if len(set(xs)) < 2:
+        raise ValueError("fit_serial_ms needs bursts of at least two sizes")
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    return max(0.0, sxy / sxx)
+
+
+__all__ = ["BOUNDS", "Bound", "fifo_waits_ms", "fit_serial_ms", "interval", "score", "within_all"]

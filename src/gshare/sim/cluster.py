@@ -109,6 +109,9 @@ class ClusterConfig:
     platform_ms: tuple[float, ...] = ()
     """Per-request platform latency samples (``sim.gateway``: the HTTP exchange and the hop to
     the instance, drawn per answer); empty: none."""
+    platform_serial_ms: float = 0.0
+    """The platform's serial work per request (``sim.gateway``: a FIFO stage before routing, so a
+    burst's later requests wait for the earlier ones); 0: none."""
     admission_slo_factor: float | None = None
     """The gateway's SLO-aware admission (``sim.gateway``): shed a request predicted to take
     over this many SLOs, as ``gshare serve`` does (its default:
@@ -168,6 +171,7 @@ class SimCluster:
             config.admission_slo_factor,
             config.platform_ms,
             rng.spawn(1)[0] if config.platform_ms else None,  # leaves rng's own draws as they were
+            config.platform_serial_ms,
         )
         self.placer = make_placer(config.placer, max_gpus=config.max_gpus)
         self.scale = (

@@ -33,7 +33,7 @@ import numpy as np
 
 from gshare.policy.batching import next_batch
 from gshare.policy.tokens import ClientSpec
-from gshare.profiles import ProfileTable
+from gshare.profiles import ProfileTable, kernels_per_inference
 from gshare.resources import GpuShare
 from gshare.sim.engine import EventLoop
 from gshare.sim.gpu import SimGpu
@@ -58,10 +58,25 @@ class LaunchGating:
     floor_quantile_pct: float = 0.0
     """Which launch floor: this percentile of the model's quota-100 latencies
     (``ProfileTable.launch_floor_ms``); 0 = their minimum."""
+    launch_ms_per_kernel: float = 0.0
+    """> 0: the gated work is this much per kernel the inference launches, for a model whose
+    kernel count is known (``profiles.kernels_per_inference``), instead of the floor rule."""
+    kernels_capped_by_floor: bool = False
+    """With ``launch_ms_per_kernel``: the gated work is the smaller of the two rules (each an
+    upper bound: a kernel's launch costs at most so much, and the launches happen within the
+    model's host floor)."""
 
-    def launch_ms(self, floor_ms: float, device_ms: float) -> float:
+    def launch_ms(self, floor_ms: float, device_ms: float, kernels: int | None = None) -> float:
         """Token-gated launch work of one inference of a model whose launch floor is
-        ``floor_ms``, capped at its device time (launches cannot outlast the inference).
+        ``floor_ms`` (and which launches ``kernels`` kernels, when known), capped at its device
+        time (launches cannot outlast the inference).
+
+        NOTE — gated work per kernel (FaST-GShare §3.3.2: the hook asks for a token per
+        ``cuLaunchKernel``). With ``launch_ms_per_kernel`` and a kernel count the rule is
+        ``G = launch_ms_per_kernel x kernels``: the work the token throttles is the host's
+        launch path, one pass per kernel. On the V100 table the gated work inferred from the
+        10-20 % rows is 70-90 us per counted kernel for most models, where its ratio to the
+        floor ranges 0.4-1.7 (docs/journal/token-fidelity.md).
 
         NOTE — gated share of the floor (FaST-GShare §3.3.2: the hook gates kernel launches,
         not the rest of the host's work). Rule: ``G = launch_scale x R x (C / R) **
@@ -69,13 +84,22 @@ class LaunchGating:
         token-gated part of a model's host floor C grows faster than C (small models' floors are
         mostly per-inference work the token does not gate). Why and the fit:
         ``experiments/token_fidelity.py`` and docs/journal/token-fidelity.md."""
+        by_floor = self._by_floor(floor_ms)
+        if self.launch_ms_per_kernel > 0.0 and kernels:
+            by_kernels = self.launch_ms_per_kernel * kernels
+            if self.kernels_capped_by_floor:
+                by_kernels = min(by_kernels, by_floor)
+            return min(by_kernels, device_ms)
+        return min(by_floor, device_ms)
+
+    def _by_floor(self, floor_ms: float) -> float:
+        """The floor rule (``launch_ms``'s first NOTE), uncapped."""
         if floor_ms <= 0:
             return 0.0
         if self.launch_exponent == 1.0:  # exactly the proportional rule (bit-for-bit)
-            return min(self.launch_scale * floor_ms, device_ms)
+            return self.launch_scale * floor_ms
         ref = LAUNCH_REF_FLOOR_MS
-        gated = self.launch_scale * ref * float((floor_ms / ref) ** self.launch_exponent)
-        return min(gated, device_ms)
+        return self.launch_scale * ref * float((floor_ms / ref) ** self.launch_exponent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +222,9 @@ class SimInstance:
                 c.model, c.launch.floor_quantile_pct
             )
         device = work * self.gpu.interference.slowdown(self.gpu.active_sm_pct(self.instance_id))
-        launch = c.launch.launch_ms(self._launch_floor_ms, device)
+        launch = c.launch.launch_ms(
+            self._launch_floor_ms, device, kernels_per_inference().get(c.model)
+        )
         self.gpu.run_burst(self.instance_id, launch, self._on_batch_done, device_ms=device)
 
     def _on_timer(self) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gshare.policy.tokens import ClientSpec, TokenConfig
-from gshare.profiles import ProfilePoint, ProfileTable
+from gshare.profiles import ProfilePoint, ProfileTable, kernels_per_inference
 from gshare.sim.engine import EventLoop
 from gshare.sim.gpu import InterferenceModel, SimGpu
 from gshare.sim.instance import LaunchGating
@@ -137,13 +137,14 @@ def simulated_profile(
     launch = launch or LaunchGating()
     proto = proto or ClosedLoopProtocol(think_ms=0.0)
     floor = table.launch_floor_ms(model, launch.floor_quantile_pct)
+    kernels = kernels_per_inference().get(model)
     rows: list[ProfilePoint] = []
     for b in sorted(set(batches)):
         for sm in sorted(set(sm_values)):
             l100 = table.latency_ms(model, sm, 100.0, b)
             if colocation is not None:
                 l100 *= colocation.slowdown(max(0.0, 100.0 - sm))
-            gated = launch.launch_ms(floor, l100)
+            gated = launch.launch_ms(floor, l100, kernels)
             for q in sorted(set(quota_values)):
                 if q >= 100.0:
                     lat = l100
