@@ -382,7 +382,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         import json
 
         try:
-            replay = json.loads(args.replay.read_text())["scenarios"]["llm-autoscale"]["inputs"]
+            doc = json.loads(args.replay.read_text())
+            replay = doc["summary"]["scenarios"]["llm-autoscale"]["inputs"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(
                 f"--replay {args.replay}: no recorded llm-autoscale run ({e})"

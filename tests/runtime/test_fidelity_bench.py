@@ -41,3 +41,42 @@ def test_quick_fidelity_scores_every_figure_of_every_scenario(tmp_path: Path) ->
     assert s["within_bounds_all"] == all(r["within"] for r in s["rows"])
     for sc in s["scenarios"].values():
         assert len(sc["loadavg_1m_live"]) == 2 * fidelity.LIVE_RUNS  # before and after each
+
+
+def test_replay_simulates_a_recorded_llm_segment_again(tmp_path: Path) -> None:
+    """``--replay``: the LLM segment's recorded live figures and measurements are simulated
+    again without a server, and scored against the recorded live figures; a file without a
+    record is refused with one line naming it."""
+    import json
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import fidelity
+    finally:
+        sys.path.remove(str(BENCH))
+    times = [float(t) for t in range(0, 20_000, 50)]  # 20 requests/s for 20 s
+    live = {
+        "requests": len(times), "errors": 0, "slo_violation_pct": 0.0, "mean_instances": 1.0,
+        "p50_ms": 3.0, "p99_ms": 6.0, "throughput_rps_per_instance": 200.0,
+        "busy_ms_per_request": 0.5, "busy_ms_per_request_under_load": 0.5,
+        "busy_ms_under_load_calibration": 0.5, "platform_ms_under_load": [2.0, 2.5, 3.0],
+        "platform_serial_ms": 1.3, "platform_ms": [2.0], "cold_start_ms": 300.0, "answers": [],
+    }  # fmt: skip
+    rec = tmp_path / "rec.json"
+    inputs = {"times_ms": times, "lives": [live, {**live, "p99_ms": 8.0}]}
+    rec.write_text(json.dumps({"summary": {"scenarios": {"llm-autoscale": {"inputs": inputs}}}}))
+    s = fidelity.main(["--replay", str(rec), "--seeds", "2", "--json", str(tmp_path / "o.json")])
+    assert set(s["scenarios"]) == {"llm-autoscale"}
+    rows = {r["metric"]: r for r in s["rows"]}
+    assert set(rows) == {"slo_violation_pct", "mean_instances", "p50_ms", "p99_ms"}
+    assert rows["p99_ms"]["live_runs"] == [6.0, 8.0]  # the recorded live figures
+    assert rows["p50_ms"]["platform_serial_ms"] == [1.3, 1.3]
+    # the simulated requests paid at least the smallest platform sample
+    assert rows["p50_ms"]["sim"] >= 2.0
+    # the new record holds the same inputs, so a replay can be replayed
+    again = json.loads((tmp_path / "o.json").read_text())
+    assert again["summary"]["scenarios"]["llm-autoscale"]["inputs"]["times_ms"] == times
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"summary": {}}))
+    with pytest.raises(SystemExit, match="no recorded llm-autoscale run"):
+        fidelity.main(["--replay", str(bad)])
