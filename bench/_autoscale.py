@@ -183,12 +183,15 @@ def run_live(
         if calibrate_under_load:
             busy_cal, plat_cal, serial_ms, cold_ms = _under_load(srv, c, times_ms, max_instances)
         samples: list[int] = []
+        sampled_at_s: list[float] = []
         stop = threading.Event()
+        t_start = time.perf_counter()
 
         def sample() -> None:
             while not stop.is_set():
                 with contextlib.suppress(Exception):  # a missed sample is not a failure
                     samples.append(int(c.get(name)["replicas"]))
+                    sampled_at_s.append(round(time.perf_counter() - t_start, 2))
                 stop.wait(0.25)
 
         th = threading.Thread(target=sample, daemon=True)
@@ -221,6 +224,7 @@ def run_live(
         "platform_serial_ms": serial_ms,
         "cold_start_ms": cold_ms,
         "answers": [[round(at, 3), round(lat, 3), st] for at, lat, st in results],
+        "replicas": [[t, n] for t, n in zip(sampled_at_s, samples, strict=True)],
         "platform_ms": platform_ms,
     }
 

@@ -254,6 +254,7 @@ LLM_INPUTS = (
     "throughput_rps_per_instance",
     "busy_ms_per_request", "busy_ms_per_request_under_load", "busy_ms_under_load_calibration",
     "platform_ms_under_load", "platform_serial_ms", "platform_ms", "cold_start_ms", "answers",
+    "replicas",
 )  # fmt: skip
 """What ``run_llm`` records of each live server (``inputs``), enough to simulate again."""
 

@@ -65,25 +65,30 @@ def test_cpu_runtime_holds_time_sharing_functions_to_their_quotas() -> None:
         assert gpu[f] < cpu[f] - 3.0, (gpu, cpu)
 
 
-def test_platform_latency_is_drawn_per_answer_and_does_not_hold_the_instance() -> None:
-    def run(platform: tuple[float, ...]) -> list[SimRequest]:
-        loop = EventLoop()
-        table = ProfileTable([ProfilePoint("m", 100.0, 100.0, 1, 5.0)])
-        cfg = ScaleConfig(sm_pct=100.0, quota_pct=100.0, batch=1, throughput_rps=200.0,
-                          latency_ms=5.0)  # fmt: skip
-        cluster = SimCluster(
-            loop, table,
-            ClusterConfig(max_gpus=1, cold_start_ms=0.0, platform_ms=platform,
-                          **cpu_runtime_fields()),  # type: ignore[arg-type]
-            np.random.default_rng(1),
-        )  # fmt: skip
-        cluster.add_function(SimFunction("m", "m", 1e9, (cfg,), min_instances=1, max_instances=1))
-        drive_open_loop(loop, cluster.gateway, "m", [10.0 * i for i in range(1, 41)])
-        cluster.start(until_ms=1_000.0)
-        loop.run()
-        return sorted(cluster.log.completed, key=lambda r: r.request_id)
+def _one_instance_run(busy_ms: float, arrivals: list[float], **fields: object) -> list[SimRequest]:
+    """One CPU-runtime instance (``busy_ms`` a request, quota 100 %) sent ``arrivals``, with
+    more ``ClusterConfig`` ``fields`` (the platform's). The answered requests, by id."""
+    loop = EventLoop()
+    table = ProfileTable([ProfilePoint("m", 100.0, 100.0, 1, busy_ms)])
+    cfg = ScaleConfig(sm_pct=100.0, quota_pct=100.0, batch=1, throughput_rps=1000.0 / busy_ms,
+                      latency_ms=busy_ms)  # fmt: skip
+    cluster = SimCluster(
+        loop, table,
+        ClusterConfig(max_gpus=1, cold_start_ms=0.0,
+                      **{**cpu_runtime_fields(), **fields}),  # type: ignore[arg-type]
+        np.random.default_rng(1),
+    )  # fmt: skip
+    cluster.add_function(SimFunction("m", "m", 1e9, (cfg,), min_instances=1, max_instances=1))
+    drive_open_loop(loop, cluster.gateway, "m", arrivals)
+    cluster.start(until_ms=1_000.0)
+    loop.run()
+    return sorted(cluster.log.completed, key=lambda r: r.request_id)
 
-    plain, padded = run(()), run((1.0, 3.0))
+
+def test_platform_latency_is_drawn_per_answer_and_does_not_hold_the_instance() -> None:
+    arrivals = [10.0 * i for i in range(1, 41)]
+    plain = _one_instance_run(5.0, arrivals)
+    padded = _one_instance_run(5.0, arrivals, platform_ms=(1.0, 3.0))
     assert len(plain) == len(padded) == 40
     extra = {round(b.latency_ms - a.latency_ms, 9) for a, b in zip(plain, padded, strict=True)}
     assert extra == {1.0, 3.0}  # one sample per answer, both drawn
@@ -92,23 +97,9 @@ def test_platform_latency_is_drawn_per_answer_and_does_not_hold_the_instance() -
 
 
 def _burst_run(serial_ms: float, arrivals: list[float]) -> list[SimRequest]:
-    """One instance (busy 0.5 ms a request, quota 100 %) sent ``arrivals``; the platform's
-    serial stage busy ``serial_ms`` per request. The answered requests, by id."""
-    loop = EventLoop()
-    table = ProfileTable([ProfilePoint("m", 100.0, 100.0, 1, 0.5)])
-    cfg = ScaleConfig(sm_pct=100.0, quota_pct=100.0, batch=1, throughput_rps=2000.0,
-                      latency_ms=0.5)  # fmt: skip
-    cluster = SimCluster(
-        loop, table,
-        ClusterConfig(max_gpus=1, cold_start_ms=0.0, platform_serial_ms=serial_ms,
-                      **cpu_runtime_fields()),  # type: ignore[arg-type]
-        np.random.default_rng(1),
-    )  # fmt: skip
-    cluster.add_function(SimFunction("m", "m", 1e9, (cfg,), min_instances=1, max_instances=1))
-    drive_open_loop(loop, cluster.gateway, "m", arrivals)
-    cluster.start(until_ms=1_000.0)
-    loop.run()
-    return sorted(cluster.log.completed, key=lambda r: r.request_id)
+    """``_one_instance_run`` at 0.5 ms a request with the platform's serial stage busy
+    ``serial_ms`` per request."""
+    return _one_instance_run(0.5, arrivals, platform_serial_ms=serial_ms)
 
 
 def test_the_serial_stage_delays_a_bursts_later_requests_by_the_fifo_waits() -> None:
