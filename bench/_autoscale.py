@@ -64,6 +64,14 @@ def segment(rate_rps: float, seconds: float, offset_s: float) -> np.ndarray:
     return seg
 
 
+def _beyond_instance_ms(latency_ms: float, headers: httpx.Headers) -> float:
+    """A request's latency beyond the instance's compute, token wait and queue (its timing
+    headers ``x-gshare-exec-ms``, ``-token-wait-ms``, ``-queue-ms``): the platform's share."""
+    return latency_ms - sum(
+        float(headers[f"x-gshare-{h}-ms"]) for h in ("exec", "token-wait", "queue")
+    )
+
+
 async def _replay(
     url: str,
     name: str,
@@ -96,10 +104,7 @@ async def _replay(
             lat = (time.perf_counter() - start) * 1000.0
             out.append((at_ms, lat, status))
             if platform_ms is not None and status == 200:
-                inst = sum(
-                    float(r.headers[f"x-gshare-{k}-ms"]) for k in ("exec", "token-wait", "queue")
-                )
-                platform_ms.append((at_ms, max(0.0, lat - inst)))
+                platform_ms.append((at_ms, max(0.0, _beyond_instance_ms(lat, r.headers))))
 
         await asyncio.gather(*(one(float(t)) for t in times_ms))
     return out
@@ -291,11 +296,7 @@ async def burst_probe(url: str, name: str) -> list[tuple[int, float]]:
                 headers={"content-type": "application/octet-stream"},
             )
             lat = (time.perf_counter() - t) * 1000.0
-            if r.status_code != 200:
-                return None
-            return lat - sum(
-                float(r.headers[f"x-gshare-{h}-ms"]) for h in ("exec", "token-wait", "queue")
-            )
+            return _beyond_instance_ms(lat, r.headers) if r.status_code == 200 else None
 
         for k in order:
             got = [p for p in await asyncio.gather(*(one() for _ in range(k))) if p is not None]
@@ -340,7 +341,8 @@ def run_sim(
         latency_ms=batch * 1000.0 / tput_rps,
     )
     loop = EventLoop()
-    cold_start_ms = float(cluster.pop("cold_start_ms", None) or LIVE_FORK_COLD_START_MS)
+    measured_cold_ms = cluster.pop("cold_start_ms", None)
+    cold_start_ms = LIVE_FORK_COLD_START_MS if measured_cold_ms is None else float(measured_cold_ms)
     sim = SimCluster(
         loop,
         table,

@@ -149,6 +149,8 @@ class SimInstance:
         self._timer_at: float | None = None
         self._work_cache: dict[int, float] = {}
         self._launch_floor_ms: float | None = None
+        self._launch_kernels: int | None = None
+        """The model's kernel count (``profiles.kernels_per_inference``), read with the floor."""
         s = config.share
         gpu.add_client(
             ClientSpec(instance_id, s.sm_pct, s.quota_request, s.quota_limit, config.priority)
@@ -221,10 +223,9 @@ class SimInstance:
             self._launch_floor_ms = self.profiles.launch_floor_ms(
                 c.model, c.launch.floor_quantile_pct
             )
+            self._launch_kernels = kernels_per_inference().get(c.model)
         device = work * self.gpu.interference.slowdown(self.gpu.active_sm_pct(self.instance_id))
-        launch = c.launch.launch_ms(
-            self._launch_floor_ms, device, kernels_per_inference().get(c.model)
-        )
+        launch = c.launch.launch_ms(self._launch_floor_ms, device, self._launch_kernels)
         self.gpu.run_burst(self.instance_id, launch, self._on_batch_done, device_ms=device)
 
     def _on_timer(self) -> None:
