@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from gshare.policy.control import ControlParams
-from gshare.runtime.control.loop import Controller
+from gshare.runtime.control.loop import (
+    STARTING_POLL_MIN_S,
+    STARTING_POLL_S,
+    Controller,
+    starting_poll_s,
+)
 from gshare.runtime.control.records import ControllerConfig
 from gshare.runtime.control.state import StateStore
 from gshare.runtime.gateway.errors import HttpError
@@ -335,3 +340,13 @@ def test_a_start_that_cannot_be_placed_is_logged_once_and_says_why(tmp_path: Pat
             assert len(again) == 2 and "still waiting: no room for another instance" in again[1]
 
     run(go())
+
+
+def test_a_starting_instance_is_polled_at_an_eighth_of_its_age_within_bounds() -> None:
+    """A fork that is ready in ~100 ms is seen within ~20 ms; a slow model load is polled a few
+    times a second, never more often than every ``STARTING_POLL_MIN_S``."""
+    ages_s = [0.0, 0.05, 0.16, 0.4, 1.0, 2.0, 60.0]
+    polls = [starting_poll_s(a) for a in ages_s]
+    assert polls == sorted(polls)  # never faster as the start takes longer
+    assert polls[0] == STARTING_POLL_MIN_S and polls[-1] == STARTING_POLL_S
+    assert starting_poll_s(0.8) == 0.1  # between the bounds: an eighth of the age

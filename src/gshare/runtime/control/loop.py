@@ -90,7 +90,18 @@ from gshare.spec import FunctionSpec, SpecError, parse_function_spec
 log = logging.getLogger("gshare.controller")
 
 STARTING_POLL_S = 0.25
-"""Agent poll interval while an instance is starting (between reconcile periods)."""
+"""Longest agent poll interval while an instance is starting (between reconcile periods)."""
+STARTING_POLL_MIN_S = 0.02
+"""Shortest one: an instance asked to start ``age`` seconds ago is polled for every
+``age / 8`` within these bounds (``starting_poll_s``), so a fork ready in 150 ms is seen
+within ~20 ms, and a model that loads for a minute costs four polls a second."""
+
+
+def starting_poll_s(age_s: float) -> float:
+    """The agent poll interval while the youngest starting instance is ``age_s`` old."""
+    return min(STARTING_POLL_S, max(STARTING_POLL_MIN_S, age_s / 8.0))
+
+
 MAX_DEVICES = 256
 """Upper bound of devices the placer tracks (devices of nodes that join later included)."""
 SHORTFALL_LOG_S = 30.0
@@ -280,11 +291,13 @@ class Controller:
         next_tick = self.clock()
         while not self._stopping:
             timeout = max(0.0, next_tick - self.clock())
-            if any(
-                i.state in (LiveState.STARTING, LiveState.RESTARTING)
+            ages = [
+                self.clock() - i.created_s
                 for i in self.instances.values()
-            ):
-                timeout = min(timeout, STARTING_POLL_S)  # connect new instances promptly
+                if i.state in (LiveState.STARTING, LiveState.RESTARTING)
+            ]
+            if ages:  # connect new instances promptly
+                timeout = min(timeout, starting_poll_s(min(ages)))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._nudge.wait(), timeout)
             if self._stopping:

@@ -1,6 +1,6 @@
 """Observation: what the node agents report, read into typed observations.
 
-Who calls it: ``Controller.observe`` (every reconcile period, and every ``STARTING_POLL_S``
+Who calls it: ``Controller.observe`` (every reconcile period, and every ``starting_poll_s``
 while an instance starts). ``poll_agents`` asks each live agent for its ``NodeStatus``;
 ``read_node_status`` turns one report, against the controller's records of that node's
 instances, into a list of ``Observation`` in the order they must be applied; the controller

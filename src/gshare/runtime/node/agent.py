@@ -47,7 +47,8 @@ quota is then guaranteed against the same and lower priority classes only:
 counters from the board.
 
 Crash handling (the rule and the instance's files: ``node.supervision``): a monitor thread
-checks the instances' processes every ``MONITOR_PERIOD_S``. An instance whose process died
+checks the instances' processes every ``MONITOR_PERIOD_S``, and a starting instance's ``.ready``
+file every ``STARTING_CHECK_S``. An instance whose process died
 (killed, crashed, or exited over its memory limit — it leaves the reason next to its socket) is
 restarted in place (same id, same socket path, ``incarnation`` + 1) up to ``MAX_RESTARTS`` times
 per ``RESTART_WINDOW_S``; beyond that it is marked failed and the controller replaces it. The
@@ -96,6 +97,7 @@ from gshare.runtime.node.supervision import (
     MAX_RESTARTS,
     MONITOR_PERIOD_S,
     START_TIMEOUT_S,
+    STARTING_CHECK_S,
     Managed,
     exit_reason,
     read_memory_samples,
@@ -230,6 +232,8 @@ class NodeAgent:
         self._model_store: ModelStore | None = None
         self._key_locks: dict[str, threading.Lock] = {}
         self._stop = threading.Event()
+        self._forked = threading.Event()
+        """Set when an instance was forked: the monitor looks for its ``.ready`` file at once."""
         self.launcher_kind = launcher
         self._actor_cls: Any = None
         """``ray.remote(InstanceActor)`` (``launcher="ray"``)."""
@@ -503,6 +507,7 @@ class NodeAgent:
                 m.proc = psutil.Process(pid)
             if m.state is InstanceState.STOPPED:
                 self._kill(m)
+        self._forked.set()
 
     def _put_weights(self, launch: InstanceLaunch) -> str | None:
         """The function's weights into the node's store (``node.tasks``); their key. A user
@@ -569,6 +574,7 @@ class NodeAgent:
 
     def shutdown(self) -> None:
         self._stop.set()
+        self._forked.set()  # wakes the monitor
         with self._lock:
             ids = list(self._instances)
         for iid in ids:
@@ -592,27 +598,51 @@ class NodeAgent:
     # -- monitor ---------------------------------------------------------------------------------
 
     def _monitor_loop(self) -> None:
-        while not self._stop.wait(MONITOR_PERIOD_S):
+        """Every ``MONITOR_PERIOD_S`` every instance (``_check``); in between, every
+        ``STARTING_CHECK_S`` while a forked instance starts, its ``.ready`` file alone."""
+        next_full_s = time.monotonic()
+        while True:
             with self._lock:
-                items = list(self._instances.items())
-            for _iid, m in items:
+                items = list(self._instances.values())
+            starting = [m for m in items if m.state is InstanceState.STARTING and m.pid is not None]
+            wait_s = max(0.0, next_full_s - time.monotonic())
+            if starting:
+                wait_s = min(wait_s, STARTING_CHECK_S)
+            self._forked.wait(wait_s)
+            self._forked.clear()
+            if self._stop.is_set():
+                return
+            full = time.monotonic() >= next_full_s
+            if full:
+                next_full_s = time.monotonic() + MONITOR_PERIOD_S
+            for m in items if full else starting:
                 try:
-                    self._check(m, psutil)
+                    if full:
+                        self._check(m, psutil)
+                    else:
+                        self._take_ready(m)
                 except Exception as e:  # keep monitoring the others
                     log.warning("monitor: %s", e)
+
+    def _take_ready(self, m: Managed) -> bool:
+        """A forked instance that wrote its ``.ready`` file is READY (True)."""
+        info = read_ready(m)
+        if info is None:
+            return False
+        with self._lock:
+            if m.state is InstanceState.STARTING:
+                m.info = info
+                m.state = InstanceState.READY
+                m.error = None
+        return True
 
     def _check(self, m: Managed, psutil: ModuleType) -> None:
         if (
             m.state is InstanceState.STARTING and m.pid is not None
         ):  # forked: its .ready file says when
-            info = read_ready(m)
-            if info is not None:
-                with self._lock:
-                    if m.state is InstanceState.STARTING:
-                        m.info = info
-                        m.state = InstanceState.READY
-                        m.error = None
-            elif not self._alive(m, psutil):
+            if self._take_ready(m):
+                return
+            if not self._alive(m, psutil):
                 reason = exit_reason(m, "failed to start: the process exited")
                 self._on_death(m, f"{reason} (log: {self._log_path(m.launch)})", start_failure=True)
             elif time.monotonic() - m.started_s > START_TIMEOUT_S:

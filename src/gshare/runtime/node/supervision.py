@@ -2,8 +2,9 @@
 one managed instance, what the instance's files next to its socket say, and the restart rule.
 
 Who uses it: ``NodeAgent`` keeps one ``Managed`` per instance and its monitor thread calls
-``read_ready`` / ``exit_reason`` / ``read_memory_samples`` every ``MONITOR_PERIOD_S``; when a
-process died it asks ``restart_refused`` whether the instance is restarted in place or failed.
+``read_ready`` / ``exit_reason`` / ``read_memory_samples`` every ``MONITOR_PERIOD_S``
+(``read_ready`` every ``STARTING_CHECK_S`` while an instance starts); when a process died it
+asks ``restart_refused`` whether the instance is restarted in place or failed.
 What must hold: an instance is restarted at most ``MAX_RESTARTS`` times per
 ``RESTART_WINDOW_S``, and a first start that fails is not retried (the controller backs the
 function off instead).
@@ -27,6 +28,10 @@ from gshare.runtime.messages import InstanceState
 
 MONITOR_PERIOD_S = 0.2
 """How often the agent checks that its instances' processes are alive."""
+STARTING_CHECK_S = 0.01
+"""How often, while a forked instance starts, the agent looks for its ``.ready`` file (a stat:
+an instance is ready ~60 ms after its fork, and ``MONITOR_PERIOD_S`` alone added up to 200 ms
+to every cold start)."""
 MAX_RESTARTS = 3
 """Restarts of one instance allowed within ``RESTART_WINDOW_S``; more mark it failed."""
 RESTART_WINDOW_S = 60.0
