@@ -22,7 +22,8 @@ first; its figure is ``sim``, the others give the 90 % interval). Scenarios:
   ``--priority-sharing tokens`` (the token scheduler's priorities, which the simulator runs);
   scored: the high class's p50, p99 and hit rate (full run only);
 * ``llm-autoscale`` — ``bench/autoscale_live.py``'s LLM-trace segment with ``gshare-burst``
-  (``_autoscale``: the same code; 180 s, full run only), each live server first measuring the
+  (``_autoscale``: the same code; 180 s at ``LLM_RATE_RPS`` mean, full run only), each live
+  server first measuring the
   busy time per request and the platform latency under the segment's load on another function,
   and the platform's serial stage on bursts of simultaneous requests (``run_live``'s
   calibration); scored: SLO violations, mean instances, p50, p99. The summary records each live
@@ -57,7 +58,7 @@ import numpy as np
 import _autoscale
 import twin
 from _common import bench_parser, machine_load, print_table, write_json
-from gshare.experiments.fidelity import score, within_all
+from gshare.experiments.fidelity import busy_factors_by_gap, score, within_all
 from gshare.experiments.scenario_load import deploy, run_load
 from gshare.experiments.scenario_sim import fetch_live_profiles, function_profiles, simulate
 from gshare.profiles import ProfilePoint
@@ -249,10 +250,16 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
     return _scores("priority-pair", fig[:seeds], fig[seeds:])
 
 
+LLM_RATE_RPS = 10.0
+"""The LLM segment's mean rate. ``bench/autoscale_live.py`` takes 10 % of the warm-up's measured
+throughput by default; here it is fixed, so that runs on one machine are comparable (that rule
+gave 5.4-14.6 requests/s over one day's runs, and the segment's tail moved with it)."""
+
 LLM_INPUTS = (
     "requests", "errors", "slo_violation_pct", "mean_instances", "p50_ms", "p99_ms",
     "throughput_rps_per_instance",
     "busy_ms_per_request", "busy_ms_per_request_under_load", "busy_ms_under_load_calibration",
+    "busy_samples_ms_calibration",
     "platform_ms_under_load", "platform_serial_ms", "platform_ms", "cold_start_ms", "answers",
     "replicas",
 )  # fmt: skip
@@ -269,31 +276,24 @@ def run_llm(
     **model: Any,
 ) -> list[Any]:
     """``llm-autoscale`` (module doc): two live servers with ``gshare-burst`` on the segment
-    the first one's measured throughput sets, then K simulated seeds of it (``model``: more
+    at ``LLM_RATE_RPS``, then K simulated seeds of it (``model``: more
     ``ClusterConfig`` fields). ``inputs``: filled with the segment and each live server's
     figures and measurements (``LLM_INPUTS``); ``replay``: such a record of an earlier run,
     simulated again instead of running live."""
     seconds = 30.0 if quick else 180.0
-    chosen: dict[str, float] = {}
-
-    def make(tput: float) -> np.ndarray:
-        chosen["tput"] = tput
-        return _autoscale.segment(min(40.0, 0.1 * tput), seconds, 0.0)
-
-    times: np.ndarray | None = None
+    times = _autoscale.segment(LLM_RATE_RPS, seconds, 0.0)
     lives: list[dict[str, Any]] = []
     if replay is not None:
         times = np.asarray(replay["times_ms"], dtype=float)
         lives = [dict(lv) for lv in replay["lives"]]
-        chosen["tput"] = float(lives[0]["throughput_rps_per_instance"])
     for i in range(LIVE_RUNS if replay is None else 0):
         loads.append(_load())
-        times, live = _autoscale.run_live(
-            "gshare-burst", times, 4, tmp / f"llm-{i}", make, calibrate_under_load=True
+        _, live = _autoscale.run_live(
+            "gshare-burst", times, 4, tmp / f"llm-{i}", calibrate_under_load=True
         )
         loads.append(_load())
         lives.append(live)
-    assert times is not None
+    chosen = {"tput": float(lives[0]["throughput_rps_per_instance"])}
     inputs["times_ms"] = [float(t) for t in times]
     inputs["lives"] = [{k: lv.get(k) for k in LLM_INPUTS} for lv in lives]
 
@@ -312,16 +312,24 @@ def run_llm(
     # stage (``sim.gateway``): the same server's burst probe fits its service time (1.2-1.3 ms
     # a request), and the platform samples are taken less their waits in it at the
     # calibration's own bursts; the simulator adds the waits back at the segment's bursts.
+    # The live controller's throughput follows the gateway's estimate of the busy time (the
+    # mean over the last ~10 answers, ``policy.autoscale.measured``), which the spread of the
+    # per-request busy times moves by ±30 %; that busy time depends on the idle gap before the
+    # request (``experiments.fidelity.busy_factors_by_gap``, fitted on the calibration's
+    # answers), and the simulated instances and controller do both.
     def measured(k: int) -> dict[str, Any]:
         lv = lives[k % len(lives)]
         tput = (
             float(_autoscale.SHARE["quota_request"]) * 1000.0 / lv["busy_ms_under_load_calibration"]
         )
+        samples = lv.get("busy_samples_ms_calibration") or []
+        gap_factors = busy_factors_by_gap([a for a, _ in samples], [b for _, b in samples])
         return {
             "tput_rps": tput,
             "platform_ms": tuple(lv["platform_ms_under_load"]),
             "platform_serial_ms": lv["platform_serial_ms"],
             "cold_start_ms": lv.get("cold_start_ms"),
+            "busy_gap_factors": gap_factors,
         }
 
     sims = []
@@ -331,9 +339,14 @@ def run_llm(
             "platform_ms": m["platform_ms"],
             "platform_serial_ms": m["platform_serial_ms"],
             "cold_start_ms": m["cold_start_ms"],
+            "busy_gap_factors": m["busy_gap_factors"],
             **model,
         }
-        sims.append(_autoscale.run_sim("gshare-burst", times, 4, m["tput_rps"], k, **cluster))
+        sims.append(
+            _autoscale.run_sim(
+                "gshare-burst", times, 4, m["tput_rps"], k, throughput_from_busy=True, **cluster
+            )
+        )
     keys = {
         "slo_violation_pct": "slo_violation_pct",
         "mean_instances": "mean_instances",

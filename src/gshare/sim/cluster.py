@@ -27,12 +27,13 @@ time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
 
 from gshare.policy import autoscale
+from gshare.policy.autoscale.measured import config_from_busy, next_busy_ms_per_request
 from gshare.policy.control import (
     ControlDecision,
     ControlParams,
@@ -73,6 +74,11 @@ class SimFunction:
     priority: int = 0
     """Token priority of its instances (the spec's ``priority``: higher is served first by
     ``policy.tokens``, as the live token server does with ``--priority-sharing tokens``)."""
+    throughput_from_busy: bool = False
+    """Its configs' throughputs follow the busy time its instances measure, as ``gshare serve``
+    estimates them for a function it has not profiled (``policy.autoscale.measured``: every
+    period, from the mean over the last answers); until the first answer, ``configs`` as
+    given. False: ``configs`` always."""
 
 
 LIVE_FORK_COLD_START_MS: Final[float] = 360.0
@@ -102,6 +108,9 @@ class ClusterConfig:
     with ``policy.tokens.LIVE_TOKEN_CONFIG`` the simulator runs the runtime's token protocol)."""
     interference: InterferenceModel = field(default_factory=InterferenceModel)
     noise_sigma: float = 0.0
+    busy_gap_factors: tuple[tuple[float, float], ...] = ()
+    """Multipliers of a batch's busy time by the instance's idle gap before it
+    (``sim.instance.InstanceConfig.busy_gap_factors``); empty: none."""
     launch: LaunchGating | None = field(default_factory=LaunchGating)
     """Burst model of instances (default: launch-gated, validated by ``token-fidelity``)."""
     token_wakeup_ms: float = DEFAULT_WAKEUP_MS
@@ -184,6 +193,10 @@ class SimCluster:
         self._live: dict[str, _Live] = {}
         self._control: dict[str, ControlState] = {}
         self._last_arrivals: dict[str, int] = {}
+        self._busy_ms: dict[str, float] = {}
+        """Per function with ``throughput_from_busy``: the busy-time estimate (ms/request)."""
+        self._configs_now: dict[str, tuple[autoscale.ScaleConfig, ...]] = {}
+        """Per such function: its configs at the last period (``_configs``)."""
         self._next_id = 0
         self._migrated_out: set[int] = set()
         self.migrations = 0
@@ -245,6 +258,19 @@ class SimCluster:
         """``policy.control.control_step`` for ``fn``, then apply its decision."""
         gw = self.gateway
         last_ms = gw.last_activity_ms.get(fn.name)
+        configs = self._configs(fn, period_tick=arrivals is not None)
+        running = self._running(fn.name)
+        if fn.throughput_from_busy:  # the running instances at their config's new throughput
+            by_key = {(c.sm_pct, c.quota_pct, c.batch): c for c in configs}
+            running = [
+                replace(
+                    i,
+                    config=by_key.get(
+                        (i.config.sm_pct, i.config.quota_pct, i.config.batch), i.config
+                    ),
+                )
+                for i in running
+            ]
         obs = FunctionObservation(
             function=fn.name,
             arrivals=arrivals,
@@ -252,8 +278,8 @@ class SimCluster:
             idle_since_s=None if last_ms is None else last_ms / 1000.0,
             outstanding=gw.outstanding.get(fn.name, 0),
             queued=gw.pending(fn.name),
-            running=self._running(fn.name),
-            configs=fn.configs,
+            running=running,
+            configs=configs,
             min_instances=fn.min_instances,
             max_instances=fn.max_instances,
             keep_alive_s=fn.keep_alive_s,
@@ -268,6 +294,24 @@ class SimCluster:
         for cfg in decision.add:
             self._start(fn, cfg)
         return decision
+
+    def _configs(self, fn: SimFunction, *, period_tick: bool) -> tuple[autoscale.ScaleConfig, ...]:
+        """``fn``'s configs as the controller sees them: with ``throughput_from_busy``,
+        re-estimated at every period tick (``runtime.control.loop`` refreshes them there too)."""
+        if not fn.throughput_from_busy:
+            return fn.configs
+        busy = self._busy_ms.get(fn.name)
+        if period_tick and busy is not None:
+            self._configs_now[fn.name] = tuple(
+                config_from_busy(c.sm_pct, c.quota_pct, c.batch, busy) for c in fn.configs
+            )
+        return self._configs_now.get(fn.name, fn.configs)
+
+    def _on_batch_busy(self, inst: SimInstance, busy_ms: float, size: int) -> None:
+        """A batch was answered: every answer folds into the estimate, as the live gateway's."""
+        name = inst.config.function
+        for _ in range(size):
+            self._busy_ms[name] = next_busy_ms_per_request(self._busy_ms.get(name), busy_ms, size)
 
     def _on_cold(self, function: str) -> None:
         """The gateway queued a request for a function with no instance (a cold start)."""
@@ -325,6 +369,7 @@ class SimCluster:
                 priority=fn.priority,
                 cold_start_ms=self.config.cold_start_ms,
                 noise_sigma=self.config.noise_sigma,
+                busy_gap_factors=self.config.busy_gap_factors,
                 launch=self.config.launch,
             ),
             self.profiles,
@@ -332,6 +377,8 @@ class SimCluster:
             self.gateway.completed,
         )
         inst.on_stopped = self._on_stopped
+        if fn.throughput_from_busy:
+            inst.on_batch_busy = self._on_batch_busy
         self.instances_started += 1
         self._live[iid] = _Live(inst, autoscale.Instance(iid, fn.name, cfg), gpu_index)
         self.gateway.add_instance(inst)

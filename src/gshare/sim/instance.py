@@ -114,6 +114,12 @@ class InstanceConfig:
     cold_start_ms: float = 0.0
     noise_sigma: float = 0.0
     """Relative standard deviation of a burst's duration."""
+    busy_gap_factors: tuple[tuple[float, float], ...] = ()
+    """(idle gap upper bound ms, factor) rows, bounds ascending: a batch's busy time is
+    multiplied by the factor of the first row whose bound is at least the time since the
+    instance's previous batch ended (its first batch: the last row). A live CPU instance computes
+    faster right after its last request (``experiments.fidelity.busy_factors_by_gap``); empty:
+    no such factor."""
     launch: LaunchGating | None = None
     """Burst model (see the module docstring); None = whole burst token-gated."""
 
@@ -146,6 +152,11 @@ class SimInstance:
         self.started_ms = loop.now_ms
         self.on_ready: Callable[[SimInstance], None] | None = None
         self.on_stopped: Callable[[SimInstance], None] | None = None
+        self.on_batch_busy: Callable[[SimInstance, float, int], None] | None = None
+        """Called when a batch is answered: (this instance, the batch's busy ms, its size)."""
+        self._in_flight_busy_ms = 0.0
+        self._last_done_ms: float | None = None
+        """When its previous batch was answered (None: none yet)."""
         self._timer_at: float | None = None
         self._work_cache: dict[int, float] = {}
         self._launch_floor_ms: float | None = None
@@ -195,6 +206,11 @@ class SimInstance:
             self._work_cache[n] = base
         if self.config.noise_sigma > 0:
             base *= max(0.1, 1.0 + self.config.noise_sigma * float(self.rng.standard_normal()))
+        rows = self.config.busy_gap_factors
+        if rows:
+            last = self._last_done_ms
+            gap_ms = float("inf") if last is None else self.loop.now_ms - last
+            base *= next((f for bound, f in rows if gap_ms <= bound), rows[-1][1])
         return base
 
     def _maybe_dispatch(self) -> None:
@@ -215,7 +231,7 @@ class SimInstance:
         for r in self.in_flight:
             r.start_ms = now
             r.instance_id = self.instance_id
-        work = self._work_ms(n)
+        work = self._in_flight_busy_ms = self._work_ms(n)
         if c.launch is None:
             self.gpu.run_burst(self.instance_id, work, self._on_batch_done)
             return
@@ -235,6 +251,9 @@ class SimInstance:
     def _on_batch_done(self) -> None:
         now = self.loop.now_ms
         done, self.in_flight = self.in_flight, []
+        self._last_done_ms = now
+        if self.on_batch_busy is not None and done:
+            self.on_batch_busy(self, self._in_flight_busy_ms, len(done))
         for r in done:
             r.finish_ms = now
             self.on_complete(r)

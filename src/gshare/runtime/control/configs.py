@@ -27,6 +27,7 @@ import contextlib
 from dataclasses import dataclass
 
 from gshare.policy import autoscale
+from gshare.policy.autoscale.measured import config_from_busy
 from gshare.profiles import ProfileError, ProfileTable
 from gshare.resources import GpuShare
 from gshare.runtime.messages import ConfigSource
@@ -119,8 +120,7 @@ def config_at(
             lat = table.latency_ms(name, share.sm_pct, q_pct, batch)
             return autoscale.ScaleConfig(share.sm_pct, q_pct, batch, batch * 1000.0 / lat, lat)
     per_item = busy_ms_per_request or DEFAULT_BUSY_MS_PER_REQUEST
-    t = share.quota_request * 1000.0 / max(per_item, 1e-3)
-    return autoscale.ScaleConfig(share.sm_pct, q_pct, batch, t, batch * 1000.0 / t)
+    return config_from_busy(share.sm_pct, q_pct, batch, per_item)
 
 
 def share_for(spec: FunctionSpec, cfg: autoscale.ScaleConfig, source: ConfigSource) -> GpuShare:

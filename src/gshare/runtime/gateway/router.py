@@ -49,6 +49,7 @@ from gshare.policy.admission import (
     ServiceEstimate,
     admit,
 )
+from gshare.policy.autoscale.measured import next_busy_ms_per_request
 from gshare.policy.routing import Candidate, choose_instance
 from gshare.runtime.gateway.channel import InstanceChannel, Pending, connect_unix
 from gshare.runtime.gateway.errors import HttpError, overloaded
@@ -584,9 +585,8 @@ class Gateway:
         if status == P.ST_OK:
             q_ms, tw_ms, ex_ms, batch = m
             if r is not None and batch > 0:
-                per = ex_ms / batch
-                r.exec_ms_per_item = (
-                    per if r.exec_ms_per_item is None else 0.9 * r.exec_ms_per_item + 0.1 * per
+                r.exec_ms_per_item = next_busy_ms_per_request(
+                    r.exec_ms_per_item, max(0.0, ex_ms), batch
                 )
         if not p.future.done():
             p.future.set_result((status, enc, payload, m))
