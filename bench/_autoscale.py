@@ -193,9 +193,7 @@ def run_live(
         assert times_ms is not None
         busy_cal, plat_cal, serial_ms, cold_ms, busy_samples = None, None, None, None, None
         if calibrate_under_load:
-            busy_cal, plat_cal, serial_ms, cold_ms, busy_samples = _under_load(
-                srv, c, times_ms, max_instances
-            )
+            busy_cal, plat_cal, serial_ms, cold_ms, busy_samples = _under_load(srv, c, times_ms)
         samples: list[int] = []
         sampled_at_s: list[float] = []
         stop = threading.Event()
@@ -210,7 +208,9 @@ def run_live(
 
         th = threading.Thread(target=sample, daemon=True)
         th.start()
-        results = asyncio.run(_replay(srv.url, name, times_ms))
+        seg_platform: list[tuple[float, float]] = []
+        seg_busy: list[tuple[float, float]] = []
+        results = asyncio.run(_replay(srv.url, name, times_ms, seg_platform, seg_busy))
         stop.set()
         th.join()
         # the busy time per request under the segment's load (the warm-up's is measured at a
@@ -239,13 +239,17 @@ def run_live(
         "platform_serial_ms": serial_ms,
         "cold_start_ms": cold_ms,
         "answers": [[round(at, 3), round(lat, 3), st] for at, lat, st in results],
+        # diagnostics (the simulator does not read them): the segment's own platform share and
+        # busy time per answer, beside the calibration's
+        "segment_platform_ms": [[round(at, 3), round(ms, 4)] for at, ms in seg_platform],
+        "segment_busy_ms": [[round(at, 3), round(ms, 4)] for at, ms in seg_busy],
         "replicas": [[t, n] for t, n in zip(sampled_at_s, samples, strict=True)],
         "platform_ms": platform_ms,
     }
 
 
 def _under_load(
-    srv: ServeProcess, c: Any, times_ms: np.ndarray, max_instances: int
+    srv: ServeProcess, c: Any, times_ms: np.ndarray
 ) -> tuple[float, list[float], float, float, list[list[float]]]:
     """``run_live``'s under-load calibration (its docstring): busy ms per request; the platform
     latency samples (ms) of the answered requests after the first quarter, each less its wait
@@ -253,7 +257,9 @@ def _under_load(
     cold start (ms: the new function's first request, answered by an instance started for it,
     less the platform's median); each answered request's (scheduled ms, busy ms)."""
     cal = "live-cal"
-    c.deploy(function_spec(cal, max_instances))
+    # one instance: each answer's busy time goes with the gap since that instance's previous
+    # request (``busy_factors_by_gap`` classes by the function's arrivals)
+    c.deploy(function_spec(cal, 1))
     t0 = time.perf_counter()
     c.invoke_raw(cal, BODY)  # its instance is up
     first_ms = (time.perf_counter() - t0) * 1000.0

@@ -4,6 +4,7 @@ intervals of ``gshare simulate --seeds``."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from gshare.cli import main
 from gshare.experiments.fidelity import (
     BOUNDS,
+    busy_factors_by_gap,
     fifo_waits_ms,
     fit_serial_ms,
     interval,
@@ -139,3 +141,42 @@ def test_the_serial_stage_is_fitted_from_the_bursts_means() -> None:
     assert fit_serial_ms([(1, 3.0), (8, 2.0)]) == 0.0
     with pytest.raises(ValueError, match="two sizes"):
         fit_serial_ms([(4, 3.0), (4, 5.0)])
+
+
+def test_busy_factors_class_each_request_by_the_gap_before_it() -> None:
+    # arrivals 0, 0.5, 1.0 (gaps inf, 0.5, 0.5), then 50 (gap 49), then 50.2 (gap 0.2)
+    arrivals = [0.0, 0.5, 1.0, 50.0, 50.2]
+    busy = [4.0, 1.0, 1.0, 3.0, 1.0]  # mean 2.0
+    rows = busy_factors_by_gap(arrivals, busy, bounds_ms=(1.0, 10.0, 100.0, math.inf))
+    assert [b for b, _ in rows] == [1.0, 10.0, 100.0, math.inf]
+    factors = dict(rows)
+    assert factors[1.0] == pytest.approx(0.5)  # three requests under 1 ms after the previous
+    assert factors[100.0] == pytest.approx(1.5)  # the one after 49 ms
+    assert factors[math.inf] == pytest.approx(2.0)  # the first (no previous request)
+    assert factors[10.0] == factors[1.0]  # no request: the class below it
+    # the answers may come in any order: only the arrivals order them
+    assert busy_factors_by_gap(arrivals[::-1], busy[::-1], (1.0, 10.0, 100.0, math.inf)) == rows
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 1e4), st.floats(0.01, 10.0)), min_size=1, max_size=60))
+def test_busy_factors_weighted_by_their_requests_average_one(
+    pairs: list[tuple[float, float]],
+) -> None:
+    arrivals, busy = [a for a, _ in pairs], [b for _, b in pairs]
+    rows = busy_factors_by_gap(arrivals, busy)
+    # reclass the requests as the fit does: their factors, weighted, give back the mean
+    order = sorted(zip(arrivals, busy, strict=True))
+    total, previous = 0.0, None
+    for at, _ in order:
+        gap = math.inf if previous is None else at - previous
+        previous = at
+        total += next(f for bound, f in rows if gap <= bound)
+    assert total / len(order) == pytest.approx(1.0)
+
+
+def test_busy_factors_refuse_mismatched_inputs() -> None:
+    with pytest.raises(ValueError, match="arrivals"):
+        busy_factors_by_gap([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="ascending"):
+        busy_factors_by_gap([1.0], [1.0], bounds_ms=(10.0, 1.0))
+    assert busy_factors_by_gap([], []) == ()

@@ -125,3 +125,50 @@ def test_the_serial_stage_delays_a_bursts_later_requests_by_the_fifo_waits() -> 
 def test_a_negative_serial_stage_is_refused_with_its_name() -> None:
     with pytest.raises(ValueError, match="platform_serial_ms"):
         _burst_run(-1.0, [1.0])
+
+
+def test_a_batch_right_after_the_previous_one_takes_its_gap_classs_busy_time() -> None:
+    # 2 ms a request; after a gap of at most 1 ms half of it, after more (or first) 1.5x
+    rows = ((1.0, 0.5), (float("inf"), 1.5))
+    arrivals = [100.0, 100.0, 100.0, 500.0]  # a burst of three, then one alone
+    runs = _one_instance_run(2.0, arrivals, busy_gap_factors=rows)
+    busy = [r.finish_ms - r.start_ms for r in runs]
+    # the first found the instance idle; the next two started as the previous one ended
+    assert busy == pytest.approx([3.0, 1.0, 1.0, 3.0])
+    plain = _one_instance_run(2.0, arrivals)
+    assert [r.finish_ms - r.start_ms for r in plain] == pytest.approx([2.0] * 4)
+
+
+def _estimate_run(busy_ms: float, throughput_from_busy: bool) -> SimCluster:
+    """One CPU-runtime function whose config says 1 ms a request (1,000 requests/s at quota
+    100 %) while its instances take ``busy_ms``; 300 requests/s for 3 s, up to 4 instances."""
+    loop = EventLoop()
+    table = ProfileTable([ProfilePoint("m", 100.0, 100.0, 1, busy_ms)])
+    cfg = ScaleConfig(sm_pct=100.0, quota_pct=100.0, batch=1, throughput_rps=1000.0,
+                      latency_ms=1.0)  # fmt: skip
+    cluster = SimCluster(
+        loop, table,
+        ClusterConfig(max_gpus=4, cold_start_ms=0.0, **cpu_runtime_fields()),  # type: ignore[arg-type]
+        np.random.default_rng(1),
+    )  # fmt: skip
+    cluster.add_function(
+        SimFunction("m", "m", 1e9, (cfg,), min_instances=1, max_instances=4,
+                    throughput_from_busy=throughput_from_busy)
+    )  # fmt: skip
+    drive_open_loop(loop, cluster.gateway, "m", list(np.arange(1.0, 3_000.0, 1000.0 / 300.0)))
+    cluster.start(until_ms=3_000.0)
+    loop.run(until_ms=3_000.0)
+    return cluster
+
+
+def test_the_controller_follows_the_measured_busy_time_when_asked() -> None:
+    # the instances take 5 ms a request (200 requests/s each) where the config says 1 ms
+    fixed = _estimate_run(5.0, throughput_from_busy=False)
+    measured = _estimate_run(5.0, throughput_from_busy=True)
+    most = {name: max(r["instances"] for r in c.timeline) for name, c in
+            (("fixed", fixed), ("measured", measured))}  # fmt: skip
+    assert most["fixed"] == 1  # 1,000 requests/s on paper: one instance covers 300
+    assert most["measured"] >= 2  # 200 each as measured: more are started
+    # an instance as fast as its config: the estimate changes nothing
+    same = _estimate_run(1.0, throughput_from_busy=True)
+    assert max(r["instances"] for r in same.timeline) == 1

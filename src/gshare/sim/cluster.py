@@ -121,6 +121,9 @@ class ClusterConfig:
     platform_serial_ms: float = 0.0
     """The platform's serial work per request (``sim.gateway``: a FIFO stage before routing, so a
     burst's later requests wait for the earlier ones); 0: none."""
+    rotate_route_ties: bool = False
+    """Routing ties spread round-robin, as ``gshare serve``'s gateway does (``sim.gateway``);
+    False: to the first instance, as the papers' experiments were run."""
     admission_slo_factor: float | None = None
     """The gateway's SLO-aware admission (``sim.gateway``): shed a request predicted to take
     over this many SLOs, as ``gshare serve`` does (its default:
@@ -132,8 +135,9 @@ def cpu_runtime_fields() -> dict[str, Any]:
     """``ClusterConfig`` fields that simulate the live runtime's instances on the CPU device
     (``gshare serve`` on a machine without a GPU): the runtime's token protocol
     (``LIVE_TOKEN_CONFIG``, token reuse), the whole burst token-gated (``launch=None``: a CPU
-    ``predict`` has no device queue that drains without a token), no GPU interference, and
-    the CPU grant latency ``CPU_RUNTIME_WAKEUP_MS``. Who calls it: ``gshare simulate`` for a
+    ``predict`` has no device queue that drains without a token), no GPU interference, the
+    CPU grant latency ``CPU_RUNTIME_WAKEUP_MS``, and the live gateway's round-robin of routing
+    ties. Who calls it: ``gshare simulate`` for a
     scenario whose functions all say ``device: cpu``, and ``bench/_autoscale.py``.
 
     NOTE — the CPU runtime's burst model. The defaults (launch-gated bursts, ``launch_scale``
@@ -151,6 +155,7 @@ def cpu_runtime_fields() -> dict[str, Any]:
         "token_config": LIVE_TOKEN_CONFIG,
         "token_reuse": True,
         "interference": InterferenceModel(enabled=False),
+        "rotate_route_ties": True,
     }
 
 
@@ -181,6 +186,7 @@ class SimCluster:
             config.platform_ms,
             rng.spawn(1)[0] if config.platform_ms else None,  # leaves rng's own draws as they were
             config.platform_serial_ms,
+            config.rotate_route_ties,
         )
         self.placer = make_placer(config.placer, max_gpus=config.max_gpus)
         self.scale = (

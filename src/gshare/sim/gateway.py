@@ -2,7 +2,8 @@
 
 Routing is ``policy.routing.choose_instance`` (the live gateway's rule): join the shortest
 queue among ready instances, ties by instance id for determinism (the instances are kept sorted
-by id); while a function has only instances that are still starting, the request waits in the
+by id), or with ``rotate_ties`` round-robin as the live gateway spreads them; while a function
+has only instances that are still starting, the request waits in the
 queue of the least loaded of them (it is served after the cold start); while it has none at
 all, the request waits at the gateway (``on_cold`` tells the controller at once) and is handed
 to the first instance that is added. Nothing accepted is dropped: ``pending`` counts what is
@@ -67,8 +68,13 @@ class Gateway:
         platform_ms: Sequence[float] = (),
         rng: np.random.Generator | None = None,
         platform_serial_ms: float = 0.0,
+        rotate_ties: bool = False,
     ) -> None:
         self.loop = loop
+        self.rotate_ties = rotate_ties
+        """Spread routing ties round-robin (a start that moves by one per request, as the live
+        gateway's ``_pick``); False: ties go to the first instance (module doc)."""
+        self._rr: dict[str, int] = {}
         self.platform_ms = tuple(float(x) for x in platform_ms)
         """Per-request platform latency samples (module doc); empty: none."""
         if any(not x >= 0 for x in self.platform_ms):
@@ -169,8 +175,11 @@ class Gateway:
         self.outstanding[function] += 1
         self.log.submitted += 1
         live = [i for i in self._instances[function] if not i.draining and not i.stopped]
+        start = 0
+        if self.rotate_ties and len(live) > 1:
+            start = self._rr[function] = (self._rr.get(function, 0) + 1) % len(live)
         pick = choose_instance(
-            [Candidate(i.outstanding, i.ready) for i in live], wait_at_starting=True
+            [Candidate(i.outstanding, i.ready) for i in live], start, wait_at_starting=True
         )
         if pick is None:
             self._pending[function].append(req)
