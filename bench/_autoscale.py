@@ -343,7 +343,9 @@ def run_sim(
     ``cluster``: more ``ClusterConfig`` fields (``bench/fidelity.py`` passes the CPU burst
     model and the busy-time noise); ``throughput_from_busy``: the simulated controller estimates
     the throughput from its instances' busy times as the live one does
-    (``SimFunction.throughput_from_busy``), starting from ``tput_rps``."""
+    (``SimFunction.throughput_from_busy``), starting from ``tput_rps``. Besides the figures,
+    ``sim_instances``: (s from the segment's start, instances) per control period, to set beside
+    the live server's replica samples."""
     batch = int(BATCH["max_batch"])
     cfg_sm, cfg_q = float(SHARE["sm_pct"]), float(SHARE["quota_request"]) * 100.0
     busy_ms = service_busy_ms or (cfg_q / 100.0) * 1000.0 / tput_rps

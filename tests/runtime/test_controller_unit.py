@@ -13,12 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gshare.policy.control import ControlParams
-from gshare.runtime.control.loop import (
-    STARTING_POLL_MIN_S,
-    STARTING_POLL_S,
-    Controller,
-    starting_poll_s,
-)
+from gshare.runtime.control.loop import Controller
+from gshare.runtime.control.observe import STARTING_POLL_MIN_S, STARTING_POLL_S, starting_poll_s
 from gshare.runtime.control.records import ControllerConfig
 from gshare.runtime.control.state import StateStore
 from gshare.runtime.gateway.errors import HttpError

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from gshare.sim.instance import gap_class
 from gshare.stats import percentile
 
 Kind = Literal["rel", "pp"]
@@ -181,8 +182,7 @@ def busy_factors_by_gap(
     for at, b in pairs:
         gap = math.inf if previous is None else at - previous
         previous = at
-        k = next((i for i, bound in enumerate(bounds_ms) if gap <= bound), len(bounds_ms) - 1)
-        classes[k].append(b)
+        classes[gap_class(bounds_ms, gap)].append(b)
     mean = statistics.fmean(busy_ms)
     if mean <= 0:
         return ()

@@ -27,13 +27,17 @@ time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 
 from gshare.policy import autoscale
-from gshare.policy.autoscale.measured import config_from_busy, next_busy_ms_per_request
+from gshare.policy.autoscale.measured import (
+    at_current_configs,
+    config_from_busy,
+    next_busy_ms_per_request,
+)
 from gshare.policy.control import (
     ControlDecision,
     ControlParams,
@@ -270,16 +274,7 @@ class SimCluster:
         configs = self._configs(fn, period_tick=arrivals is not None)
         running = self._running(fn.name)
         if fn.throughput_from_busy:  # the running instances at their config's new throughput
-            by_key = {(c.sm_pct, c.quota_pct, c.batch): c for c in configs}
-            running = [
-                replace(
-                    i,
-                    config=by_key.get(
-                        (i.config.sm_pct, i.config.quota_pct, i.config.batch), i.config
-                    ),
-                )
-                for i in running
-            ]
+            running = at_current_configs(running, configs)
         obs = FunctionObservation(
             function=fn.name,
             arrivals=arrivals,

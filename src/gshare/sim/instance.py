@@ -25,8 +25,9 @@ Two burst models (``InstanceConfig.launch``):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +103,13 @@ class LaunchGating:
         return self.launch_scale * ref * float((floor_ms / ref) ** self.launch_exponent)
 
 
+def gap_class(bounds_ms: Sequence[float], gap_ms: float) -> int:
+    """The idle-gap class of ``gap_ms`` among ascending upper ``bounds_ms``: the first bound at
+    least ``gap_ms``, else the last (``InstanceConfig.busy_gap_factors``; its fit,
+    ``experiments.fidelity.busy_factors_by_gap``, classes alike)."""
+    return min(bisect_left(bounds_ms, gap_ms), len(bounds_ms) - 1)
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceConfig:
     function: str
@@ -157,6 +165,7 @@ class SimInstance:
         self._in_flight_busy_ms = 0.0
         self._last_done_ms: float | None = None
         """When its previous batch was answered (None: none yet)."""
+        self._gap_bounds_ms = tuple(bound for bound, _ in config.busy_gap_factors)
         self._timer_at: float | None = None
         self._work_cache: dict[int, float] = {}
         self._launch_floor_ms: float | None = None
@@ -210,7 +219,7 @@ class SimInstance:
         if rows:
             last = self._last_done_ms
             gap_ms = float("inf") if last is None else self.loop.now_ms - last
-            base *= next((f for bound, f in rows if gap_ms <= bound), rows[-1][1])
+            base *= rows[gap_class(self._gap_bounds_ms, gap_ms)][1]
         return base
 
     def _maybe_dispatch(self) -> None:

@@ -22,9 +22,11 @@ two for the next minute live, whenever the estimate dips at a control period.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final
 
-from gshare.policy.autoscale.core import ScaleConfig
+from gshare.policy.autoscale.core import Instance, ScaleConfig
 
 BUSY_EWMA_WEIGHT: Final[float] = 0.1
 """Weight of the newest answer in the busy-time estimate (about the last ten count)."""
@@ -57,4 +59,26 @@ def config_from_busy(
     return ScaleConfig(sm_pct, quota_pct, batch, throughput, batch * 1000.0 / throughput)
 
 
-__all__ = ["BUSY_EWMA_WEIGHT", "MIN_BUSY_MS", "config_from_busy", "next_busy_ms_per_request"]
+def at_current_configs(
+    running: Sequence[Instance], configs: Sequence[ScaleConfig]
+) -> list[Instance]:
+    """``running`` with each instance's config replaced by the candidate of the same (SM %,
+    quota %, batch), whose throughput is the current estimate; an instance whose config is no
+    longer a candidate keeps its own. Both controllers call it before the autoscaler, so that
+    the fleet's capacity and the candidates are estimated alike."""
+    by_key = {(c.sm_pct, c.quota_pct, c.batch): c for c in configs}
+    return [
+        replace(
+            i, config=by_key.get((i.config.sm_pct, i.config.quota_pct, i.config.batch), i.config)
+        )
+        for i in running
+    ]
+
+
+__all__ = [
+    "BUSY_EWMA_WEIGHT",
+    "MIN_BUSY_MS",
+    "at_current_configs",
+    "config_from_busy",
+    "next_busy_ms_per_request",
+]

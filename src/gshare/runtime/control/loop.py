@@ -38,6 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from gshare.policy import autoscale
+from gshare.policy.autoscale.measured import at_current_configs
 from gshare.policy.control import (
     ControlState,
     FunctionObservation,
@@ -72,6 +73,7 @@ from gshare.runtime.control.observe import (
     record_fikit,
     record_memory,
     record_tokens,
+    starting_poll_s,
 )
 from gshare.runtime.control.records import (
     AgentRef,
@@ -88,19 +90,6 @@ from gshare.runtime.metrics import Metrics
 from gshare.spec import FunctionSpec, SpecError, parse_function_spec
 
 log = logging.getLogger("gshare.controller")
-
-STARTING_POLL_S = 0.25
-"""Longest agent poll interval while an instance is starting (between reconcile periods)."""
-STARTING_POLL_MIN_S = 0.02
-"""Shortest one: an instance asked to start ``age`` seconds ago is polled for every
-``age / 8`` within these bounds (``starting_poll_s``), so a fork ready in 150 ms is seen
-within ~20 ms, and a model that loads for a minute costs four polls a second."""
-
-
-def starting_poll_s(age_s: float) -> float:
-    """The agent poll interval while the youngest starting instance is ``age_s`` old."""
-    return min(STARTING_POLL_S, max(STARTING_POLL_MIN_S, age_s / 8.0))
-
 
 MAX_DEVICES = 256
 """Upper bound of devices the placer tracks (devices of nodes that join later included)."""
@@ -354,15 +343,9 @@ class Controller:
             fs.observed_rps = arrivals / interval_s
             self.refresh_configs(fs)
         configs = fs.configs.configs
-        by_key = {(c.sm_pct, c.quota_pct, c.batch): c for c in configs}
-        running = [
-            autoscale.Instance(
-                i.instance_id,
-                name,
-                by_key.get((i.config.sm_pct, i.config.quota_pct, i.config.batch), i.config),
-            )
-            for i in self.live_of(name)
-        ]
+        running = at_current_configs(
+            [autoscale.Instance(i.instance_id, name, i.config) for i in self.live_of(name)], configs
+        )
         obs = FunctionObservation(
             function=name,
             arrivals=arrivals,

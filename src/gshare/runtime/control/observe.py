@@ -1,14 +1,14 @@
 """Observation: what the node agents report, read into typed observations.
 
 Who calls it: ``Controller.observe`` (every reconcile period, and every ``starting_poll_s``
-while an instance starts). ``poll_agents`` asks each live agent for its ``NodeStatus``;
-``read_node_status`` turns one report, against the controller's records of that node's
-instances, into a list of ``Observation`` in the order they must be applied; the controller
-applies them (``Controller.apply``): instance states (a ready instance is connected to the
-gateway; a crash and restart is counted and logged; a failed start releases the instance, backs
-the function off and, with no other instance, fails its queued requests with the start error),
-the token servers' ``total_used_ms`` (each instance's achieved share over the period), the
-memory reports (``control.memory``) and FIKIT's counters and kernel profile.
+while an instance starts: how often is decided here too). ``poll_agents`` asks each live agent
+for its ``NodeStatus``; ``read_node_status`` turns one report, against the controller's records
+of that node's instances, into a list of ``Observation`` in the order they must be applied; the
+controller applies them (``Controller.apply``): instance states (a ready instance is connected
+to the gateway; a crash and restart is counted and logged; a failed start releases the instance,
+backs the function off and, with no other instance, fails its queued requests with the start
+error), the token servers' ``total_used_ms`` (each instance's achieved share over the period),
+the memory reports (``control.memory``) and FIKIT's counters and kernel profile.
 
 What must hold: ``read_node_status`` reads the records and changes nothing (its tests feed it
 records and a report); ``record_*`` change one record (and count into the metrics they are
@@ -31,6 +31,21 @@ from gshare.runtime.messages import (
     NodeStatus,
 )
 from gshare.runtime.metrics import Metrics
+
+# -- when to poll ------------------------------------------------------------------------------
+
+STARTING_POLL_S = 0.25
+"""Longest agent poll interval while an instance is starting (between reconcile periods)."""
+STARTING_POLL_MIN_S = 0.02
+"""Shortest one: an instance asked to start ``age`` seconds ago is polled for every
+``age / 8`` within these bounds (``starting_poll_s``), so a fork ready in 150 ms is seen
+within ~20 ms, and a model that loads for a minute costs four polls a second."""
+
+
+def starting_poll_s(age_s: float) -> float:
+    """The agent poll interval while the youngest starting instance is ``age_s`` old."""
+    return min(STARTING_POLL_S, max(STARTING_POLL_MIN_S, age_s / 8.0))
+
 
 # -- the observations --------------------------------------------------------------------------
 
@@ -249,4 +264,5 @@ __all__ = [
     "record_fikit",
     "record_memory",
     "record_tokens",
+    "starting_poll_s",
 ]

@@ -74,25 +74,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 import psutil
 
-from gshare.policy.memory import Reservation
 from gshare.policy.tokens import ClientSpec
 from gshare.runtime.instance.launch import InstanceLaunch, launch_to_dict
 from gshare.runtime.instance.walls import WALLS_ENV
-from gshare.runtime.messages import (
-    FikitUsage,
-    InstanceState,
-    InstanceStatus,
-    MemoryUsage,
-    NodeInfo,
-    NodeStatus,
-    TokenUsage,
-)
+from gshare.runtime.messages import InstanceState, NodeInfo, NodeStatus
 from gshare.runtime.native import cuda_deployment_env, deployment_kind, preload_env
 from gshare.runtime.node import tasks as node_tasks
 from gshare.runtime.node.devices import detect_devices, device_memory_mb, instance_device_env
 from gshare.runtime.node.files import DEFAULT_STORE_ROOT, ensure_private_dir, store_dir
 from gshare.runtime.node.launcher import LAUNCHERS, Launcher
 from gshare.runtime.node.partition import mps_available, start_mps_daemon
+from gshare.runtime.node.reports import node_status
 from gshare.runtime.node.supervision import (
     MAX_RESTARTS,
     MONITOR_PERIOD_S,
@@ -325,68 +317,17 @@ class NodeAgent:
         return result
 
     def status(self) -> NodeStatus:
+        """``node.reports.node_status`` of this node (its instances read under the lock)."""
         ledgers = [ts.memory_snapshot() for ts in self.token_servers]
         with self._lock:
-            instances = tuple(
-                InstanceStatus(
-                    instance_id=iid,
-                    function=m.launch.function,
-                    state=m.state,
-                    incarnation=m.launch.incarnation,
-                    device_index=m.launch.device_index,
-                    pid=m.info.get("pid"),
-                    uds_path=m.launch.uds_path,
-                    tcp_port=m.info.get("tcp_port"),
-                    inputs=m.info.get("inputs"),
-                    cores=m.info.get("cores"),
-                    error=m.error,
-                    last_exit=m.last_exit,
-                    restarts=m.total_restarts,
-                    rss_mb=round(m.rss_mb, 1),
-                    memory=self._memory_usage(iid, m, ledgers),
-                    fikit=self._fikit_usage(iid, m),
-                )
-                for iid, m in self._instances.items()
+            return node_status(
+                self.node_id,
+                self.node_ip,
+                self._instances,
+                self.token_servers,
+                ledgers,
+                fikit=self.priority_sharing == "fikit",
             )
-        tokens: dict[str, TokenUsage] = {}
-        for ts in self.token_servers:
-            for cid, v in ts.snapshot().items():
-                tokens[cid] = TokenUsage(v.total_used_ms, v.quota_request, v.quota_limit, v.sm_pct)
-        device_memory = tuple(
-            (cap, sum(r.limit_mb for r in held.values())) for cap, held in ledgers
-        )
-        return NodeStatus(
-            self.node_id, self.node_ip, time.monotonic(), instances, tokens, device_memory
-        )
-
-    def _fikit_usage(self, iid: str, m: Managed) -> FikitUsage | None:
-        """The instance's FIKIT counters from its device's board (None: tokens alone)."""
-        if self.priority_sharing != "fikit":
-            return None
-        idx = m.launch.device_index
-        u = self.token_servers[idx].board_usage(iid) if idx < len(self.token_servers) else None
-        if u is None:
-            return None
-        return FikitUsage(
-            u.phase, u.runs, u.preemptions, u.fills, u.measure_s, u.gaps, round(u.wait_s, 6)
-        )
-
-    @staticmethod
-    def _memory_usage(
-        iid: str, m: Managed, ledgers: list[tuple[float, dict[str, Reservation]]]
-    ) -> MemoryUsage | None:
-        idx = m.launch.device_index
-        held = ledgers[idx][1].get(iid) if idx < len(ledgers) else None
-        if held is None:
-            return None
-        return MemoryUsage(
-            limit_mb=held.limit_mb,
-            grows=held.grows,
-            steps=held.steps,
-            refusals=held.refusals,
-            samples_total=m.mem_total,
-            samples=tuple(m.mem_samples),
-        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
