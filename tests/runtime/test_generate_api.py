@@ -10,8 +10,11 @@ runs joins its decode steps and leaves them (continuous batching), neither's tok
 each bad input gets one clear 4xx in the API's own error shape and the server keeps serving;
 TTFT admission sheds with 429.
 
-Functions: ``gen`` (causal-lm-tiny, up to 8 sequences per step), ``gen-slo`` (the same with a
-TTFT SLO no request can meet once a backlog is measured) and ``mlp`` (a one-shot built-in).
+Functions: ``gen`` (causal-lm-tiny, up to 8 sequences per step, held to one instance: a few
+long generations run one at a time measure a low throughput per instance, and the autoscaler
+would otherwise add instances that the joining stream could be routed to), ``gen-slo`` (the
+same with a TTFT SLO no request can meet once a backlog is measured) and ``mlp`` (a one-shot
+built-in).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SHARE = {"sm_pct": 50, "quota_request": 0.5, "quota_limit": 1.0}
 FUNCTIONS: list[dict[str, Any]] = [
-    {"name": "gen", "model": "causal-lm-tiny", "batching": {"max_batch": 8}},
+    {"name": "gen", "model": "causal-lm-tiny", "batching": {"max_batch": 8}, "max_instances": 1},
     {"name": "gen-slo", "model": "causal-lm-tiny", "slo": {"ttft_ms": 0.001}},
     {"name": "mlp", "model": "mlp"},
 ]
@@ -262,6 +265,7 @@ def test_two_streams_share_decode_steps_joining_and_leaving_mid_stream(served: S
             short = list(sse_events(b))  # ...when the short one joins, runs and leaves
         tail = list(long_events)
     long_all = head + tail
+    assert served.srv.client().get("gen")["replicas"] == 1  # both streams on the one instance
     assert "".join(e["text_output"] for e in short) == want_short
     assert "".join(e["text_output"] for e in long_all) == want_long  # tokens unchanged
     assert max(e.get("batch", 0) for e in short) >= 2  # it shared decode steps with the other
