@@ -67,6 +67,17 @@ def test_the_interval_is_no_excuse_where_the_live_runs_agree() -> None:
     assert s["basis"] == "bound" and s["within"] is False
 
 
+def test_a_given_point_is_scored_while_every_seed_makes_the_interval() -> None:
+    # two calibrations, one per live run: their figures at the scenario's seed average 10.5
+    pooled = [9.0, 12.0, 9.5, 11.5, 8.0, 13.0]
+    s = score("p50_ms", pooled, [10.4, 10.6], sim_point=10.5)
+    assert s["sim"] == 10.5 and s["error"] == pytest.approx(0.0) and s["within"] is True
+    assert (s["sim_p05"], s["sim_p95"]) == (interval(pooled)["p05"], interval(pooled)["p95"])
+    # without it the first seed is the point, and the same runs miss
+    assert score("p50_ms", pooled, [10.4, 10.6])["error"] == pytest.approx(9.0 / 10.5 - 1)
+    assert score("p50_ms", [12.5], [10.0, 10.0], sim_point=float("nan"))["sim"] == 12.5
+
+
 def test_missing_figures_are_not_within() -> None:
     s = score("p99_ms", [float("nan")], [5.0])
     assert s["within"] is None

@@ -71,10 +71,19 @@ def _error(kind: Kind, sim: float, live: float) -> float:
     return (sim - live) / live if live else math.inf if sim else 0.0
 
 
-def score(metric: str, sim_by_seed: Sequence[float], live_runs: Sequence[float]) -> dict[str, Any]:
+def score(
+    metric: str,
+    sim_by_seed: Sequence[float],
+    live_runs: Sequence[float],
+    *,
+    sim_point: float | None = None,
+) -> dict[str, Any]:
     """Score one figure (module doc). ``sim_by_seed``: the simulated figure per seed, the
     scenario's own seed first (the live runs' seed: ``sim``); ``live_runs``: the live figure
-    of each run (at least one; two give the spread).
+    of each run (at least one; two give the spread). ``sim_point``: the simulated figure to
+    score instead of the first seed's, where the simulator's inputs were measured once per live
+    run (``bench/fidelity.py``'s workflows: the mean of each calibration's figure at the
+    scenario's seed, while ``sim_by_seed`` pools every calibration's seeds for the interval).
 
     Returns ``sim``, ``sim_median``, ``sim_p05``, ``sim_p95``, ``live`` (mean of the runs),
     ``live_runs``, ``live_spread`` (max − min, in the bound's unit: relative to ``live`` for a
@@ -93,7 +102,8 @@ def score(metric: str, sim_by_seed: Sequence[float], live_runs: Sequence[float])
     if b.kind == "rel":
         spread = spread / live if live else 0.0
     iv = interval(sims)
-    err = _error(b.kind, sims[0], live)
+    point = sims[0] if sim_point is None or not math.isfinite(sim_point) else float(sim_point)
+    err = _error(b.kind, point, live)
     if abs(err) <= b.tol:
         basis, within = "bound", True
     elif spread > b.tol:
@@ -102,7 +112,7 @@ def score(metric: str, sim_by_seed: Sequence[float], live_runs: Sequence[float])
         basis, within = "bound", False
     return {
         **out,
-        "sim": sims[0],
+        "sim": point,
         "sim_median": iv["median"],
         "sim_p05": iv["p05"],
         "sim_p95": iv["p95"],
