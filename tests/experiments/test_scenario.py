@@ -19,7 +19,12 @@ import yaml
 
 from gshare.cli import main
 from gshare.experiments.scenario_arrivals import Arrival, scenario_arrivals, workload_times
-from gshare.experiments.scenario_load import default_body, drive, workflow_counters
+from gshare.experiments.scenario_load import (
+    default_body,
+    drive,
+    platform_share_ms,
+    workflow_counters,
+)
 from gshare.experiments.scenario_sim import check_policies, function_profiles, simulate
 from gshare.profiles import ProfilePoint
 from gshare.scenario import ScenarioError, Trace, Workload, load_scenario
@@ -301,7 +306,10 @@ def test_simulate_and_load_get_the_same_arrivals() -> None:
 
     def answer(request: httpx.Request) -> httpx.Response:
         seen.append(request.url.path)
-        return httpx.Response(200, json={"label": 1, "score": 0.5})
+        timing = {"x-gshare-queue-ms": "0.5", "x-gshare-token-wait-ms": "0.25",
+                  "x-gshare-exec-ms": "1.0"}  # fmt: skip
+        headers = timing if request.url.path.startswith("/function/") else {}
+        return httpx.Response(200, json={"label": 1, "score": 0.5}, headers=headers)
 
     slos = {("workflow", "mlp-chain"): 100.0, ("function", "mlp-solo"): 25.0}
     bodies = [(b"\0" * 256, "application/octet-stream")] * 2
@@ -313,10 +321,25 @@ def test_simulate_and_load_get_the_same_arrivals() -> None:
     ]
     assert all(r["status"] == "ok" and r["code"] == 200 for r in rows)
     assert all(r["hit"] == (r["latency_ms"] <= r["slo_ms"]) for r in rows)
+    # the platform's share: the latency beyond the instance's timing headers (functions only)
+    for r in rows:
+        if r["kind"] == "function":
+            assert r["platform_ms"] == pytest.approx(max(0.0, r["latency_ms"] - 1.75))
+        else:
+            assert r["platform_ms"] is None
     assert sorted(seen) == sorted(
         f"/workflow/{a.target}" if a.kind == "workflow" else f"/function/{a.target}"
         for a in arrivals
     )
+
+
+def test_the_platform_share_needs_every_timing_header() -> None:
+    full = {"x-gshare-queue-ms": "1", "x-gshare-token-wait-ms": "2", "x-gshare-exec-ms": "3"}
+    assert platform_share_ms(10.0, full) == 4.0
+    assert platform_share_ms(5.0, full) == 0.0  # never negative (clocks of two processes)
+    assert platform_share_ms(10.0, {**full, "x-gshare-exec-ms": "n/a"}) is None
+    assert platform_share_ms(10.0, {**full, "x-gshare-exec-ms": "nan"}) is None
+    assert platform_share_ms(10.0, {"x-gshare-queue-ms": "1"}) is None
 
 
 def test_the_load_generator_drops_beyond_max_outstanding_and_reports_it() -> None:

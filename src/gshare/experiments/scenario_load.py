@@ -17,8 +17,10 @@
    ``httpx.AsyncClient``), except that at most ``max_outstanding`` are in flight: an arrival
    beyond that is not sent and is counted as ``dropped_client`` (reported, never silent).
    Latency is client-side (send to answer); ``late_ms`` is how late the send was against its
-   arrival time (the load generator's own lag). After the last arrival the outstanding
-   requests get ``timeout_s`` to answer; what has not is ``unfinished``.
+   arrival time (the load generator's own lag); ``platform_ms`` is the latency beyond the
+   instance's own measurements of a function request (``platform_share_ms``). After the last
+   arrival the outstanding requests get ``timeout_s`` to answer; what has not is
+   ``unfinished``.
 4. **Report**: the rows and summary of ``scenario_sim`` (same columns, ``summarise``), plus per
    workflow the server's ``gshare_workflow_*`` counters (``/metrics``, the change over the
    run) and its cost per request when the server exports ``gshare_workflow_cost_usd``; per
@@ -35,10 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 
@@ -231,6 +234,7 @@ async def drive(
             "cost_uusd": None,
             "code": None,
             "late_ms": None,
+            "platform_ms": None,
             "error": None,
         }
 
@@ -255,6 +259,7 @@ async def drive(
                 row["code"] = r.status_code
                 if r.status_code == 200:
                     row["status"], row["latency_ms"] = "ok", ms
+                    row["platform_ms"] = platform_share_ms(ms, r.headers)
                     slo = row["slo_ms"]
                     row["hit"] = slo is not None and ms <= slo
                 else:
@@ -294,6 +299,24 @@ async def drive(
             if not t.done():
                 t.cancel()
     return rows
+
+
+TIMING_HEADERS: Final = ("x-gshare-queue-ms", "x-gshare-token-wait-ms", "x-gshare-exec-ms")
+"""The instance's measurements of a function request that the gateway returns as headers (its
+queue, its wait for the time token, its compute; ``runtime.gateway.asgi.timing_headers``)."""
+
+
+def platform_share_ms(latency_ms: float, headers: Mapping[str, str]) -> float | None:
+    """The platform's share of an answered function request: the client's latency beyond the
+    instance's queue, token wait and compute (``TIMING_HEADERS``) — the HTTP exchange, the
+    gateway, the hop to the instance and any wait for an instance at the gateway, what the
+    simulator draws per request as ``platform_ms``. None when a header is missing or not a
+    number (a workflow's answer, a server without them)."""
+    try:
+        inside = sum(float(headers[h]) for h in TIMING_HEADERS)
+    except (KeyError, ValueError):
+        return None
+    return max(0.0, latency_ms - inside) if math.isfinite(inside) else None
 
 
 def _error_text(r: httpx.Response) -> str:
@@ -485,6 +508,7 @@ def run_load(
             *REQUEST_COLUMNS,
             "code",
             "late_ms",
+            "platform_ms",
             "error",
             *(GENERATIVE_COLUMNS if generate else ()),
         ),
@@ -493,10 +517,12 @@ def run_load(
 
 __all__ = [
     "DEFAULT_MAX_OUTSTANDING",
+    "TIMING_HEADERS",
     "LoadError",
     "default_body",
     "deploy",
     "drive",
+    "platform_share_ms",
     "request_bodies",
     "run_load",
     "workflow_counters",
