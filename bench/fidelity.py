@@ -7,7 +7,9 @@ Every scenario runs from one file and one seed in both worlds (the same arrival 
 live on a real ``gshare serve`` (``gshare.testing.ServeProcess``) driven open loop by
 ``gshare load``'s generator (``experiments.scenario_load.run_load``) **twice** — the machine's
 own run-to-run spread — and in the simulator for seeds SEED .. SEED+K-1 (the scenario's seed
-first; its figure is ``sim``, the others give the 90 % interval). Scenarios:
+first; its figure is ``sim``, all give the 90 % interval). Where the simulator's inputs are
+measured once per live run (the workflows, the LLM segment), ``sim`` is the mean of one
+simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios:
 
 * ``mlp-chain`` / ``mlp-chain-tight`` — ``bench/twin.py``'s workflow scenarios (100 ms and
   10 ms SLO): the functions are deployed, profiled live (``--quick``: the scenario's profile
@@ -128,12 +130,20 @@ def share_pct(
     return 100.0 * done * busy_ms / max(1e-9, hi_ms - lo_ms)
 
 
-def _scores(name: str, sims: list[dict[str, Any]], lives: list[dict[str, Any]]) -> list[Any]:
+def _scores(
+    name: str, sims: list[dict[str, Any]], lives: list[dict[str, Any]], point_of: int = 1
+) -> list[Any]:
+    """One score per figure of the first simulated run; the point scored is the mean of the
+    first ``point_of`` simulated runs' figures (one per live run's measured inputs, where the
+    simulator takes each live run's), the interval is over all of them."""
     keys = [k for k in sims[0] if sims[0][k] is not None]
-    return [
-        {"scenario": name, **score(k, [s.get(k) for s in sims], [lv.get(k) for lv in lives])}
-        for k in keys
-    ]
+    out = []
+    for k in keys:
+        firsts = [s[k] for s in sims[:point_of] if s.get(k) is not None]
+        point = float(np.mean(firsts)) if firsts else None
+        sc = score(k, [s.get(k) for s in sims], [lv.get(k) for lv in lives], sim_point=point)
+        out.append({"scenario": name, **sc})
+    return out
 
 
 def _twin_inputs(
@@ -397,8 +407,9 @@ def run_llm(
     # there too: each answer's latency beyond the instance's compute, token wait and queue (the
     # timing headers). Under load it was 2.8-3.2 ms at the median against 2.1-2.5 ms at the
     # warm-up's light load, and the simulated p50 went from -36 % to -11 % (run C). Seed k
-    # takes server k mod 2's measurements (seed 0, the figure: the first server's), so the
-    # interval covers the inputs as measured twice, not only the seeds. The platform's serial
+    # takes server k mod 2's measurements, so the interval covers the inputs as measured twice,
+    # not only the seeds; the figure scored is the mean of seeds 0 and 1 (one per server), as
+    # the live figure is the two servers' mean. The platform's serial
     # stage (``sim.gateway``): the same server's burst probe fits its service time (1.2-1.3 ms
     # a request), and the platform samples are taken less their waits in it at the
     # calibration's own bursts; the simulator adds the waits back at the segment's bursts.
@@ -445,7 +456,7 @@ def run_llm(
     }
     sim_fig = [{k: s[f"sim_{v}"] for k, v in keys.items()} for s in sims]
     live_fig = [{k: lv[v] for k, v in keys.items()} for lv in lives]
-    out = _scores("llm-autoscale", sim_fig, live_fig)
+    out = _scores("llm-autoscale", sim_fig, live_fig, point_of=min(len(lives), seeds))
     # before: no admission, the V100-fitted 1-ms wake-up and interference, no platform latency
     before = _autoscale.run_sim(
         "gshare-burst", times, 4, chosen["tput"], 0, admission_slo_factor=None,
