@@ -23,7 +23,8 @@ import httpx
 import numpy as np
 
 from _common import percentile
-from gshare.experiments.fidelity import fifo_waits_ms, fit_serial_ms
+from gshare.experiments.fidelity import busy_factors_by_gap, fifo_waits_ms, fit_serial_ms
+from gshare.experiments.scenario_load import platform_share_ms
 from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
 from gshare.policy.autoscale import ScaleConfig
 from gshare.policy.control import ControlParams
@@ -67,14 +68,6 @@ def segment(rate_rps: float, seconds: float, offset_s: float) -> np.ndarray:
     return seg
 
 
-def _beyond_instance_ms(latency_ms: float, headers: httpx.Headers) -> float:
-    """A request's latency beyond the instance's compute, token wait and queue (its timing
-    headers ``x-gshare-exec-ms``, ``-token-wait-ms``, ``-queue-ms``): the platform's share."""
-    return latency_ms - sum(
-        float(headers[f"x-gshare-{h}-ms"]) for h in ("exec", "token-wait", "queue")
-    )
-
-
 async def _replay(
     url: str,
     name: str,
@@ -108,8 +101,9 @@ async def _replay(
                 status = 0
             lat = (time.perf_counter() - start) * 1000.0
             out.append((at_ms, lat, status))
-            if platform_ms is not None and status == 200:
-                platform_ms.append((at_ms, max(0.0, _beyond_instance_ms(lat, r.headers))))
+            share = platform_share_ms(lat, r.headers) if status == 200 else None
+            if platform_ms is not None and share is not None:
+                platform_ms.append((at_ms, share))
             if busy_ms is not None and status == 200:
                 busy_ms.append((at_ms, float(r.headers["x-gshare-exec-ms"])))
 
@@ -314,7 +308,7 @@ async def burst_probe(url: str, name: str) -> list[tuple[int, float]]:
                 headers={"content-type": "application/octet-stream"},
             )
             lat = (time.perf_counter() - t) * 1000.0
-            return _beyond_instance_ms(lat, r.headers) if r.status_code == 200 else None
+            return platform_share_ms(lat, r.headers) if r.status_code == 200 else None
 
         for k in order:
             got = [p for p in await asyncio.gather(*(one() for _ in range(k))) if p is not None]
@@ -322,6 +316,25 @@ async def burst_probe(url: str, name: str) -> list[tuple[int, float]]:
                 out.append((k, statistics.fmean(got)))
             await asyncio.sleep(BURST_GAP_S)
     return out
+
+
+def sim_inputs(live: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """What the simulator takes from one live server run with ``calibrate_under_load``: the
+    config's throughput (``quota_request × 1000 / busy ms`` at the under-load calibration) and
+    the ``run_sim`` cluster fields — the platform samples under load, the serial stage's service
+    time, the measured cold start and the busy time's factors by idle gap
+    (``experiments.fidelity.busy_factors_by_gap`` on the calibration's answers). Used by
+    ``bench/fidelity.py`` and ``bench/autoscale_live.py`` with ``throughput_from_busy``."""
+    busy = live.get("busy_ms_under_load_calibration")
+    if busy is None:
+        raise ValueError("sim_inputs needs a run_live(..., calibrate_under_load=True) record")
+    samples = live.get("busy_samples_ms_calibration") or []
+    return float(SHARE["quota_request"]) * 1000.0 / float(busy), {
+        "platform_ms": tuple(live["platform_ms_under_load"]),
+        "platform_serial_ms": live["platform_serial_ms"],
+        "cold_start_ms": live.get("cold_start_ms"),
+        "busy_gap_factors": busy_factors_by_gap([a for a, _ in samples], [b for _, b in samples]),
+    }
 
 
 def run_sim(

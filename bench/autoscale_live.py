@@ -14,13 +14,15 @@ its scheduled time whatever the answers do;
 a request violates the SLO when it is not answered 200 within ``slo_ms``. A sampler reads the
 function's non-draining instances from the control API every 0.25 s.
 
+Before the segment each server measures, on another function and another window of the trace,
+what the simulator takes (``_autoscale.run_live(calibrate_under_load=True)``): the busy time
+and the platform's share per request under the segment's load, the busy time's dependence on
+the idle gap before a request, the platform's serial stage (a burst probe) and a cold start.
 Then the same segment is simulated (``sim.cluster``, same autoscaler, period, keep-alive and
-bounds, the live cold-start model ``LIVE_FORK_COLD_START_MS``, the CPU runtime's burst model
-``cpu_runtime_fields`` with its token protocol, the gateway's admission control, and the
-platform latency each warm-up request showed beyond its busy time; ``_autoscale.py``, shared
-with ``bench/fidelity.py``)
-with one config whose throughput is what the first server measured (``quota_request × 1000 /
-busy ms`` per request, as the controller estimates it), the same for both autoscalers.
+bounds, the CPU runtime's burst model ``cpu_runtime_fields`` with its token protocol, the
+gateway's admission control) from that server's measurements (``_autoscale.sim_inputs``, as
+``bench/fidelity.py``'s LLM segment), the simulated controller estimating the throughput from
+its instances' answers as the live gateway does (``throughput_from_busy``).
 
 Summary per autoscaler (``gshare-burst``, ``fast-heuristic``): ``slo_violation_pct``,
 ``mean_instances``, ``p99_ms``, and ``sim_slo_violation_pct`` / ``sim_mean_instances``.
@@ -39,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from _autoscale import AUTOSCALERS, BATCH, SHARE, SLO_MS, run_live, run_sim, segment
+from _autoscale import AUTOSCALERS, BATCH, SHARE, SLO_MS, run_live, run_sim, segment, sim_inputs
 from _common import bench_parser, machine_load, print_table, write_json
 
 
@@ -70,19 +72,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     times: np.ndarray | None = None
     with tempfile.TemporaryDirectory(prefix="gsauto-") as d:
         for a in AUTOSCALERS:
-            times, live = run_live(a, times, args.max_instances, Path(d), make_segment)
-            # one simulated throughput for both (the first server's, which set the rate): the
-            # servers' own measurements differ with the machine's load
-            chosen.setdefault("sim_tput_rps", live["throughput_rps_per_instance"])
-            sim = run_sim(
-                a,
-                times,
-                args.max_instances,
-                chosen["sim_tput_rps"],
-                args.seed,
-                platform_ms=tuple(live["platform_ms"]),  # this server's warm-up
+            times, live = run_live(
+                a, times, args.max_instances, Path(d), make_segment, calibrate_under_load=True
             )
-            live.update(sim)
+            tput, cluster = sim_inputs(live)  # this server's measurements
+            sim = run_sim(
+                a, times, args.max_instances, tput, args.seed, throughput_from_busy=True, **cluster
+            )
+            live.update(sim, sim_throughput_rps_per_instance=tput)
             rows.append(live)
             print(
                 f"  {a}: live {live['slo_violation_pct']:.2f} % / "
@@ -94,7 +91,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "segment_s": seconds,
         "rate_rps": chosen["rate_rps"],
-        "sim_throughput_rps_per_instance": chosen["sim_tput_rps"],
         "requests": int(len(times)),
     }
     for r in rows:
@@ -105,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "p99_ms",
             "sim_slo_violation_pct",
             "sim_mean_instances",
+            "sim_throughput_rps_per_instance",
         ):
             summary[f"{k}_{a}"] = r[k]
     summary.update(load)

@@ -63,7 +63,7 @@ import numpy as np
 import _autoscale
 import twin
 from _common import bench_parser, machine_load, print_table, write_json
-from gshare.experiments.fidelity import busy_factors_by_gap, score, within_all
+from gshare.experiments.fidelity import score, within_all
 from gshare.experiments.scenario_load import deploy, run_load
 from gshare.experiments.scenario_sim import fetch_live_profiles, function_profiles, simulate
 from gshare.profiles import ProfilePoint
@@ -418,34 +418,12 @@ def run_llm(
     # per-request busy times moves by ±30 %; that busy time depends on the idle gap before the
     # request (``experiments.fidelity.busy_factors_by_gap``, fitted on the calibration's
     # answers), and the simulated instances and controller do both.
-    def measured(k: int) -> dict[str, Any]:
-        lv = lives[k % len(lives)]
-        tput = (
-            float(_autoscale.SHARE["quota_request"]) * 1000.0 / lv["busy_ms_under_load_calibration"]
-        )
-        samples = lv.get("busy_samples_ms_calibration") or []
-        gap_factors = busy_factors_by_gap([a for a, _ in samples], [b for _, b in samples])
-        return {
-            "tput_rps": tput,
-            "platform_ms": tuple(lv["platform_ms_under_load"]),
-            "platform_serial_ms": lv["platform_serial_ms"],
-            "cold_start_ms": lv.get("cold_start_ms"),
-            "busy_gap_factors": gap_factors,
-        }
-
     sims = []
     for k in range(seeds):
-        m = measured(k)
-        cluster = {
-            "platform_ms": m["platform_ms"],
-            "platform_serial_ms": m["platform_serial_ms"],
-            "cold_start_ms": m["cold_start_ms"],
-            "busy_gap_factors": m["busy_gap_factors"],
-            **model,
-        }
+        tput, cluster = _autoscale.sim_inputs(lives[k % len(lives)])
         sims.append(
             _autoscale.run_sim(
-                "gshare-burst", times, 4, m["tput_rps"], k, throughput_from_busy=True, **cluster
+                "gshare-burst", times, 4, tput, k, throughput_from_busy=True, **{**cluster, **model}
             )
         )
     keys = {
