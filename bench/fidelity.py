@@ -26,6 +26,11 @@ simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios
   ``--priority-sharing tokens`` (the token scheduler's priorities, which the simulator runs),
   the high class's platform share measured first under the scenario's load with another seed
   (``_plain``); scored: the high class's p50, p99 and hit rate (full run only);
+* ``gpu-shares`` — the GPU kit's share scenes (``gshare.gpukit.parts.shares``: saturating
+  probe processes at quotas 0.3 / 0.6, 0.2-0.5 alone, three at 0.2-0.6) as ``docs/gpu/``
+  recorded them on a real GPU, and simulated with the interposer's kernel-granular token use
+  (``experiments.gpu_fidelity``); the recorded runs are the live runs (none here); scored:
+  each client's share;
 * ``llm-autoscale`` — ``bench/autoscale_live.py``'s LLM-trace segment with ``gshare-burst``
   (``_autoscale``: the same code; 180 s at ``LLM_RATE_RPS`` mean, full run only), each live
   server first measuring the
@@ -36,7 +41,7 @@ simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios
   simulates them again without running live (a model change checked on recorded runs).
 
 ``--quick`` (≤ 2 minutes here, exercised by ``tests/runtime/test_fidelity_bench.py``):
-``mlp-chain`` and ``share-pair`` with short runs.
+``mlp-chain`` and ``share-pair`` with short runs, and ``gpu-shares``.
 
 Per figure (``experiments.fidelity.score``): ``sim``, ``sim_median``, ``sim_p05`` / ``sim_p95``,
 ``live`` (mean of the two runs), ``live_runs``, ``live_spread``, ``error`` and ``within``, and
@@ -64,6 +69,7 @@ import _autoscale
 import twin
 from _common import bench_parser, machine_load, print_table, write_json
 from gshare.experiments.fidelity import score, within_all
+from gshare.experiments.gpu_fidelity import load_share_runs, score_gpu_shares
 from gshare.experiments.scenario_load import deploy, run_load
 from gshare.experiments.scenario_sim import fetch_live_profiles, function_profiles, simulate
 from gshare.profiles import ProfilePoint
@@ -75,8 +81,18 @@ from gshare.testing import ServeProcess
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO / "examples" / "scenarios"
-QUICK = ("mlp-chain", "share-pair")
-FULL = ("mlp-chain", "mlp-chain-tight", "share-pair", "priority-pair", "llm-autoscale")
+QUICK = ("mlp-chain", "share-pair", "gpu-shares")
+FULL = (
+    "mlp-chain",
+    "mlp-chain-tight",
+    "share-pair",
+    "priority-pair",
+    "llm-autoscale",
+    "gpu-shares",
+)
+GPU_DATA = REPO / "docs" / "gpu"
+"""The GPU kit's recorded runs (``gpu-shares``: no live run here, the kit's runs are the live
+ones)."""
 LIVE_RUNS = 2
 WARMUP_S = 3.0
 """A workflow scenario's unmeasured warm-up load before its calibration run."""
@@ -350,6 +366,16 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
     return out
 
 
+def run_gpu_shares(inputs: dict[str, Any]) -> list[Any]:
+    """``gpu-shares`` (module doc): the GPU kit's share scenes simulated and scored against the
+    runs ``docs/gpu/`` recorded (``experiments.gpu_fidelity``); ``inputs``: which runs, and the
+    scenes left out with their reason."""
+    runs = load_share_runs(GPU_DATA)
+    inputs["runs"] = [r.run for r in runs]
+    inputs["skipped"] = {f"{r.run}:{k}": why for r in runs for k, why in r.skipped.items()}
+    return score_gpu_shares(runs)
+
+
 LLM_RATE_RPS = 10.0
 """The LLM segment's mean rate. ``bench/autoscale_live.py`` takes 10 % of the warm-up's measured
 throughput by default; here it is fixed, so that runs on one machine are comparable (that rule
@@ -496,13 +522,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             t = time.perf_counter()
             loads: list[float] = []
             inputs: dict[str, Any] = {}
-            print(f"{n}: live x{LIVE_RUNS}, simulated x{seeds} (load {_load()})", flush=True)
+            worlds = "recorded GPU runs" if n == "gpu-shares" else f"live x{LIVE_RUNS}"
+            print(f"{n}: {worlds}, simulated x{seeds} (load {_load()})", flush=True)
             if n.startswith("mlp-chain"):
                 got = run_workflow(n, args.quick, seeds, tmp, loads)
             elif n == "share-pair":
                 got = run_share(args.quick, seeds, tmp, loads)
             elif n == "priority-pair":
                 got = run_priority(args.quick, seeds, tmp, loads)
+            elif n == "gpu-shares":
+                got = run_gpu_shares(inputs)
             else:
                 got = run_llm(args.quick, min(seeds, 5), tmp, loads, inputs, replay)
             rows.extend(got)

@@ -110,8 +110,16 @@ def _group(
     return outs, shares, over
 
 
+PROBE_KERNEL_US = 500
+"""The probe's kernel length in the share scenes (its ``saturate`` mode)."""
+PROBE_BATCH = 16
+"""Kernels the probe launches between two synchronisations (one burst)."""
+
+
 def _probe_argv(ctx: KitContext, seconds: float) -> Callable[[str], list[str]]:
-    return lambda _cid: probe_argv(ctx, "saturate", f"{seconds:g}", "500", "16")
+    return lambda _cid: probe_argv(
+        ctx, "saturate", f"{seconds:g}", str(PROBE_KERNEL_US), str(PROBE_BATCH)
+    )
 
 
 def _launches(out: str) -> int:
