@@ -31,11 +31,17 @@ def _run(
     margin_ms: float,
     burst_ms: float = 8.0,
     windows: int = 20,
+    wakeup_ms: float = 0.0,
 ) -> tuple[SimGpu, list[tuple[str, float, float]]]:
     loop = EventLoop()
     log: list[tuple[str, float, float]] = []
     gpu = SimGpu(
-        loop, token_config=CONFIG, token_log=log, kernel_ms=kernel_ms, launch_margin_ms=margin_ms
+        loop,
+        token_config=CONFIG,
+        token_log=log,
+        kernel_ms=kernel_ms,
+        launch_margin_ms=margin_ms,
+        token_wakeup_ms=wakeup_ms,
     )
     for cid, (req, lim) in clients.items():
         gpu.add_client(ClientSpec(cid, 100.0, req, lim))
@@ -62,13 +68,16 @@ def test_a_capped_client_loses_the_tail_no_kernel_fits() -> None:
 @given(
     kernel_ms=st.sampled_from([0.25, 0.5, 1.0, 2.0]),
     margin_ms=st.sampled_from([0.0, 0.1, 0.2]),
+    wakeup_ms=st.sampled_from([0.0, 0.15, 0.3]),
     quotas=st.lists(st.sampled_from([0.2, 0.3, 0.5, 0.6]), min_size=1, max_size=3),
 )
 def test_every_token_is_charged_whole_kernels_and_no_window_over_its_limit(
-    kernel_ms: float, margin_ms: float, quotas: list[float]
+    kernel_ms: float, margin_ms: float, wakeup_ms: float, quotas: list[float]
 ) -> None:
+    # a hand-over's wake-up is idle device time: it is not charged, and the kernels after it
+    # still end before the token does
     clients = {f"c{i}": (q / len(quotas), q) for i, q in enumerate(quotas)}
-    gpu, log = _run(clients, kernel_ms, margin_ms, windows=8)
+    gpu, log = _run(clients, kernel_ms, margin_ms, windows=8, wakeup_ms=wakeup_ms)
     assert log
     for _, start, end in log:
         kernels = (end - start) / kernel_ms

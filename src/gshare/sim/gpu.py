@@ -342,7 +342,7 @@ class SimGpu:
             finish_in = max(0.0, b.stall_until_ms - now) + max(0.0, b.work_left_ms) / b.rate
             if self.preemptible and b.token is not None:
                 left_ms = max(0.0, b.token.quota_ms - b.token_used_ms)
-                if self.kernel_ms > 0 and b.stall_until_ms <= now:
+                if self.kernel_ms > 0:
                     left_ms = self._kernels_fit_ms(b, left_ms, now)
                 finish_in = min(finish_in, left_ms)
             self.loop.at(
@@ -398,14 +398,18 @@ class SimGpu:
             self._apply(self.scheduler.request(cid, now))
 
     def _kernels_fit_ms(self, b: _Burst, left_ms: float, now: float) -> float:
-        """``kernel_ms`` mode: how long ``b`` runs on its token from now — the whole kernels
-        (at its current rate) that end ``launch_margin_ms`` before the token does. When not
-        one fits, the token is held idle to its end (``b`` stalls until then)."""
-        fit_ms = left_ms - self.launch_margin_ms
+        """``kernel_ms`` mode: how long ``b`` holds its token from now — a wake-up still to
+        come, then the whole kernels (at its current rate) that end ``launch_margin_ms``
+        before the token does. When not one fits, the token is held idle to its end (``b``
+        stalls until then). Kernels are counted from now: after a rate change in the middle of
+        a token the boundaries are approximate (the scenes that use this mode run one client
+        at a time)."""
+        start_ms = max(now, b.stall_until_ms)
+        fit_ms = now + left_ms - start_ms - self.launch_margin_ms
         kernel_wall_ms = self.kernel_ms / b.rate
         n = math.floor(fit_ms / kernel_wall_ms + 1e-9) if fit_ms > 0 else 0
         if n >= 1:
-            return n * kernel_wall_ms
+            return start_ms - now + n * kernel_wall_ms
         b.stall_until_ms = now + left_ms
         return left_ms
 
