@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gshare.experiments.token_share import _window_usage
+from gshare.experiments.token_share import window_usage
 from gshare.policy.tokens import ClientSpec, TokenConfig
 from gshare.sim.engine import EventLoop
 from gshare.sim.gpu import SimGpu
@@ -85,7 +85,7 @@ def test_every_token_is_charged_whole_kernels_and_no_window_over_its_limit(
         assert end - start <= CONFIG.window_ms + 1e-9
     # no window is charged over a client's limit
     for cid, (_, limit) in clients.items():
-        for used in _window_usage(log, cid, 0.0, 8, CONFIG.window_ms):
+        for used in window_usage(log, cid, 0.0, 8, CONFIG.window_ms):
             assert used <= limit * CONFIG.window_ms + kernel_ms + 1e-6
     assert gpu.stats().tokens >= len(log) - len(clients)
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gshare.experiments.fidelity import score
-from gshare.experiments.token_share import _window_usage
+from gshare.experiments.token_share import window_usage
 from gshare.gpukit.parts.shares import PROBE_BATCH, PROBE_KERNEL_US, SCENES
 from gshare.policy.tokens import LIVE_TOKEN_CONFIG, ClientSpec
 from gshare.sim.engine import EventLoop
@@ -156,7 +156,7 @@ def simulate_scene(
     loop.run(until_ms=windows * w)
     out = {}
     for cid in clients:
-        use = _window_usage(log, cid, 0.0, windows, w)[settle:]
+        use = window_usage(log, cid, 0.0, windows, w)[settle:]
         out[cid] = 100.0 * sum(use) / (len(use) * w)
     return out
 

@@ -165,10 +165,11 @@ class _Driver:
         self._kick()
 
 
-def _window_usage(
+def window_usage(
     log: Sequence[tuple[str, float, float]], client: str, start_ms: float, n: int, w: float
 ) -> list[float]:
-    """Token time of ``client`` inside each of ``n`` windows from ``start_ms``."""
+    """Token time of ``client`` inside each of ``n`` windows from ``start_ms`` (``log``:
+    ``SimGpu.token_log``). Also used by ``experiments.gpu_fidelity``."""
     use = [0.0] * n
     for cid, a, b in log:
         if cid != client or b <= start_ms or a >= start_ms + n * w:
@@ -207,7 +208,7 @@ def run_scenario(
             log.append((cid, g.start_ms, end_ms))
     n_windows = sc.phases * phase_windows
     per_window = {
-        c.name: [100.0 * u / w for u in _window_usage(log, c.name, 0.0, n_windows, w)]
+        c.name: [100.0 * u / w for u in window_usage(log, c.name, 0.0, n_windows, w)]
         for c in sc.clients
     }
     rows: list[dict[str, Any]] = []
