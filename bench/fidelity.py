@@ -251,30 +251,28 @@ def run_workflow(name: str, quick: bool, seeds: int, tmp: Path, loads: list[floa
     before = simulate(before_sc, duration_s=dur, seed=sc.seed, live_profiles=profiles)
     live_fig = [latency_figures(r.rows, "workflow", wf) for r in lives]
     fb = latency_figures(before.rows, "workflow", wf)
-    out = []
-    for k in live_fig[0]:
-        pooled = [f[k] for figs in per_calibration for f in figs]
-        points = [figs[0][k] for figs in per_calibration if figs[0][k] is not None]
-        if not points:  # not simulated (as ``_scores``)
-            continue
-        o = {
-            "scenario": name,
-            **score(k, pooled, [lv[k] for lv in live_fig], sim_point=float(np.mean(points))),
+    # each calibration's figure at the scenario's seed first: their mean is the point scored
+    firsts = [figs[0] for figs in per_calibration]
+    out = _scores(
+        name,
+        firsts + [f for figs in per_calibration for f in figs[1:]],
+        live_fig,
+        point_of=len(firsts),
+    )
+    twin_inputs = [
+        {
+            "calibration_p50_ms": tw["calibration_p50_ms"],
+            "frontend_ms": tw["constants"]["frontend_ms"],
+            "dispatch_ms": tw["constants"]["dispatch_ms"],
+            "jitter_mean_ms": float(np.mean(tw["jitter"])) if tw["jitter"] else 0.0,
         }
+        for tw in inputs
+    ]
+    for o in out:
+        k = o["metric"]
         o.update(
-            sim_before=fb[k],
-            sim_per_calibration=[figs[0][k] for figs in per_calibration],
-            twin_inputs=[
-                {
-                    "calibration_p50_ms": tw["calibration_p50_ms"],
-                    "frontend_ms": tw["constants"]["frontend_ms"],
-                    "dispatch_ms": tw["constants"]["dispatch_ms"],
-                    "jitter_mean_ms": float(np.mean(tw["jitter"])) if tw["jitter"] else 0.0,
-                }
-                for tw in inputs
-            ],
+            sim_before=fb[k], sim_per_calibration=[f[k] for f in firsts], twin_inputs=twin_inputs
         )
-        out.append(o)
     return out
 
 

@@ -10,19 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gshare.experiments.token_share import window_usage
+from gshare.experiments.token_share import Saturating, window_usage
 from gshare.policy.tokens import ClientSpec, TokenConfig
 from gshare.sim.engine import EventLoop
 from gshare.sim.gpu import SimGpu
 
 CONFIG = TokenConfig(window_ms=40.0)
-
-
-def _saturate(gpu: SimGpu, client: str, burst_ms: float) -> None:
-    def again() -> None:
-        gpu.run_burst(client, burst_ms, again)
-
-    gpu.run_burst(client, burst_ms, again)
 
 
 def _run(
@@ -45,7 +38,7 @@ def _run(
     )
     for cid, (req, lim) in clients.items():
         gpu.add_client(ClientSpec(cid, 100.0, req, lim))
-        _saturate(gpu, cid, burst_ms)
+        Saturating(gpu, cid, burst_ms).set_active(True)
     loop.run(until_ms=windows * CONFIG.window_ms)
     return gpu, log
 

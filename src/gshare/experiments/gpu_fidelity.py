@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gshare.experiments.fidelity import score
-from gshare.experiments.token_share import window_usage
+from gshare.experiments.token_share import Saturating, window_usage
 from gshare.gpukit.parts.shares import PROBE_BATCH, PROBE_KERNEL_US, SCENES
 from gshare.policy.tokens import LIVE_TOKEN_CONFIG, ClientSpec
 from gshare.sim.engine import EventLoop
@@ -112,18 +112,6 @@ def load_share_runs(root: Path) -> list[ShareRun]:
     return out
 
 
-@dataclass
-class _Saturating:
-    """A closed loop of one client's bursts (the probe: the next burst at once)."""
-
-    gpu: SimGpu
-    client: str
-    burst_ms: float
-
-    def start(self) -> None:
-        self.gpu.run_burst(self.client, self.burst_ms, self.start)
-
-
 def simulate_scene(
     scene: str,
     context_switch_us: float,
@@ -150,8 +138,8 @@ def simulate_scene(
     )
     for cid, (request, limit) in clients.items():
         gpu.add_client(ClientSpec(cid, 100.0, request, limit))
-        driver = _Saturating(gpu, cid, PROBE_BATCH * kernel_ms)
-        loop.at(0.0, functools.partial(driver.start), PRIO_PHASE)
+        driver = Saturating(gpu, cid, PROBE_BATCH * kernel_ms)
+        loop.at(0.0, functools.partial(driver.set_active, True), PRIO_PHASE)
     w = LIVE_TOKEN_CONFIG.window_ms
     loop.run(until_ms=windows * w)
     out = {}

@@ -142,8 +142,9 @@ def scenarios() -> list[Scenario]:
 
 
 @dataclass
-class _Driver:
-    """Saturating closed loop of one client on the GPU, switched on and off by phase."""
+class Saturating:
+    """Saturating closed loop of one client on the GPU (the next burst the instant the last
+    one finishes), switched on and off by phase. Also drives ``experiments.gpu_fidelity``."""
 
     gpu: SimGpu
     name: str
@@ -193,7 +194,7 @@ def run_scenario(
     drivers = {}
     for c in sc.clients:
         gpu.add_client(ClientSpec(c.name, c.sm_pct, c.request_pct / 100.0, c.limit_pct / 100.0))
-        drivers[c.name] = _Driver(gpu, c.name, c.burst_ms)
+        drivers[c.name] = Saturating(gpu, c.name, c.burst_ms)
     phase_ms = phase_windows * w
     for p in range(sc.phases):
         for c in sc.clients:
