@@ -345,6 +345,7 @@ def run_sim(
     seed: int,
     service_busy_ms: float | None = None,
     throughput_from_busy: bool = False,
+    cluster_phase_ms: float = 0.0,
     **cluster: Any,
 ) -> dict[str, Any]:
     """The same segment in the simulator: one config of the live instances' throughput.
@@ -409,7 +410,7 @@ def run_sim(
         )
     )
     # as live: a gentle warm-up (4 requests/s for SIM_WARMUP_S, not measured), then the segment
-    warm_ms = SIM_WARMUP_S * 1000.0
+    warm_ms = SIM_WARMUP_S * 1000.0 + float(cluster_phase_ms)
     arrivals = np.concatenate([np.arange(0.0, warm_ms, 250.0), np.asarray(times_ms) + warm_ms])
     end = float(arrivals[-1]) + 1000.0
     sim.log.warmup_ms = warm_ms

@@ -127,16 +127,26 @@ def test_a_negative_serial_stage_is_refused_with_its_name() -> None:
         _burst_run(-1.0, [1.0])
 
 
-def test_a_batch_right_after_the_previous_one_takes_its_gap_classs_busy_time() -> None:
-    # 2 ms a request; after a gap of at most 1 ms half of it, after more (or first) 1.5x
+def test_a_request_close_behind_the_previous_one_takes_its_gap_classs_busy_time() -> None:
+    # 2 ms a request; arrived at most 1 ms after the previous one: half of it, else 1.5x
     rows = ((1.0, 0.5), (float("inf"), 1.5))
     arrivals = [100.0, 100.0, 100.0, 500.0]  # a burst of three, then one alone
     runs = _one_instance_run(2.0, arrivals, busy_gap_factors=rows)
     busy = [r.finish_ms - r.start_ms for r in runs]
-    # the first found the instance idle; the next two started as the previous one ended
+    # the first had no request before it (the last class); the next two came with it
     assert busy == pytest.approx([3.0, 1.0, 1.0, 3.0])
     plain = _one_instance_run(2.0, arrivals)
     assert [r.finish_ms - r.start_ms for r in plain] == pytest.approx([2.0] * 4)
+
+
+def test_the_gap_class_goes_by_arrivals_not_by_the_instances_idle_time() -> None:
+    # requests 2 ms apart queue behind each other (3 ms each at the 1.5x class): each starts
+    # the moment the one before it ends, yet its class is its arrival gap (2 ms: 1.5x), as the
+    # live answers the factors are fitted on are classed (experiments.fidelity)
+    rows = ((1.0, 0.5), (float("inf"), 1.5))
+    runs = _one_instance_run(2.0, [100.0, 102.0, 104.0], busy_gap_factors=rows)
+    assert [r.start_ms for r in runs] == pytest.approx([100.0, 103.0, 106.0])
+    assert [r.finish_ms - r.start_ms for r in runs] == pytest.approx([3.0, 3.0, 3.0])
 
 
 def _estimate_run(busy_ms: float, throughput_from_busy: bool) -> SimCluster:

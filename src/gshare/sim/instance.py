@@ -25,6 +25,7 @@ Two burst models (``InstanceConfig.launch``):
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -124,10 +125,11 @@ class InstanceConfig:
     """Relative standard deviation of a burst's duration."""
     busy_gap_factors: tuple[tuple[float, float], ...] = ()
     """(idle gap upper bound ms, factor) rows, bounds ascending: a batch's busy time is
-    multiplied by the factor of the first row whose bound is at least the time since the
-    instance's previous batch ended (its first batch: the last row). A live CPU instance computes
-    faster right after its last request (``experiments.fidelity.busy_factors_by_gap``); empty:
-    no such factor."""
+    multiplied by the factor of the first row whose bound is at least the time between its
+    request's arrival and the arrival of the request routed here before it (the first request:
+    the last row; a batch: the mean over its requests). A live CPU instance computes faster when
+    its requests come close together (``experiments.fidelity.busy_factors_by_gap``, which
+    classes the live answers by the same gap); empty: no such factor."""
     launch: LaunchGating | None = None
     """Burst model (see the module docstring); None = whole burst token-gated."""
 
@@ -163,8 +165,10 @@ class SimInstance:
         self.on_batch_busy: Callable[[SimInstance, float, int], None] | None = None
         """Called when a batch is answered: (this instance, the batch's busy ms, its size)."""
         self._in_flight_busy_ms = 0.0
-        self._last_done_ms: float | None = None
-        """When its previous batch was answered (None: none yet)."""
+        self._last_arrival_ms: float | None = None
+        """Arrival time of the last request routed here (None: none yet)."""
+        self._arrival_gaps_ms: deque[float] = deque()
+        """Per queued request (``queue``'s order): the time since the previous one's arrival."""
         self._gap_bounds_ms = tuple(bound for bound, _ in config.busy_gap_factors)
         self._timer_at: float | None = None
         self._work_cache: dict[int, float] = {}
@@ -190,6 +194,9 @@ class SimInstance:
         if self.stopped:
             raise RuntimeError(f"request routed to stopped instance {self.instance_id}")
         self.queue.append(req)
+        last = self._last_arrival_ms
+        self._arrival_gaps_ms.append(math.inf if last is None else req.arrival_ms - last)
+        self._last_arrival_ms = req.arrival_ms
         self._maybe_dispatch()
 
     def drain(self) -> None:
@@ -215,12 +222,13 @@ class SimInstance:
             self._work_cache[n] = base
         if self.config.noise_sigma > 0:
             base *= max(0.1, 1.0 + self.config.noise_sigma * float(self.rng.standard_normal()))
-        rows = self.config.busy_gap_factors
-        if rows:
-            last = self._last_done_ms
-            gap_ms = float("inf") if last is None else self.loop.now_ms - last
-            base *= rows[gap_class(self._gap_bounds_ms, gap_ms)][1]
         return base
+
+    def _gap_factor(self, gaps_ms: Sequence[float]) -> float:
+        """The busy time's factor of a batch whose requests arrived ``gaps_ms`` after the
+        request before each (``InstanceConfig.busy_gap_factors``): the mean of their rows'."""
+        rows = self.config.busy_gap_factors
+        return sum(rows[gap_class(self._gap_bounds_ms, g)][1] for g in gaps_ms) / len(gaps_ms)
 
     def _maybe_dispatch(self) -> None:
         if not self.ready or self.in_flight or not self.queue or self.stopped:
@@ -237,10 +245,14 @@ class SimInstance:
             return
         n = d.take
         self.in_flight = [self.queue.popleft() for _ in range(n)]
+        gaps_ms = [self._arrival_gaps_ms.popleft() for _ in range(n)]
         for r in self.in_flight:
             r.start_ms = now
             r.instance_id = self.instance_id
-        work = self._in_flight_busy_ms = self._work_ms(n)
+        work = self._work_ms(n)
+        if c.busy_gap_factors:
+            work *= self._gap_factor(gaps_ms)
+        self._in_flight_busy_ms = work
         if c.launch is None:
             self.gpu.run_burst(self.instance_id, work, self._on_batch_done)
             return
@@ -260,7 +272,6 @@ class SimInstance:
     def _on_batch_done(self) -> None:
         now = self.loop.now_ms
         done, self.in_flight = self.in_flight, []
-        self._last_done_ms = now
         if self.on_batch_busy is not None and done:
             self.on_batch_busy(self, self._in_flight_busy_ms, len(done))
         for r in done:
