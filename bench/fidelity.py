@@ -13,9 +13,10 @@ simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios
 
 * ``mlp-chain`` / ``mlp-chain-tight`` — ``bench/twin.py``'s workflow scenarios (100 ms and
   10 ms SLO): the functions are deployed, profiled live (``--quick``: the scenario's profile
-  CSV instead); before each live run a calibration run with another seed measures the
-  platform constants and the latency spread (``twin.calibrate``, ``twin.spread_above_median``),
-  and that live run is simulated from them (``run_workflow``); scored: the workflow's p50, p99
+  CSV instead); calibration runs with another seed before, between and after the live runs
+  measure the platform constants and the latency spread (``twin.calibrate``,
+  ``twin.spread_above_median``), and each live run is simulated from the two around it
+  (``run_workflow``); scored: the workflow's p50, p99
   and SLO hit rate, with each calibration's inputs and figure in ``twin_inputs`` and
   ``sim_per_calibration``;
 * ``share-pair`` — two saturated functions at quotas 0.3 / 0.6 on one device
@@ -56,6 +57,7 @@ live run: the figures here are disturbed by other work on the shared machine).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import tempfile
 import time
@@ -186,15 +188,23 @@ def _twin_inputs(
     }
 
 
+def _mean_or_none(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else (float(a) + float(b)) / 2.0
+
+
 def run_workflow(name: str, quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
-    """``mlp-chain`` / ``mlp-chain-tight`` (module doc). Each live run is preceded by its own
-    calibration run and simulated from it: the figure scored is the mean of the calibrations'
-    figures at the scenario's seed (as the live one is the runs' mean), and the interval pools
-    every calibration's seeds, so it holds the calibration's noise as well as the seeds'.
+    """``mlp-chain`` / ``mlp-chain-tight`` (module doc). Calibration runs bracket the live
+    runs (calibration, live, calibration, live, calibration); each live run's simulated figure
+    is the mean of the figures simulated from the calibrations before and after it, at the
+    scenario's seed; the figure scored is the mean over the live runs (as the live one is the
+    runs' mean), and the interval pools those and every calibration's seeds, so it holds the
+    calibrations' noise as well as the seeds'.
 
     NOTE — one calibration before both runs put the simulated p50 9.51 ms against live runs of
     7.98 and 7.33 ms (run J): the machine's speed drifts over minutes, and a window's median
-    moves with it as much as the runs differ from each other."""
+    moves with it as much as the runs differ from each other. A calibration just before each
+    run still left the p50 +15.2 % (run N: calibrations 8.78 and 7.70 ms, live 7.34 and
+    6.94 ms); bracketing each run cancels a drift that is linear over the two windows."""
     sc = load_scenario(SCENARIOS / f"{name}.yaml")
     wf = next(w.target for w in sc.workloads if w.kind == "workflow")
     fns = sorted({s.function for s in sc.workflows[wf].stages})
@@ -214,13 +224,14 @@ def run_workflow(name: str, quick: bool, seeds: int, tmp: Path, loads: list[floa
         # the calibration's worst requests, and their spread, drawn per simulated request, put
         # the simulated p99 at 20x the live one (quick run, no profiling to warm them)
         run_load(sc, srv.url, token=srv.token, duration_s=WARMUP_S, seed=sc.seed + 2000)
-        for _ in range(LIVE_RUNS):
+        for i in range(LIVE_RUNS + 1):  # calibrations bracket the live runs
             calib = run_load(sc, srv.url, token=srv.token, duration_s=calib_s, seed=sc.seed + 1000)
             inputs.append(_twin_inputs(sc, wf, calib, profiles, calib_s))
-            lives += _live_once(
-                lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed),
-                loads,
-            )
+            if i < LIVE_RUNS:
+                lives += _live_once(
+                    lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed),
+                    loads,
+                )
     per_calibration = []
     for tw in inputs:
         sim_sc = twin.with_cluster(
@@ -251,13 +262,17 @@ def run_workflow(name: str, quick: bool, seeds: int, tmp: Path, loads: list[floa
     before = simulate(before_sc, duration_s=dur, seed=sc.seed, live_profiles=profiles)
     live_fig = [latency_figures(r.rows, "workflow", wf) for r in lives]
     fb = latency_figures(before.rows, "workflow", wf)
-    # each calibration's figure at the scenario's seed first: their mean is the point scored
+    # each live run's figure at the scenario's seed (the mean of the two calibrations around
+    # it) first: their mean is the point scored; the interval adds every calibration's seeds
     firsts = [figs[0] for figs in per_calibration]
+    around = [
+        {k: _mean_or_none(a.get(k), b.get(k)) for k in a} for a, b in itertools.pairwise(firsts)
+    ]
     out = _scores(
         name,
-        firsts + [f for figs in per_calibration for f in figs[1:]],
+        around + [f for figs in per_calibration for f in figs],
         live_fig,
-        point_of=len(firsts),
+        point_of=len(around),
     )
     twin_inputs = [
         {

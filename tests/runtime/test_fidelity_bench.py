@@ -47,12 +47,14 @@ def test_quick_fidelity_scores_every_figure_of_every_scenario(tmp_path: Path) ->
         else:  # outside its bound, with a live spread larger than the bound
             assert abs(r["error"]) > r["bound"] and r["live_spread"] > r["bound"], r
             assert r["within"] == (r["sim_p05"] <= r["live"] <= r["sim_p95"]), r
-    # each live run of the workflow is simulated from its own calibration run: the point
-    # scored is their figures' mean
+    # calibrations bracket the live runs, each simulated from the two around it: the point
+    # scored weighs the inner calibrations twice, the outer ones once
     for m in ("p50_ms", "p99_ms"):
         r = by[("mlp-chain", m)]
-        assert len(r["twin_inputs"]) == len(r["sim_per_calibration"]) == fidelity.LIVE_RUNS, r
-        assert r["sim"] == pytest.approx(sum(r["sim_per_calibration"]) / fidelity.LIVE_RUNS)
+        cal = r["sim_per_calibration"]
+        assert len(r["twin_inputs"]) == len(cal) == fidelity.LIVE_RUNS + 1, r
+        around = [(a + b) / 2 for a, b in zip(cal, cal[1:], strict=False)]
+        assert r["sim"] == pytest.approx(sum(around) / fidelity.LIVE_RUNS)
         assert all(t["frontend_ms"] >= 0 and t["calibration_p50_ms"] > 0 for t in r["twin_inputs"])
     # the share pair's quotas order the shares in both worlds (0.3 < 0.6)
     a, b = by[("share-pair", "share_pct:share-a")], by[("share-pair", "share_pct:share-b")]
