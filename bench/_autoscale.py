@@ -158,6 +158,7 @@ def run_live(
     tmp: Path,
     make_segment: Any = None,
     calibrate_under_load: bool = False,
+    calibrate_after: bool = False,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """One server with ``autoscaler``; ``times_ms`` None: build the segment with
     ``make_segment(measured throughput per instance)`` once the instance measured it.
@@ -170,7 +171,9 @@ def run_live(
     latency less the platform's median): another function of the same model and
     share (``live-cal``, deleted after) is sent ``CALIB_S`` seconds of the trace at the
     segment's mean rate from ``CALIB_OFFSET_S`` on, then ``burst_probe``; the measured
-    function's instances and rate history are untouched."""
+    function's instances and rate history are untouched. ``calibrate_after`` (with
+    ``calibrate_under_load``): the same calibration again after the segment, on a fresh function
+    (``calibration_after``: the same five fields), so that the two bracket the segment."""
     with ServeProcess(
         "--autoscaler", autoscaler, state_dir=tmp / f"state-{autoscaler}", cwd=ROOT
     ) as srv:
@@ -213,6 +216,16 @@ def run_live(
         ca = after["model_stats"][0]["inference_stats"]["compute_infer"]
         n_run = max(1, int(ca["count"]) - int(ci["count"]))
         busy_ms_run = (float(ca["ns"]) - float(ci["ns"])) / 1e6 / n_run
+        after_cal: dict[str, Any] | None = None
+        if calibrate_under_load and calibrate_after:
+            b2, p2, s2, c2, bs2 = _under_load(srv, c, times_ms, "live-cal-after")
+            after_cal = {
+                "busy_ms_under_load_calibration": b2,
+                "busy_samples_ms_calibration": bs2,
+                "platform_ms_under_load": p2,
+                "platform_serial_ms": s2,
+                "cold_start_ms": c2,
+            }
     lat = [r[1] for r in results]
     bad = sum(1 for r in results if r[2] != 200 or r[1] > SLO_MS)
     return times_ms, {
@@ -232,6 +245,7 @@ def run_live(
         "platform_ms_under_load": plat_cal,
         "platform_serial_ms": serial_ms,
         "cold_start_ms": cold_ms,
+        "calibration_after": after_cal,
         "answers": [[round(at, 3), round(lat, 3), st] for at, lat, st in results],
         # diagnostics (the simulator does not read them): the segment's own platform share and
         # busy time per answer, beside the calibration's
@@ -243,14 +257,14 @@ def run_live(
 
 
 def _under_load(
-    srv: ServeProcess, c: Any, times_ms: np.ndarray
+    srv: ServeProcess, c: Any, times_ms: np.ndarray, cal: str = "live-cal"
 ) -> tuple[float, list[float], float, float, list[list[float]]]:
     """``run_live``'s under-load calibration (its docstring): busy ms per request; the platform
     latency samples (ms) of the answered requests after the first quarter, each less its wait
     in the platform's serial stage; that stage's service time (ms; ``burst_probe``); and the
     cold start (ms: the new function's first request, answered by an instance started for it,
-    less the platform's median); each answered request's (scheduled ms, busy ms)."""
-    cal = "live-cal"
+    less the platform's median); each answered request's (scheduled ms, busy ms). ``cal``: the
+    calibration function's name (deployed here, deleted after)."""
     # one instance: each answer's busy time goes with the gap since that instance's previous
     # request (``busy_factors_by_gap`` classes by the function's arrivals)
     c.deploy(function_spec(cal, 1))
@@ -318,13 +332,18 @@ async def burst_probe(url: str, name: str) -> list[tuple[int, float]]:
     return out
 
 
-def sim_inputs(live: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+def sim_inputs(live: dict[str, Any], after: bool = False) -> tuple[float, dict[str, Any]]:
     """What the simulator takes from one live server run with ``calibrate_under_load``: the
     config's throughput (``quota_request × 1000 / busy ms`` at the under-load calibration) and
     the ``run_sim`` cluster fields — the platform samples under load, the serial stage's service
     time, the measured cold start and the busy time's factors by idle gap
     (``experiments.fidelity.busy_factors_by_gap`` on the calibration's answers). Used by
-    ``bench/fidelity.py`` and ``bench/autoscale_live.py`` with ``throughput_from_busy``."""
+    ``bench/fidelity.py`` and ``bench/autoscale_live.py`` with ``throughput_from_busy``.
+    ``after``: from the calibration after the segment (``run_live``'s ``calibrate_after``)."""
+    if after:
+        if not live.get("calibration_after"):
+            raise ValueError("sim_inputs(after=True) needs a run_live(calibrate_after=True) record")
+        live = live["calibration_after"]
     busy = live.get("busy_ms_under_load_calibration")
     if busy is None:
         raise ValueError("sim_inputs needs a run_live(..., calibrate_under_load=True) record")

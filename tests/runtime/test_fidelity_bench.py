@@ -102,3 +102,48 @@ def test_replay_simulates_a_recorded_llm_segment_again(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"summary": {}}))
     with pytest.raises(SystemExit, match="no recorded llm-autoscale run"):
         fidelity.main(["--replay", str(bad)])
+
+
+def test_a_replay_takes_the_calibrations_after_the_segment_too(tmp_path: Path) -> None:
+    """Each server's calibration after its segment (``calibration_after``) is simulated beside
+    the one before it: the point scored is the mean over all four calibrations, so slower
+    after-calibrations raise it; a record without them simulates the ones before only."""
+    import json
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import fidelity
+    finally:
+        sys.path.remove(str(BENCH))
+    times = [float(t) for t in range(0, 20_000, 50)]  # 20 requests/s for 20 s
+    cal = {
+        "busy_ms_under_load_calibration": 0.5, "busy_samples_ms_calibration": [],
+        "platform_ms_under_load": [2.0, 2.5, 3.0], "platform_serial_ms": 1.3,
+        "cold_start_ms": 300.0,
+    }  # fmt: skip
+    live = {
+        "requests": len(times), "errors": 0, "slo_violation_pct": 0.0, "mean_instances": 1.0,
+        "p50_ms": 3.0, "p99_ms": 6.0, "throughput_rps_per_instance": 200.0,
+        "busy_ms_per_request": 0.5, "busy_ms_per_request_under_load": 0.5,
+        "platform_ms": [2.0], "answers": [], **cal,
+    }  # fmt: skip
+    slower = {**cal, "busy_ms_under_load_calibration": 5.0}
+
+    def p50(lives: list[dict[str, object]], name: str) -> dict[str, object]:
+        rec = tmp_path / f"{name}.json"
+        inputs = {"times_ms": times, "lives": lives}
+        rec.write_text(
+            json.dumps({"summary": {"scenarios": {"llm-autoscale": {"inputs": inputs}}}})
+        )
+        s = fidelity.main(
+            ["--replay", str(rec), "--seeds", "4", "--json", str(tmp_path / "o.json")]
+        )
+        return {r["metric"]: r for r in s["rows"]}["p50_ms"]
+
+    before_only = p50([live, live], "before")
+    bracketed = p50([{**live, "calibration_after": slower}] * 2, "bracketed")
+    assert bracketed["busy_ms_under_load_calibration_after"] == [5.0, 5.0]
+    assert before_only["busy_ms_under_load_calibration_after"] == [None, None]
+    # 5 ms a request at quota 0.1 (2 requests/s an instance's share) against 0.5 ms
+    assert bracketed["sim"] > before_only["sim"]
+    assert bracketed["sim_p95"] > before_only["sim_p95"]
