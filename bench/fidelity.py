@@ -34,12 +34,12 @@ simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios
   each client's share;
 * ``llm-autoscale`` — ``bench/autoscale_live.py``'s LLM-trace segment with ``gshare-burst``
   (``_autoscale``: the same code; 180 s at ``LLM_RATE_RPS`` mean, full run only), each live
-  server first measuring the
-  busy time per request and the platform latency under the segment's load on another function,
-  and the platform's serial stage on bursts of simultaneous requests (``run_live``'s
-  calibration); scored: SLO violations, mean instances, p50, p99. The summary records each live
-  server's figures and measurements (``scenarios.llm-autoscale.inputs``); ``--replay JSON``
-  simulates them again without running live (a model change checked on recorded runs).
+  server measuring, before its segment and again after it, the busy time per request and the
+  platform latency under the segment's load on another function, and the platform's serial
+  stage on bursts of simultaneous requests (``run_live``'s calibrations); scored: SLO
+  violations, mean instances, p50, p99. The summary records each live server's figures and
+  measurements (``scenarios.llm-autoscale.inputs``); ``--replay JSON`` simulates them again
+  without running live (a model change checked on recorded runs).
 
 ``--quick`` (≤ 2 minutes here, exercised by ``tests/runtime/test_fidelity_bench.py``):
 ``mlp-chain`` and ``share-pair`` with short runs, and ``gpu-shares``.
