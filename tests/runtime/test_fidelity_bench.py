@@ -5,8 +5,10 @@ load)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,11 +17,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 @pytest.mark.slow
 def test_quick_fidelity_scores_every_figure_of_every_scenario(tmp_path: Path) -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        import fidelity
-    finally:
-        sys.path.remove(str(BENCH))
+    fidelity = _fidelity()
     s = fidelity.main(["--quick", "--json", str(tmp_path / "fid.json")])
     assert (tmp_path / "fid.json").exists()
     assert set(s["scenarios"]) == set(fidelity.QUICK)
@@ -65,29 +63,47 @@ def test_quick_fidelity_scores_every_figure_of_every_scenario(tmp_path: Path) ->
             assert len(sc["loadavg_1m_live"]) == 2 * fidelity.LIVE_RUNS
 
 
-def test_replay_simulates_a_recorded_llm_segment_again(tmp_path: Path) -> None:
-    """``--replay``: the LLM segment's recorded live figures and measurements are simulated
-    again without a server, and scored against the recorded live figures; a file without a
-    record is refused with one line naming it."""
-    import json
-
+def _fidelity() -> Any:
     sys.path.insert(0, str(BENCH))
     try:
         import fidelity
     finally:
         sys.path.remove(str(BENCH))
-    times = [float(t) for t in range(0, 20_000, 50)]  # 20 requests/s for 20 s
-    live = {
-        "requests": len(times), "errors": 0, "slo_violation_pct": 0.0, "mean_instances": 1.0,
-        "p50_ms": 3.0, "p99_ms": 6.0, "throughput_rps_per_instance": 200.0,
-        "busy_ms_per_request": 0.5, "busy_ms_per_request_under_load": 0.5,
-        "busy_ms_under_load_calibration": 0.5, "platform_ms_under_load": [2.0, 2.5, 3.0],
-        "platform_serial_ms": 1.3, "platform_ms": [2.0], "cold_start_ms": 300.0, "answers": [],
-    }  # fmt: skip
-    rec = tmp_path / "rec.json"
-    inputs = {"times_ms": times, "lives": [live, {**live, "p99_ms": 8.0}]}
+    return fidelity
+
+
+TIMES_MS = [float(t) for t in range(0, 20_000, 50)]  # 20 requests/s for 20 s
+CALIBRATION = {
+    "busy_ms_under_load_calibration": 0.5, "busy_samples_ms_calibration": [],
+    "platform_ms_under_load": [2.0, 2.5, 3.0], "platform_serial_ms": 1.3, "cold_start_ms": 300.0,
+}  # fmt: skip
+"""A recorded LLM server's calibration (``_autoscale.run_live``'s fields)."""
+LIVE = {
+    "requests": len(TIMES_MS), "errors": 0, "slo_violation_pct": 0.0, "mean_instances": 1.0,
+    "p50_ms": 3.0, "p99_ms": 6.0, "throughput_rps_per_instance": 200.0,
+    "busy_ms_per_request": 0.5, "busy_ms_per_request_under_load": 0.5,
+    "platform_ms": [2.0], "answers": [], **CALIBRATION,
+}  # fmt: skip
+"""A recorded LLM server: its figures and its calibration before the segment."""
+
+
+def _replay(tmp_path: Path, name: str, lives: list[dict[str, Any]], seeds: int) -> dict[str, Any]:
+    """``bench/fidelity.py --replay`` of a record of ``TIMES_MS`` and ``lives``."""
+    rec = tmp_path / f"{name}.json"
+    inputs = {"times_ms": TIMES_MS, "lives": lives}
     rec.write_text(json.dumps({"summary": {"scenarios": {"llm-autoscale": {"inputs": inputs}}}}))
-    s = fidelity.main(["--replay", str(rec), "--seeds", "2", "--json", str(tmp_path / "o.json")])
+    out = str(tmp_path / f"{name}-out.json")
+    result: dict[str, Any] = _fidelity().main(
+        ["--replay", str(rec), "--seeds", str(seeds), "--json", out]
+    )
+    return result
+
+
+def test_replay_simulates_a_recorded_llm_segment_again(tmp_path: Path) -> None:
+    """``--replay``: the LLM segment's recorded live figures and measurements are simulated
+    again without a server, and scored against the recorded live figures; a file without a
+    record is refused with one line naming it."""
+    s = _replay(tmp_path, "rec", [LIVE, {**LIVE, "p99_ms": 8.0}], 2)
     assert set(s["scenarios"]) == {"llm-autoscale"}
     rows = {r["metric"]: r for r in s["rows"]}
     assert set(rows) == {"slo_violation_pct", "mean_instances", "p50_ms", "p99_ms"}
@@ -96,52 +112,26 @@ def test_replay_simulates_a_recorded_llm_segment_again(tmp_path: Path) -> None:
     # the simulated requests paid at least the smallest platform sample
     assert rows["p50_ms"]["sim"] >= 2.0
     # the new record holds the same inputs, so a replay can be replayed
-    again = json.loads((tmp_path / "o.json").read_text())
-    assert again["summary"]["scenarios"]["llm-autoscale"]["inputs"]["times_ms"] == times
+    again = json.loads((tmp_path / "rec-out.json").read_text())
+    assert again["summary"]["scenarios"]["llm-autoscale"]["inputs"]["times_ms"] == TIMES_MS
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"summary": {}}))
     with pytest.raises(SystemExit, match="no recorded llm-autoscale run"):
-        fidelity.main(["--replay", str(bad)])
+        _fidelity().main(["--replay", str(bad)])
 
 
 def test_a_replay_takes_the_calibrations_after_the_segment_too(tmp_path: Path) -> None:
     """Each server's calibration after its segment (``calibration_after``) is simulated beside
     the one before it: the point scored is the mean over all four calibrations, so slower
     after-calibrations raise it; a record without them simulates the ones before only."""
-    import json
+    slower = {**CALIBRATION, "busy_ms_under_load_calibration": 5.0}
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        import fidelity
-    finally:
-        sys.path.remove(str(BENCH))
-    times = [float(t) for t in range(0, 20_000, 50)]  # 20 requests/s for 20 s
-    cal = {
-        "busy_ms_under_load_calibration": 0.5, "busy_samples_ms_calibration": [],
-        "platform_ms_under_load": [2.0, 2.5, 3.0], "platform_serial_ms": 1.3,
-        "cold_start_ms": 300.0,
-    }  # fmt: skip
-    live = {
-        "requests": len(times), "errors": 0, "slo_violation_pct": 0.0, "mean_instances": 1.0,
-        "p50_ms": 3.0, "p99_ms": 6.0, "throughput_rps_per_instance": 200.0,
-        "busy_ms_per_request": 0.5, "busy_ms_per_request_under_load": 0.5,
-        "platform_ms": [2.0], "answers": [], **cal,
-    }  # fmt: skip
-    slower = {**cal, "busy_ms_under_load_calibration": 5.0}
+    def p50(lives: list[dict[str, Any]], name: str) -> dict[str, Any]:
+        rows: list[dict[str, Any]] = _replay(tmp_path, name, lives, 4)["rows"]
+        return next(r for r in rows if r["metric"] == "p50_ms")
 
-    def p50(lives: list[dict[str, object]], name: str) -> dict[str, object]:
-        rec = tmp_path / f"{name}.json"
-        inputs = {"times_ms": times, "lives": lives}
-        rec.write_text(
-            json.dumps({"summary": {"scenarios": {"llm-autoscale": {"inputs": inputs}}}})
-        )
-        s = fidelity.main(
-            ["--replay", str(rec), "--seeds", "4", "--json", str(tmp_path / "o.json")]
-        )
-        return {r["metric"]: r for r in s["rows"]}["p50_ms"]
-
-    before_only = p50([live, live], "before")
-    bracketed = p50([{**live, "calibration_after": slower}] * 2, "bracketed")
+    before_only = p50([LIVE, LIVE], "before")
+    bracketed = p50([{**LIVE, "calibration_after": slower}] * 2, "bracketed")
     assert bracketed["busy_ms_under_load_calibration_after"] == [5.0, 5.0]
     assert before_only["busy_ms_under_load_calibration_after"] == [None, None]
     # 5 ms a request at quota 0.1 (2 requests/s an instance's share) against 0.5 ms
