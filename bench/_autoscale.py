@@ -336,7 +336,7 @@ def sim_inputs(live: dict[str, Any], after: bool = False) -> tuple[float, dict[s
     """What the simulator takes from one live server run with ``calibrate_under_load``: the
     config's throughput (``quota_request × 1000 / busy ms`` at the under-load calibration) and
     the ``run_sim`` cluster fields — the platform samples under load, the serial stage's service
-    time, the measured cold start and the busy time's factors by idle gap
+    time, the measured cold start and the busy time's factors by arrival gap
     (``experiments.fidelity.busy_factors_by_gap`` on the calibration's answers). Used by
     ``bench/fidelity.py`` and ``bench/autoscale_live.py`` with ``throughput_from_busy``.
     ``after``: from the calibration after the segment (``run_live``'s ``calibrate_after``)."""
@@ -364,7 +364,6 @@ def run_sim(
     seed: int,
     service_busy_ms: float | None = None,
     throughput_from_busy: bool = False,
-    cluster_phase_ms: float = 0.0,
     **cluster: Any,
 ) -> dict[str, Any]:
     """The same segment in the simulator: one config of the live instances' throughput.
@@ -429,7 +428,7 @@ def run_sim(
         )
     )
     # as live: a gentle warm-up (4 requests/s for SIM_WARMUP_S, not measured), then the segment
-    warm_ms = SIM_WARMUP_S * 1000.0 + float(cluster_phase_ms)
+    warm_ms = SIM_WARMUP_S * 1000.0
     arrivals = np.concatenate([np.arange(0.0, warm_ms, 250.0), np.asarray(times_ms) + warm_ms])
     end = float(arrivals[-1]) + 1000.0
     sim.log.warmup_ms = warm_ms

@@ -463,7 +463,7 @@ def run_llm(
     # calibration's own bursts; the simulator adds the waits back at the segment's bursts.
     # The live controller's throughput follows the gateway's estimate of the busy time (the
     # mean over the last ~10 answers, ``policy.autoscale.measured``), which the spread of the
-    # per-request busy times moves by ±30 %; that busy time depends on the idle gap before the
+    # per-request busy times moves by ±30 %; that busy time depends on the gap since the previous
     # request (``experiments.fidelity.busy_factors_by_gap``, fitted on the calibration's
     # answers), and the simulated instances and controller do both.
     # the calibrations: each server's before its segment, then each server's after it (a

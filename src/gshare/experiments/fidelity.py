@@ -16,7 +16,7 @@ The platform's serial stage (``sim.gateway``): ``fit_serial_ms`` fits its servic
 probe of simultaneous bursts, and ``fifo_waits_ms`` gives the waits it adds to given arrivals
 (the harness takes them out of the platform samples it measured under load, which the simulator
 adds back where its own bursts are). ``busy_factors_by_gap`` fits how a CPU instance's busy time
-per request depends on the idle gap before the request (its NOTE).
+per request depends on the gap since the previous request's arrival (its NOTE).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def fit_serial_ms(bursts: Sequence[tuple[int, float]]) -> float:
 
 
 GAP_BOUNDS_MS: Final[tuple[float, ...]] = (1.0, 3.0, 10.0, 30.0, 100.0, math.inf)
-"""Upper bounds of the idle-gap classes ``busy_factors_by_gap`` fits a factor to."""
+"""Upper bounds of the gap classes ``busy_factors_by_gap`` fits a factor to."""
 
 
 def busy_factors_by_gap(

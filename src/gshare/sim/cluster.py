@@ -116,8 +116,9 @@ class ClusterConfig:
     interference: InterferenceModel = field(default_factory=InterferenceModel)
     noise_sigma: float = 0.0
     busy_gap_factors: tuple[tuple[float, float], ...] = ()
-    """Multipliers of a batch's busy time by the instance's idle gap before it
-    (``sim.instance.InstanceConfig.busy_gap_factors``); empty: none."""
+    """Multipliers of a batch's busy time by the gap between its requests' arrivals and the ones
+    before them at the instance (``sim.instance.InstanceConfig.busy_gap_factors``); empty:
+    none."""
     launch: LaunchGating | None = field(default_factory=LaunchGating)
     """Burst model of instances (default: launch-gated, validated by ``token-fidelity``)."""
     token_wakeup_ms: float = DEFAULT_WAKEUP_MS

@@ -105,7 +105,7 @@ class LaunchGating:
 
 
 def gap_class(bounds_ms: Sequence[float], gap_ms: float) -> int:
-    """The idle-gap class of ``gap_ms`` among ascending upper ``bounds_ms``: the first bound at
+    """The gap class of ``gap_ms`` among ascending upper ``bounds_ms``: the first bound at
     least ``gap_ms``, else the last (``InstanceConfig.busy_gap_factors``; its fit,
     ``experiments.fidelity.busy_factors_by_gap``, classes alike)."""
     return min(bisect_left(bounds_ms, gap_ms), len(bounds_ms) - 1)
@@ -124,7 +124,7 @@ class InstanceConfig:
     noise_sigma: float = 0.0
     """Relative standard deviation of a burst's duration."""
     busy_gap_factors: tuple[tuple[float, float], ...] = ()
-    """(idle gap upper bound ms, factor) rows, bounds ascending: a batch's busy time is
+    """(arrival gap upper bound ms, factor) rows, bounds ascending: a batch's busy time is
     multiplied by the factor of the first row whose bound is at least the time between its
     request's arrival and the arrival of the request routed here before it (the first request:
     the last row; a batch: the mean over its requests). A live CPU instance computes faster when
