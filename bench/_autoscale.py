@@ -173,7 +173,7 @@ def run_live(
     segment's mean rate from ``CALIB_OFFSET_S`` on, then ``burst_probe``; the measured
     function's instances and rate history are untouched. ``calibrate_after`` (with
     ``calibrate_under_load``): the same calibration again after the segment, on a fresh function
-    (``calibration_after``: the same five fields), so that the two bracket the segment."""
+    (``calibration_after``: the same ``CALIBRATION_FIELDS``), so that the two bracket it."""
     with ServeProcess(
         "--autoscaler", autoscaler, state_dir=tmp / f"state-{autoscaler}", cwd=ROOT
     ) as srv:
@@ -188,9 +188,7 @@ def run_live(
         if times_ms is None:
             times_ms = make_segment(statistics.median(tput))
         assert times_ms is not None
-        busy_cal, plat_cal, serial_ms, cold_ms, busy_samples = None, None, None, None, None
-        if calibrate_under_load:
-            busy_cal, plat_cal, serial_ms, cold_ms, busy_samples = _under_load(srv, c, times_ms)
+        cal = _under_load(srv, c, times_ms) if calibrate_under_load else {}
         samples: list[int] = []
         sampled_at_s: list[float] = []
         stop = threading.Event()
@@ -216,16 +214,9 @@ def run_live(
         ca = after["model_stats"][0]["inference_stats"]["compute_infer"]
         n_run = max(1, int(ca["count"]) - int(ci["count"]))
         busy_ms_run = (float(ca["ns"]) - float(ci["ns"])) / 1e6 / n_run
-        after_cal: dict[str, Any] | None = None
+        after_cal = None
         if calibrate_under_load and calibrate_after:
-            b2, p2, s2, c2, bs2 = _under_load(srv, c, times_ms, "live-cal-after")
-            after_cal = {
-                "busy_ms_under_load_calibration": b2,
-                "busy_samples_ms_calibration": bs2,
-                "platform_ms_under_load": p2,
-                "platform_serial_ms": s2,
-                "cold_start_ms": c2,
-            }
+            after_cal = _under_load(srv, c, times_ms, "live-cal-after")
     lat = [r[1] for r in results]
     bad = sum(1 for r in results if r[2] != 200 or r[1] > SLO_MS)
     return times_ms, {
@@ -240,11 +231,7 @@ def run_live(
         "throughput_rps_per_instance": tput[0],
         "busy_ms_per_request": busy_ms,
         "busy_ms_per_request_under_load": busy_ms_run,
-        "busy_ms_under_load_calibration": busy_cal,
-        "busy_samples_ms_calibration": busy_samples,
-        "platform_ms_under_load": plat_cal,
-        "platform_serial_ms": serial_ms,
-        "cold_start_ms": cold_ms,
+        **{k: cal.get(k) for k in CALIBRATION_FIELDS},
         "calibration_after": after_cal,
         "answers": [[round(at, 3), round(lat, 3), st] for at, lat, st in results],
         # diagnostics (the simulator does not read them): the segment's own platform share and
@@ -256,15 +243,26 @@ def run_live(
     }
 
 
+CALIBRATION_FIELDS = (
+    "busy_ms_under_load_calibration",
+    "busy_samples_ms_calibration",
+    "platform_ms_under_load",
+    "platform_serial_ms",
+    "cold_start_ms",
+)
+"""What ``_under_load`` measures, as ``run_live`` records it (``calibration_after`` holds the
+same fields) and ``sim_inputs`` reads it."""
+
+
 def _under_load(
     srv: ServeProcess, c: Any, times_ms: np.ndarray, cal: str = "live-cal"
-) -> tuple[float, list[float], float, float, list[list[float]]]:
-    """``run_live``'s under-load calibration (its docstring): busy ms per request; the platform
-    latency samples (ms) of the answered requests after the first quarter, each less its wait
-    in the platform's serial stage; that stage's service time (ms; ``burst_probe``); and the
-    cold start (ms: the new function's first request, answered by an instance started for it,
-    less the platform's median); each answered request's (scheduled ms, busy ms). ``cal``: the
-    calibration function's name (deployed here, deleted after)."""
+) -> dict[str, Any]:
+    """``run_live``'s under-load calibration (its docstring), as ``CALIBRATION_FIELDS``: busy ms
+    per request; each answered request's (scheduled ms, busy ms); the platform latency samples
+    (ms) of the answered requests after the first quarter, each less its wait in the platform's
+    serial stage; that stage's service time (ms; ``burst_probe``); and the cold start (ms: the
+    new function's first request, answered by an instance started for it, less the platform's
+    median). ``cal``: the calibration function's name (deployed here, deleted after)."""
     # one instance: each answer's busy time goes with the gap since that instance's previous
     # request (``busy_factors_by_gap`` classes by the function's arrivals)
     c.deploy(function_spec(cal, 1))
@@ -294,8 +292,19 @@ def _under_load(
     ]
     base = base[len(base) // 4 :]
     cold_ms = max(0.0, first_ms - statistics.median(base)) if base else first_ms
-    busy_at = [[round(at, 3), round(ms, 4)] for at, ms in busy]
-    return (float(a["ns"]) - float(b["ns"])) / 1e6 / n, base, serial_ms, cold_ms, busy_at
+    return dict(
+        zip(
+            CALIBRATION_FIELDS,
+            (
+                (float(a["ns"]) - float(b["ns"])) / 1e6 / n,
+                [[round(at, 3), round(ms, 4)] for at, ms in busy],
+                base,
+                serial_ms,
+                cold_ms,
+            ),
+            strict=True,
+        )
+    )
 
 
 BURST_SIZES = (1, 2, 4, 8)

@@ -166,9 +166,8 @@ class SimInstance:
         """Called when a batch is answered: (this instance, the batch's busy ms, its size)."""
         self._in_flight_busy_ms = 0.0
         self._last_arrival_ms: float | None = None
-        """Arrival time of the last request routed here (None: none yet)."""
-        self._arrival_gaps_ms: deque[float] = deque()
-        """Per queued request (``queue``'s order): the time since the previous one's arrival."""
+        """Arrival time of the last request taken into a batch here (None: none yet); with the
+        queue's order it gives each request's gap (``busy_gap_factors``)."""
         self._gap_bounds_ms = tuple(bound for bound, _ in config.busy_gap_factors)
         self._timer_at: float | None = None
         self._work_cache: dict[int, float] = {}
@@ -194,9 +193,6 @@ class SimInstance:
         if self.stopped:
             raise RuntimeError(f"request routed to stopped instance {self.instance_id}")
         self.queue.append(req)
-        last = self._last_arrival_ms
-        self._arrival_gaps_ms.append(math.inf if last is None else req.arrival_ms - last)
-        self._last_arrival_ms = req.arrival_ms
         self._maybe_dispatch()
 
     def drain(self) -> None:
@@ -224,11 +220,17 @@ class SimInstance:
             base *= max(0.1, 1.0 + self.config.noise_sigma * float(self.rng.standard_normal()))
         return base
 
-    def _gap_factor(self, gaps_ms: Sequence[float]) -> float:
-        """The busy time's factor of a batch whose requests arrived ``gaps_ms`` after the
-        request before each (``InstanceConfig.busy_gap_factors``): the mean of their rows'."""
-        rows = self.config.busy_gap_factors
-        return sum(rows[gap_class(self._gap_bounds_ms, g)][1] for g in gaps_ms) / len(gaps_ms)
+    def _gap_factor(self, arrivals_ms: Sequence[float]) -> float:
+        """The busy time's factor of a batch whose requests arrived at ``arrivals_ms`` (queue
+        order), each classed by the time since the arrival of the request before it here
+        (``InstanceConfig.busy_gap_factors``): the mean of their rows'."""
+        rows, total = self.config.busy_gap_factors, 0.0
+        for at in arrivals_ms:
+            last = self._last_arrival_ms
+            gap_ms = math.inf if last is None else at - last
+            total += rows[gap_class(self._gap_bounds_ms, gap_ms)][1]
+            self._last_arrival_ms = at
+        return total / len(arrivals_ms)
 
     def _maybe_dispatch(self) -> None:
         if not self.ready or self.in_flight or not self.queue or self.stopped:
@@ -245,13 +247,12 @@ class SimInstance:
             return
         n = d.take
         self.in_flight = [self.queue.popleft() for _ in range(n)]
-        gaps_ms = [self._arrival_gaps_ms.popleft() for _ in range(n)]
         for r in self.in_flight:
             r.start_ms = now
             r.instance_id = self.instance_id
         work = self._work_ms(n)
         if c.busy_gap_factors:
-            work *= self._gap_factor(gaps_ms)
+            work *= self._gap_factor([r.arrival_ms for r in self.in_flight])
         self._in_flight_busy_ms = work
         if c.launch is None:
             self.gpu.run_burst(self.instance_id, work, self._on_batch_done)
