@@ -57,6 +57,9 @@ CALIB_OFFSET_S = 585.0
 burst structure (at 10 requests/s: 44 % of its requests in seconds of 50 or more, the busiest
 86, against 40 % and 137 in the segment; the 15 s from 600 s used before had none over 31),
 chosen on those counts alone."""
+MIN_CALIB_REQUESTS = 50
+"""Fewest requests the calibration window may hold (at some rates the scaled trace ends before
+it, or it falls in an idle stretch): fewer is refused with the rate named."""
 
 
 def segment(rate_rps: float, seconds: float, offset_s: float) -> np.ndarray:
@@ -109,6 +112,22 @@ async def _replay(
 
         await asyncio.gather(*(one(float(t)) for t in times_ms))
     return out
+
+
+def calibration_times(rate_rps: float) -> np.ndarray:
+    """The under-load calibration's arrivals (ms from 0): ``CALIB_S`` seconds of the trace scaled
+    to ``rate_rps`` from ``CALIB_OFFSET_S`` on. Raises ``ValueError`` naming the rate when the
+    window holds fewer than ``MIN_CALIB_REQUESTS`` (the scaled trace ends before it at 20-40
+    requests/s, and it falls in an idle stretch at 2-3)."""
+    times = segment(rate_rps, CALIB_S, CALIB_OFFSET_S)
+    if len(times) < MIN_CALIB_REQUESTS:
+        raise ValueError(
+            f"the under-load calibration window ({CALIB_OFFSET_S:.0f}-"
+            f"{CALIB_OFFSET_S + CALIB_S:.0f} s of the LLM trace scaled to {rate_rps:.2f} "
+            f"requests/s) holds {len(times)} requests, fewer than {MIN_CALIB_REQUESTS}: "
+            "choose another rate"
+        )
+    return times
 
 
 def light_load(
@@ -274,7 +293,11 @@ def _under_load(
     rate = len(times_ms) / max(1e-9, float(times_ms[-1]) / 1000.0)
     plat: list[tuple[float, float]] = []
     busy: list[tuple[float, float]] = []
-    cal_times = segment(rate, CALIB_S, CALIB_OFFSET_S)
+    try:
+        cal_times = calibration_times(rate)
+    except ValueError:
+        c.delete(cal)
+        raise
     asyncio.run(_replay(srv.url, cal, cal_times, plat, busy))
     after = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
     serial_ms = fit_serial_ms(asyncio.run(burst_probe(srv.url, cal)))
@@ -356,6 +379,11 @@ def sim_inputs(live: dict[str, Any], after: bool = False) -> tuple[float, dict[s
     busy = live.get("busy_ms_under_load_calibration")
     if busy is None:
         raise ValueError("sim_inputs needs a run_live(..., calibrate_under_load=True) record")
+    if not float(busy) > 0.0:
+        raise ValueError(
+            f"sim_inputs: the calibration measured a busy time of {busy} ms a request (it "
+            "answered no request); its record cannot be simulated"
+        )
     samples = live.get("busy_samples_ms_calibration") or []
     return float(SHARE["quota_request"]) * 1000.0 / float(busy), {
         "platform_ms": tuple(live["platform_ms_under_load"]),

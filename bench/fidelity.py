@@ -76,6 +76,7 @@ from gshare.experiments.scenario_load import deploy, run_load
 from gshare.experiments.scenario_sim import fetch_live_profiles, function_profiles, simulate
 from gshare.profiles import ProfilePoint
 from gshare.scenario import Scenario, load_scenario
+from gshare.sim.cluster import ClusterConfig
 from gshare.sim.gpu import InterferenceModel
 from gshare.sim.profiler import DEFAULT_WAKEUP_MS
 from gshare.stats import percentile_or_none
@@ -468,12 +469,18 @@ def run_llm(
     # answers), and the simulated instances and controller do both.
     # the calibrations: each server's before its segment, then each server's after it (a
     # recorded run without the second: the first only); seed k takes calibration k mod their count
+    # The controller's phase: the live controller's periods fall anywhere against the segment
+    # (``sim.cluster.SimCluster.start``'s NOTE), so seed k of K ticks k/K of a period after the
+    # segment's whole seconds; with K = 8 and four calibrations, each calibration runs at two
+    # phases half a period apart, and the figure scored is the mean of all K.
     cals = [(lv, False) for lv in lives]
     cals += [(lv, True) for lv in lives if lv.get("calibration_after")]
+    period_ms = ClusterConfig().period_ms
     sims = []
     for k in range(seeds):
         lv, after = cals[k % len(cals)]
         tput, cluster = _autoscale.sim_inputs(lv, after=after)
+        cluster["control_phase_ms"] = period_ms * k / seeds
         sims.append(
             _autoscale.run_sim(
                 "gshare-burst", times, 4, tput, k, throughput_from_busy=True, **{**cluster, **model}
@@ -487,7 +494,7 @@ def run_llm(
     }
     sim_fig = [{k: s[f"sim_{v}"] for k, v in keys.items()} for s in sims]
     live_fig = [{k: lv[v] for k, v in keys.items()} for lv in lives]
-    out = _scores("llm-autoscale", sim_fig, live_fig, point_of=min(len(cals), seeds))
+    out = _scores("llm-autoscale", sim_fig, live_fig, point_of=seeds)
     # before: no admission, the V100-fitted 1-ms wake-up and interference, no platform latency
     before = _autoscale.run_sim(
         "gshare-burst", times, 4, chosen["tput"], 0, admission_slo_factor=None,
@@ -507,6 +514,8 @@ def run_llm(
         }
         o["platform_serial_ms"] = [lv["platform_serial_ms"] for lv in lives]
         o["cold_start_ms"] = [lv.get("cold_start_ms") for lv in lives]
+        o["sim_runs"] = [sm[f"sim_{keys[o['metric']]}"] for sm in sims]
+        o["sim_control_phase_ms"] = [period_ms * k / seeds for k in range(seeds)]
         o["sim_shed"] = [sm["sim_shed"] for sm in sims]
         o["sim_over_slo_answered"] = [sm["sim_over_slo_answered"] for sm in sims]
         o["live_errors"] = [lv.get("errors") for lv in lives]

@@ -137,3 +137,44 @@ def test_a_replay_takes_the_calibrations_after_the_segment_too(tmp_path: Path) -
     # 5 ms a request at quota 0.1 (2 requests/s an instance's share) against 0.5 ms
     assert bracketed["sim"] > before_only["sim"]
     assert bracketed["sim_p95"] > before_only["sim_p95"]
+
+
+def test_each_simulated_seed_counts_the_segment_on_its_own_phase(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live controller's periods fall anywhere against the segment, so seed k of K is
+    simulated with its controller ticking k/K of a period after the segment's whole seconds,
+    and the point scored is the mean over all K seeds."""
+    fidelity = _fidelity()
+    real = fidelity._autoscale.run_sim
+    phases: list[float] = []
+    first_ticks: list[float] = []
+
+    def recording(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        out: dict[str, Any] = real(*args, **kwargs)
+        if "control_phase_ms" in kwargs:
+            phases.append(kwargs["control_phase_ms"])
+            first_ticks.append(out["sim_instances"][0][0])
+        return out
+
+    monkeypatch.setattr(fidelity._autoscale, "run_sim", recording)
+    rows = _replay(tmp_path, "phases", [LIVE, LIVE], 4)["rows"]
+    assert phases == [0.0, 250.0, 500.0, 750.0]
+    # the simulated controller's ticks in the segment fall on those phases
+    assert [round(t % 1.0, 3) for t in first_ticks] == [0.0, 0.25, 0.5, 0.75]
+    mean = next(r for r in rows if r["metric"] == "mean_instances")
+    assert mean["sim"] == pytest.approx(float(sum(mean["sim_runs"])) / len(mean["sim_runs"]))
+
+
+def test_a_rate_whose_calibration_window_is_empty_is_refused_by_name() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _autoscale
+    finally:
+        sys.path.remove(str(BENCH))
+    assert len(_autoscale.calibration_times(10.0)) >= _autoscale.MIN_CALIB_REQUESTS
+    # at 30 requests/s the scaled trace ends before the window
+    with pytest.raises(ValueError, match=r"30\.00 requests/s\) holds 0 requests"):
+        _autoscale.calibration_times(30.0)
+    with pytest.raises(ValueError, match="busy time of 0.0 ms"):
+        _autoscale.sim_inputs({**LIVE, "busy_ms_under_load_calibration": 0.0})

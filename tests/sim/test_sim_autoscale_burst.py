@@ -6,6 +6,7 @@ sweeps), and after a burst the fleet is held for the hold window while Algorithm
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gshare.policy.autoscale import DEFAULT_AUTOSCALER, BurstAutoscaler, ScaleConfig
 from gshare.policy.control import ControlParams
@@ -56,3 +57,39 @@ def test_burst_capacity_is_held_for_the_hold_window() -> None:
     assert held[3:10] == [4] * 7
     assert held[10] == 1
     assert started_held == max(held)  # nothing started after the burst
+
+
+def _peak_instances(phase_ms: float) -> tuple[int, float]:
+    """Instances held 3 s after a 1-s burst of 100 rps that starts half a second into the run
+    (then 1 rps), and the first tick's time, with the controller's first tick ``phase_ms``
+    after the start."""
+    loop = EventLoop()
+    cfg = ClusterConfig(max_gpus=8, launch=None, control_phase_ms=phase_ms)
+    cluster = SimCluster(loop, ProfileTable.shipped_v100(), cfg, np.random.default_rng(0))
+    cluster.add_function(SimFunction("r", "resnet50", 1000.0, (CFG,), keep_alive_s=60.0))
+    burst = list(np.arange(500.0, 1500.0, 10.0))
+    trickle = list(np.arange(1500.0, 8_000.0, 1000.0))
+    drive_open_loop(loop, cluster.gateway, "r", burst + trickle)
+    cluster.start(until_ms=8_000.0)
+    loop.run(until_ms=8_000.0)
+    loop.run()
+    held = [int(r["instances"]) for r in cluster.timeline if 4.0 <= r["t_s"] < 5.0]
+    return held[0], cluster.timeline[0]["t_s"]
+
+
+def test_the_controller_phase_decides_which_burst_peak_is_held() -> None:
+    # once the burst's backlog is gone, capacity is held for h x peak: ticks half a second
+    # after the start count all 100 requests in one period (2 x 100 rps = 4 instances of
+    # 50 rps), ticks on the whole seconds split the burst 50 / 51 (3 instances)
+    aligned, first_aligned = _peak_instances(0.0)
+    shifted, first_shifted = _peak_instances(500.0)
+    assert first_aligned == 0.0 and first_shifted == 0.5
+    assert shifted == 4
+    assert aligned == 3
+
+
+def test_a_phase_outside_the_period_is_refused() -> None:
+    cfg = ClusterConfig(control_phase_ms=1000.0)
+    cluster = SimCluster(EventLoop(), ProfileTable.shipped_v100(), cfg, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="control_phase_ms"):
+        cluster.start(until_ms=1000.0)

@@ -18,7 +18,8 @@ live server for the same seed. Two simulators share them:
   offline Bayesian optimiser, ``offline_bo.bo_optimiser``).
 * **plain function workloads** run in the GPU-cluster simulator (``sim.cluster.SimCluster``),
   as ``autoscale-traces`` runs them: the controller's ``control_step`` with
-  ``policies.autoscaler`` every second, Maximal Rectangles placement on
+  ``policies.autoscaler`` every second (its ticks at a phase within the second drawn per
+  seed), Maximal Rectangles placement on
   ``cluster.nodes x devices_per_node`` devices, launch-gated bursts with interference, 5 %
   service-time noise, the live fork launcher's cold start; the function's candidate configs
   are the live controller's (``runtime.control.configs.configs_for`` over its profile: the
@@ -417,9 +418,13 @@ def run_functions(
     # a plain request pays the client's exchange and the hop to its instance, as a workflow
     # request pays frontend_ms and each of its stages dispatch_ms
     platform = float(scenario.cluster.frontend_ms + scenario.cluster.dispatch_ms)
+    # the live controller's periods fall anywhere against the arrivals: each seed draws where
+    # (``SimCluster.start``'s NOTE), so that the seeds' spread covers it
+    phase_ms = float(np.random.default_rng([seed, 302]).uniform(0.0, ClusterConfig.period_ms))
     cfg = ClusterConfig(
         max_gpus=scenario.cluster.devices,
         autoscaler=autoscaler,
+        control_phase_ms=phase_ms,
         noise_sigma=NOISE_SIGMA,
         admission_slo_factor=DEFAULT_MAX_LATENCY_SLO_FACTOR,  # gshare serve's default
         platform_ms=tuple(platform_ms) or ((platform,) if platform > 0 else ()),
