@@ -15,7 +15,7 @@ simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios
   10 ms SLO): the functions are deployed, profiled live (``--quick``: the scenario's profile
   CSV instead); calibration runs with another seed before, between and after the live runs
   measure the platform constants and the latency spread (``twin.calibrate``,
-  ``twin.spread_above_median``), and each live run is simulated from the two around it
+  ``twin.spread_about_median``), and each live run is simulated from the two around it
   (``run_workflow``); scored: the workflow's p50, p99
   and SLO hit rate, with each calibration's inputs and figure in ``twin_inputs`` and
   ``sim_per_calibration``;
@@ -173,10 +173,10 @@ def _twin_inputs(
     calib_s: float,
 ) -> dict[str, Any]:
     """The simulated twin's inputs from one calibration run (``twin``): the platform constants,
-    the latency spread above the median, and ``frontend_ms`` shifted to match the calibration's
+    the latency spread about the median, and ``frontend_ms`` shifted to match the calibration's
     median (``unmatched``: the constants before the match)."""
     constants = twin.calibrate(calib.summary["workflows"][wf], sc, wf, profiles)
-    jitter = twin.spread_above_median(calib, wf)
+    jitter = twin.spread_about_median(calib, wf)
     if jitter:
         constants["frontend_ms"] = max(0.0, constants["frontend_ms"] - float(np.mean(jitter)))
     unmatched = dict(constants)

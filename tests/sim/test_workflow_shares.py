@@ -67,13 +67,14 @@ def test_one_request_takes_the_front_end_plus_each_task_and_its_dispatch() -> No
 
 
 def test_a_measured_spread_is_drawn_per_request_from_its_samples() -> None:
-    arrivals = [20.0 * i for i in range(40)]
-    res = run(arrivals, frontend_ms=2.0, frontend_jitter_ms=(0.0, 5.0))
+    arrivals = [30.0 * i for i in range(33)]
+    res = run(arrivals, frontend_ms=2.0, frontend_jitter_ms=(-1.5, 0.0, 5.0, -3.0))
     lats = {round(r.latency_ms or -1.0, 6) for r in res.requests}
-    # 2 + 4 + 6 = 12 ms, plus 0 or 5 ms drawn per request (20 ms apart: no overlap): both occur
-    assert lats == {12.0, 17.0}
+    # 2 + 4 + 6 = 12 ms, plus an offset drawn per request (30 ms apart: no overlap); the
+    # front end's delay is never below 0 (-3 ms: 10 ms, the stages alone)
+    assert lats == {10.5, 12.0, 17.0, 10.0}
     with pytest.raises(ValueError, match="frontend_jitter_ms"):
-        WorkflowSimConfig(frontend_jitter_ms=(-1.0,))
+        WorkflowSimConfig(frontend_jitter_ms=(float("nan"),))
 
 
 def test_without_the_constants_the_latency_is_the_profile() -> None:

@@ -51,6 +51,7 @@ the sum over its stages.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -124,10 +125,10 @@ class WorkflowSimConfig:
     """A request's cost outside the stages (gshare: the client's HTTP exchange with the
     gateway): its source stages are queued this long after its arrival."""
     frontend_jitter_ms: tuple[float, ...] = ()
-    """Extra front-end delays, one drawn per request (uniformly, seeded) and added to
-    ``frontend_ms``: a live platform's latency spread that the model's per-task noise does
-    not produce (``bench/twin.py`` takes them from a calibration run: each request's latency
-    above the run's median). Empty: none."""
+    """Offsets of the front-end delay (ms, either sign), one drawn per request (uniformly,
+    seeded) and added to ``frontend_ms``, the sum taken at 0 or more: a live platform's latency
+    spread that the model's per-task noise does not produce (``bench/twin.py`` takes them from
+    a calibration run: each request's latency less the run's median). Empty: none."""
     fixed_pools: bool = False
     """gshare's live model (``gshare.runtime.gateway.esg``): the containers are the
     ``initial_warm_per_pool`` running instances, never started nor evicted; a task needs an
@@ -155,8 +156,8 @@ class WorkflowSimConfig:
             raise ValueError("warmup_ms and drain_ms must be >= 0")
         if self.dispatch_ms < 0 or self.frontend_ms < 0:
             raise ValueError("dispatch_ms and frontend_ms must be >= 0")
-        if any(not x >= 0 for x in self.frontend_jitter_ms):
-            raise ValueError("frontend_jitter_ms must hold numbers >= 0")
+        if any(not math.isfinite(x) for x in self.frontend_jitter_ms):
+            raise ValueError("frontend_jitter_ms must hold finite numbers")
         if self.fixed_pools and (self.prewarm is not None or self.initial_warm_per_pool < 1):
             raise ValueError("fixed_pools needs prewarm=None and initial_warm_per_pool >= 1")
 
@@ -348,7 +349,7 @@ class WorkflowSim:
         front = self.config.frontend_ms
         jitter = self.config.frontend_jitter_ms
         if jitter:
-            front += jitter[int(self._rng_front.integers(len(jitter)))]
+            front = max(0.0, front + jitter[int(self._rng_front.integers(len(jitter)))])
         if front > 0:
             self.loop.at(now + front, lambda: self._enter(req), PRIO_ARRIVAL)
         else:
