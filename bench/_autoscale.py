@@ -77,12 +77,15 @@ async def _replay(
     times_ms: np.ndarray,
     platform_ms: list[tuple[float, float]] | None = None,
     busy_ms: list[tuple[float, float]] | None = None,
+    waits_ms: list[tuple[float, float, float]] | None = None,
 ) -> list[tuple[float, float, int]]:
     """Send one request at each time; (scheduled ms, latency ms, status) per request.
     ``platform_ms``: appended, per answered request, (its scheduled ms, its latency beyond the
     instance's compute, token wait and queue: ``x-gshare-exec-ms``, ``-token-wait-ms``,
     ``-queue-ms``); ``busy_ms``: appended, per answered request, (its scheduled ms, its batch's
-    compute time: ``x-gshare-exec-ms``; batch 1: the request's)."""
+    compute time: ``x-gshare-exec-ms``; batch 1: the request's); ``waits_ms``: appended, per
+    answered request, (its scheduled ms, its token wait, its queue at the instance:
+    ``x-gshare-token-wait-ms``, ``-queue-ms``)."""
     out: list[tuple[float, float, int]] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
@@ -109,6 +112,14 @@ async def _replay(
                 platform_ms.append((at_ms, share))
             if busy_ms is not None and status == 200:
                 busy_ms.append((at_ms, float(r.headers["x-gshare-exec-ms"])))
+            if waits_ms is not None and status == 200:
+                waits_ms.append(
+                    (
+                        at_ms,
+                        float(r.headers.get("x-gshare-token-wait-ms", "nan")),
+                        float(r.headers.get("x-gshare-queue-ms", "nan")),
+                    )
+                )
 
         await asyncio.gather(*(one(float(t)) for t in times_ms))
     return out
@@ -224,7 +235,8 @@ def run_live(
         th.start()
         seg_platform: list[tuple[float, float]] = []
         seg_busy: list[tuple[float, float]] = []
-        results = asyncio.run(_replay(srv.url, name, times_ms, seg_platform, seg_busy))
+        seg_waits: list[tuple[float, float, float]] = []
+        results = asyncio.run(_replay(srv.url, name, times_ms, seg_platform, seg_busy, seg_waits))
         stop.set()
         th.join()
         # the busy time per request under the segment's load (the warm-up's is measured at a
@@ -257,6 +269,7 @@ def run_live(
         # busy time per answer, beside the calibration's
         "segment_platform_ms": [[round(at, 3), round(ms, 4)] for at, ms in seg_platform],
         "segment_busy_ms": [[round(at, 3), round(ms, 4)] for at, ms in seg_busy],
+        "segment_waits_ms": [[round(at, 3), round(t, 4), round(q, 4)] for at, t, q in seg_waits],
         "replicas": [[t, n] for t, n in zip(sampled_at_s, samples, strict=True)],
         "platform_ms": platform_ms,
     }

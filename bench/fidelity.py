@@ -399,7 +399,7 @@ LLM_INPUTS = (
     "requests", "errors", "slo_violation_pct", "mean_instances", "p50_ms", "p99_ms",
     "throughput_rps_per_instance",
     "busy_ms_per_request", "busy_ms_per_request_under_load", "busy_ms_under_load_calibration",
-    "busy_samples_ms_calibration", "segment_platform_ms", "segment_busy_ms",
+    "busy_samples_ms_calibration", "segment_platform_ms", "segment_busy_ms", "segment_waits_ms",
     "platform_ms_under_load", "platform_serial_ms", "platform_ms", "cold_start_ms", "answers",
     "replicas", "calibration_after",
 )  # fmt: skip
