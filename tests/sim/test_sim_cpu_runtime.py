@@ -8,9 +8,11 @@ import pytest
 
 from gshare.experiments.fidelity import fifo_waits_ms
 from gshare.policy.autoscale import ScaleConfig
+from gshare.policy.tokens import LIVE_TOKEN_CONFIG, ClientSpec
 from gshare.profiles import ProfilePoint, ProfileTable
 from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction, cpu_runtime_fields
 from gshare.sim.engine import EventLoop
+from gshare.sim.gpu import SimGpu
 from gshare.sim.request import SimRequest
 from gshare.sim.workload import drive_open_loop
 
@@ -67,7 +69,8 @@ def test_cpu_runtime_holds_time_sharing_functions_to_their_quotas() -> None:
 
 def _one_instance_run(busy_ms: float, arrivals: list[float], **fields: object) -> list[SimRequest]:
     """One CPU-runtime instance (``busy_ms`` a request, quota 100 %) sent ``arrivals``, with
-    more ``ClusterConfig`` ``fields`` (the platform's). The answered requests, by id."""
+    more ``ClusterConfig`` ``fields`` (the platform's; the token grant's round trip only when
+    they name ``token_grant_ms``). The answered requests, by id."""
     loop = EventLoop()
     table = ProfileTable([ProfilePoint("m", 100.0, 100.0, 1, busy_ms)])
     cfg = ScaleConfig(sm_pct=100.0, quota_pct=100.0, batch=1, throughput_rps=1000.0 / busy_ms,
@@ -75,7 +78,7 @@ def _one_instance_run(busy_ms: float, arrivals: list[float], **fields: object) -
     cluster = SimCluster(
         loop, table,
         ClusterConfig(max_gpus=1, cold_start_ms=0.0,
-                      **{**cpu_runtime_fields(), **fields}),  # type: ignore[arg-type]
+                      **{**cpu_runtime_fields(), "token_grant_ms": 0.0, **fields}),  # type: ignore[arg-type]
         np.random.default_rng(1),
     )  # fmt: skip
     cluster.add_function(SimFunction("m", "m", 1e9, (cfg,), min_instances=1, max_instances=1))
@@ -147,6 +150,36 @@ def test_the_gap_class_goes_by_arrivals_not_by_the_instances_idle_time() -> None
     runs = _one_instance_run(2.0, [100.0, 102.0, 104.0], busy_gap_factors=rows)
     assert [r.start_ms for r in runs] == pytest.approx([100.0, 103.0, 106.0])
     assert [r.finish_ms - r.start_ms for r in runs] == pytest.approx([3.0, 3.0, 3.0])
+
+
+def test_every_token_grant_costs_its_round_trip_uncharged() -> None:
+    # 2 ms a request, alone (a new token each) or 0.5 ms behind the previous one (it is ready
+    # when that one ends: the kept token, no round trip)
+    grant = cpu_runtime_fields()["token_grant_ms"]
+    assert grant > 0
+    arrivals = [100.0, 200.0, 200.5, 300.0]
+    runs = _one_instance_run(2.0, arrivals, token_grant_ms=grant)
+    plain = _one_instance_run(2.0, arrivals)
+    assert [r.finish_ms - r.start_ms for r in plain] == pytest.approx([2.0] * 4)
+    took = [r.finish_ms - r.start_ms for r in runs]
+    assert took == pytest.approx([2.0 + grant, 2.0 + grant, 2.0, 2.0 + grant])
+    # not charged to the token: a client limited to 4 ms of each 40-ms window runs a 3.9-ms
+    # burst on one token (charged, the round trip would have left 3.7 ms for it)
+    assert _limited_burst_done_ms(3.9, grant) == pytest.approx(3.9 + grant)
+    assert _limited_burst_done_ms(3.9, 0.0) == pytest.approx(3.9)
+
+
+def _limited_burst_done_ms(work_ms: float, grant_ms: float) -> float:
+    """When a ``work_ms`` burst of a client limited to 0.1 of each window (the live token
+    protocol: 3.9 ms a token) ends, with ``token_grant_ms`` ``grant_ms``."""
+    loop = EventLoop()
+    gpu = SimGpu(loop, token_config=LIVE_TOKEN_CONFIG, token_grant_ms=grant_ms)
+    gpu.add_client(ClientSpec("a", 100.0, 0.1, 0.1))
+    done: list[float] = []
+    gpu.run_burst("a", work_ms, lambda: done.append(loop.now_ms))
+    loop.run(until_ms=200.0)
+    (at,) = done
+    return at
 
 
 def _estimate_run(busy_ms: float, throughput_from_busy: bool) -> SimCluster:

@@ -129,6 +129,9 @@ class ClusterConfig:
     """Burst model of instances (default: launch-gated, validated by ``token-fidelity``)."""
     token_wakeup_ms: float = DEFAULT_WAKEUP_MS
     """Wake-up charged to a token a burst had to wait for (``token-fidelity``'s constant)."""
+    token_grant_ms: float = 0.0
+    """Uncharged delay before a token granted the moment it was asked for
+    (``SimGpu.token_grant_ms``: the live CPU runtime's acquire round trip)."""
     platform_ms: tuple[float, ...] = ()
     """Per-request platform latency samples (``sim.gateway``: the HTTP exchange and the hop to
     the instance, drawn per answer); empty: none."""
@@ -166,6 +169,7 @@ def cpu_runtime_fields() -> dict[str, Any]:
     return {
         "launch": None,
         "token_wakeup_ms": CPU_RUNTIME_WAKEUP_MS,
+        "token_grant_ms": CPU_RUNTIME_WAKEUP_MS,
         "token_config": LIVE_TOKEN_CONFIG,
         "token_reuse": True,
         "interference": InterferenceModel(enabled=False),
@@ -366,6 +370,7 @@ class SimCluster:
                 token_config=self.config.token_config,
                 interference=self.config.interference,
                 token_wakeup_ms=self.config.token_wakeup_ms,
+                token_grant_ms=self.config.token_grant_ms,
                 token_reuse=self.config.token_reuse,
             )
             self.gpus[index] = gpu

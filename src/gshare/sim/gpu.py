@@ -33,6 +33,10 @@ running alone (the profile table's latency at quota 100 %). The GPU model
 * optionally (``token_wakeup_ms``) charges a client that had to *wait* for its token a wake-up
   time at the start of that token (the blocked hook thread resumes, the token travels over the
   socket) during which it makes no progress;
+* optionally (``token_grant_ms``) starts a token granted the moment it was asked for (not a
+  kept one) that long after the grant, without charging it to the token: the live CPU
+  runtime's acquire round trip, after which the token client starts the token's clock (a
+  token waited for pays ``token_wakeup_ms`` instead);
 * integrates the metrics the papers report: utilisation (time at least one burst runs) and SM
   occupancy (time-weighted SM % of running bursts).
 
@@ -152,6 +156,11 @@ class SimGpu:
     token_wakeup_ms: float = 0.0
     """Wake-up time charged at the start of a token granted to a burst that had to wait for it
     (granted later than it asked). 0 (the default) models an instantaneous hand-over."""
+    token_grant_ms: float = 0.0
+    """Delay from the scheduler's grant to the start of a token granted the moment it was
+    asked for (not one kept after a burst, ``token_reuse``; one waited for pays
+    ``token_wakeup_ms``), not charged to it: the holder makes no progress, and its token's
+    length and the time charged count from the end of the delay (module doc)."""
     token_reuse: bool = False
     """Keep a token after a burst for a burst that starts at once (module doc). Off by
     default: the papers' experiments release after every burst."""
@@ -321,8 +330,13 @@ class SimGpu:
                 b.token_used_ms = 0.0
                 b.token_busy_ms = 0.0
                 b.last_ms = now
-                if self.token_wakeup_ms > 0 and now > b.requested_ms + 1e-9:
-                    b.stall_until_ms = now + self.token_wakeup_ms
+                if now > b.requested_ms + 1e-9:  # waited for
+                    if self.token_wakeup_ms > 0:
+                        b.stall_until_ms = now + self.token_wakeup_ms
+                elif self.token_grant_ms > 0:
+                    # the grant's round trip: the token's clock starts when it ends
+                    b.stall_until_ms = now + self.token_grant_ms
+                    b.token_used_ms = -self.token_grant_ms
                 self._running[g.client_id] = b
                 self._sm_running += self.scheduler.clients[g.client_id].spec.sm_pct
                 self._stats.tokens += 1
