@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import statistics
 import threading
 import time
@@ -56,7 +57,11 @@ CALIB_OFFSET_S = 585.0
 """The under-load calibration: a window of the trace far from the measured segment's, with its
 burst structure (at 10 requests/s: 44 % of its requests in seconds of 50 or more, the busiest
 86, against 40 % and 137 in the segment; the 15 s from 600 s used before had none over 31),
-chosen on those counts alone."""
+chosen on those counts alone. At another rate the window starts at the same point of the
+trace (``CALIB_OFFSET_S × CALIB_RATE_RPS / rate``; the scaled trace ends before 585 s at 20
+requests/s and more)."""
+CALIB_RATE_RPS = 10.0
+"""The rate ``CALIB_OFFSET_S`` is given at."""
 MIN_CALIB_REQUESTS = 50
 """Fewest requests the calibration window may hold (at some rates the scaled trace ends before
 it, or it falls in an idle stretch): fewer is refused with the rate named."""
@@ -127,16 +132,18 @@ async def _replay(
 
 def calibration_times(rate_rps: float) -> np.ndarray:
     """The under-load calibration's arrivals (ms from 0): ``CALIB_S`` seconds of the trace scaled
-    to ``rate_rps`` from ``CALIB_OFFSET_S`` on. Raises ``ValueError`` naming the rate when the
-    window holds fewer than ``MIN_CALIB_REQUESTS`` (the scaled trace ends before it at 20-40
-    requests/s, and it falls in an idle stretch at 2-3)."""
-    times = segment(rate_rps, CALIB_S, CALIB_OFFSET_S)
+    to ``rate_rps``, from the point ``CALIB_OFFSET_S`` is at ``CALIB_RATE_RPS``. Raises
+    ``ValueError`` naming the rate when the window holds fewer than ``MIN_CALIB_REQUESTS``
+    (at low rates its 30 s are a short stretch of the trace)."""
+    if not (rate_rps > 0 and math.isfinite(rate_rps)):
+        raise ValueError(f"the calibration needs a rate > 0 requests/s, got {rate_rps}")
+    offset_s = CALIB_OFFSET_S * CALIB_RATE_RPS / rate_rps
+    times = segment(rate_rps, CALIB_S, offset_s)
     if len(times) < MIN_CALIB_REQUESTS:
         raise ValueError(
-            f"the under-load calibration window ({CALIB_OFFSET_S:.0f}-"
-            f"{CALIB_OFFSET_S + CALIB_S:.0f} s of the LLM trace scaled to {rate_rps:.2f} "
-            f"requests/s) holds {len(times)} requests, fewer than {MIN_CALIB_REQUESTS}: "
-            "choose another rate"
+            f"the under-load calibration window ({offset_s:.0f}-{offset_s + CALIB_S:.0f} s of "
+            f"the LLM trace scaled to {rate_rps:.2f} requests/s) holds {len(times)} requests, "
+            f"fewer than {MIN_CALIB_REQUESTS}: choose another rate"
         )
     return times
 
@@ -200,7 +207,7 @@ def run_live(
     stage's service time, fitted on ``burst_probe``; ``cold_start_ms``: its first request's
     latency less the platform's median): another function of the same model and
     share (``live-cal``, deleted after) is sent ``CALIB_S`` seconds of the trace at the
-    segment's mean rate from ``CALIB_OFFSET_S`` on, then ``burst_probe``; the measured
+    segment's mean rate (``calibration_times``), then ``burst_probe``; the measured
     function's instances and rate history are untouched. ``calibrate_after`` (with
     ``calibrate_under_load``): the same calibration again after the segment, on a fresh function
     (``calibration_after``: the same ``CALIBRATION_FIELDS``), so that the two bracket it."""

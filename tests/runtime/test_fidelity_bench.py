@@ -166,15 +166,21 @@ def test_each_simulated_seed_counts_the_segment_on_its_own_phase(
     assert mean["sim"] == pytest.approx(float(sum(mean["sim_runs"])) / len(mean["sim_runs"]))
 
 
-def test_a_rate_whose_calibration_window_is_empty_is_refused_by_name() -> None:
+def test_the_calibration_window_follows_the_rate_and_refuses_one_too_thin() -> None:
     sys.path.insert(0, str(BENCH))
     try:
         import _autoscale
     finally:
         sys.path.remove(str(BENCH))
-    assert len(_autoscale.calibration_times(10.0)) >= _autoscale.MIN_CALIB_REQUESTS
-    # at 30 requests/s the scaled trace ends before the window
-    with pytest.raises(ValueError, match=r"30\.00 requests/s\) holds 0 requests"):
-        _autoscale.calibration_times(30.0)
+    at_10 = _autoscale.calibration_times(10.0)
+    assert len(at_10) >= _autoscale.MIN_CALIB_REQUESTS
+    # the trace scaled to 30 requests/s ends before 585 s: the window moves with the rate to
+    # the same point of the trace, and holds its requests
+    assert len(_autoscale.calibration_times(30.0)) > len(at_10)
+    # at 0.1 requests/s its 30 s are a sliver of the trace
+    with pytest.raises(ValueError, match=r"0\.10 requests/s\) holds \d+ requests, fewer than"):
+        _autoscale.calibration_times(0.1)
+    with pytest.raises(ValueError, match="rate > 0"):
+        _autoscale.calibration_times(0.0)
     with pytest.raises(ValueError, match="busy time of 0.0 ms"):
         _autoscale.sim_inputs({**LIVE, "busy_ms_under_load_calibration": 0.0})
