@@ -302,6 +302,9 @@ def _under_load(
     serial stage; that stage's service time (ms; ``burst_probe``); and the cold start (ms: the
     new function's first request, answered by an instance started for it, less the platform's
     median). ``cal``: the calibration function's name (deployed here, deleted after)."""
+    # the window first: a rate it cannot serve is refused before anything is deployed
+    rate = len(times_ms) / max(1e-9, float(times_ms[-1]) / 1000.0)
+    cal_times = calibration_times(rate)
     # one instance: each answer's busy time goes with the gap since that instance's previous
     # request (``busy_factors_by_gap`` classes by the function's arrivals)
     c.deploy(function_spec(cal, 1))
@@ -310,14 +313,8 @@ def _under_load(
     first_ms = (time.perf_counter() - t0) * 1000.0
     stats_url = f"{srv.url}/v2/models/{cal}/stats"
     before = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
-    rate = len(times_ms) / max(1e-9, float(times_ms[-1]) / 1000.0)
     plat: list[tuple[float, float]] = []
     busy: list[tuple[float, float]] = []
-    try:
-        cal_times = calibration_times(rate)
-    except ValueError:
-        c.delete(cal)
-        raise
     asyncio.run(_replay(srv.url, cal, cal_times, plat, busy))
     after = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
     serial_ms = fit_serial_ms(asyncio.run(burst_probe(srv.url, cal)))

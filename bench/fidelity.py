@@ -475,12 +475,12 @@ def run_llm(
     # phases half a period apart, and the figure scored is the mean of all K.
     cals = [(lv, False) for lv in lives]
     cals += [(lv, True) for lv in lives if lv.get("calibration_after")]
-    period_ms = ClusterConfig().period_ms
+    phases_ms = [ClusterConfig().period_ms * k / seeds for k in range(seeds)]
     sims = []
     for k in range(seeds):
         lv, after = cals[k % len(cals)]
         tput, cluster = _autoscale.sim_inputs(lv, after=after)
-        cluster["control_phase_ms"] = period_ms * k / seeds
+        cluster["control_phase_ms"] = phases_ms[k]
         sims.append(
             _autoscale.run_sim(
                 "gshare-burst", times, 4, tput, k, throughput_from_busy=True, **{**cluster, **model}
@@ -515,7 +515,7 @@ def run_llm(
         o["platform_serial_ms"] = [lv["platform_serial_ms"] for lv in lives]
         o["cold_start_ms"] = [lv.get("cold_start_ms") for lv in lives]
         o["sim_runs"] = [sm[f"sim_{keys[o['metric']]}"] for sm in sims]
-        o["sim_control_phase_ms"] = [period_ms * k / seeds for k in range(seeds)]
+        o["sim_control_phase_ms"] = phases_ms
         o["sim_shed"] = [sm["sim_shed"] for sm in sims]
         o["sim_over_slo_answered"] = [sm["sim_over_slo_answered"] for sm in sims]
         o["live_errors"] = [lv.get("errors") for lv in lives]

@@ -152,7 +152,7 @@ def test_the_gap_class_goes_by_arrivals_not_by_the_instances_idle_time() -> None
     assert [r.finish_ms - r.start_ms for r in runs] == pytest.approx([3.0, 3.0, 3.0])
 
 
-def test_every_token_grant_costs_its_round_trip_uncharged() -> None:
+def test_an_immediate_token_grant_costs_its_round_trip_uncharged() -> None:
     # 2 ms a request, alone (a new token each) or 0.5 ms behind the previous one (it is ready
     # when that one ends: the kept token, no round trip)
     grant = cpu_runtime_fields()["token_grant_ms"]
