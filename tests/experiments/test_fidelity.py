@@ -158,7 +158,8 @@ def test_busy_factors_class_each_request_by_the_gap_before_it() -> None:
     # arrivals 0, 0.5, 1.0 (gaps inf, 0.5, 0.5), then 50 (gap 49), then 50.2 (gap 0.2)
     arrivals = [0.0, 0.5, 1.0, 50.0, 50.2]
     busy = [4.0, 1.0, 1.0, 3.0, 1.0]  # mean 2.0
-    rows = busy_factors_by_gap(arrivals, busy, bounds_ms=(1.0, 10.0, 100.0, math.inf))
+    bounds = (1.0, 10.0, 100.0, math.inf)
+    rows = busy_factors_by_gap(arrivals, busy, bounds_ms=bounds, min_requests=1)
     assert [b for b, _ in rows] == [1.0, 10.0, 100.0, math.inf]
     factors = dict(rows)
     assert factors[1.0] == pytest.approx(0.5)  # three requests under 1 ms after the previous
@@ -166,7 +167,33 @@ def test_busy_factors_class_each_request_by_the_gap_before_it() -> None:
     assert factors[math.inf] == pytest.approx(2.0)  # the first (no previous request)
     assert factors[10.0] == factors[1.0]  # no request: the class below it
     # the answers may come in any order: only the arrivals order them
-    assert busy_factors_by_gap(arrivals[::-1], busy[::-1], (1.0, 10.0, 100.0, math.inf)) == rows
+    assert busy_factors_by_gap(arrivals[::-1], busy[::-1], bounds, min_requests=1) == rows
+
+
+def test_busy_factors_pool_a_class_of_few_requests_with_the_class_below() -> None:
+    # 30 requests 0.5 ms apart (busy 1), then 30 requests 50 ms apart (busy 2), then 3 after a
+    # second each (busy 5): the three alone would make the top class's factor from 3 requests
+    arrivals = [0.5 * i for i in range(30)]
+    arrivals += [100.0 + 50.0 * i for i in range(30)]
+    arrivals += [5000.0 + 1000.0 * i for i in range(3)]
+    busy = [1.0] * 30 + [2.0] * 30 + [5.0] * 3
+    bounds = (1.0, 100.0, math.inf)
+    mean = sum(busy) / len(busy)
+    alone = dict(busy_factors_by_gap(arrivals, busy, bounds, min_requests=1))
+    # the top class: the three and the very first request (no previous one: gap inf)
+    assert alone[math.inf] == pytest.approx((1.0 + 5.0 * 3) / 4 / mean)
+    pooled = dict(busy_factors_by_gap(arrivals, busy, bounds, min_requests=20))
+    # those 4 join the 30 below them
+    top = (2.0 * 30 + 1.0 + 5.0 * 3) / 34
+    assert pooled[100.0] == pooled[math.inf] == pytest.approx(top / mean)
+    assert pooled[1.0] == pytest.approx(alone[1.0])
+    # a lowest class of few requests joins the class above it; fewer than the minimum in all:
+    # one class, factor 1
+    low = dict(busy_factors_by_gap(arrivals[29:], busy[29:], bounds, min_requests=20))
+    assert low[1.0] == low[100.0]
+    assert set(dict(busy_factors_by_gap(arrivals, busy, bounds, 100)).values()) == {1.0}
+    with pytest.raises(ValueError, match="min_requests"):
+        busy_factors_by_gap(arrivals, busy, bounds, min_requests=0)
 
 
 @given(st.lists(st.tuples(st.floats(0.0, 1e4), st.floats(0.01, 10.0)), min_size=1, max_size=60))
