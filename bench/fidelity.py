@@ -133,6 +133,23 @@ def latency_figures(rows: Sequence[dict[str, Any]], kind: str, name: str) -> dic
     }
 
 
+def statuses(rows: Sequence[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    """A diagnostic beside the scores: one workload's measured requests counted by status
+    (``ok``, ``error`` — the live 429/503s and the simulator's shed —, ``unfinished``,
+    ``dropped_client``) and the three commonest error texts (a live run's hit rate can fall with
+    its answered share while its answered latencies agree)."""
+    rs = _measured(rows, kind, name)
+    counts: dict[str, int] = {}
+    texts: dict[str, int] = {}
+    for r in rs:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        if r.get("error"):
+            t = str(r["error"])[:120]
+            texts[t] = texts.get(t, 0) + 1
+    top = sorted(texts.items(), key=lambda kv: -kv[1])[:3]
+    return {"requests": len(rs), **counts, "errors_top": [[t, n] for t, n in top]}
+
+
 def share_pct(
     rows: Sequence[dict[str, Any]], name: str, busy_ms: float, lo_ms: float, hi_ms: float
 ) -> float:
@@ -302,7 +319,8 @@ def _plain(
     calibrate_on: str | None = None,
 ) -> Any:
     """A scenario of plain functions: (scenario, simulated results per seed, live results, the
-    calibrated platform shares in ms — empty without ``calibrate_on``).
+    calibrated platform shares in ms and the calibration's ``statuses`` — both empty without
+    ``calibrate_on``).
     ``calibrate_on``: a function whose platform latency is measured first, under the scenario's
     own load in a calibration run with another seed (``run_load``'s ``platform_ms``: the
     latency beyond the instance's timing headers), and given to the simulator as samples, one
@@ -316,6 +334,7 @@ def _plain(
     sc = load_scenario(SCENARIOS / f"{name}.yaml")
     dur = sc.duration_s(quick)
     plat: list[float] = []
+    calib_statuses: dict[str, Any] = {}
     with ServeProcess(*flags, state_dir=tmp / name, cwd=REPO) as srv:
         if calibrate_on is not None:
             deploy(srv.client(), sc)
@@ -325,13 +344,14 @@ def _plain(
                 for r in _measured(calib.rows, "function", calibrate_on)
                 if r["status"] == "ok" and r.get("platform_ms") is not None
             ]
+            calib_statuses = statuses(calib.rows, "function", calibrate_on)
             if not plat:
                 raise SystemExit(f"{name}: the calibration run answered no {calibrate_on!r}")
         lives = _live_twice(
             lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed), loads
         )
     sims = [simulate(sc, duration_s=dur, seed=sc.seed + k, platform_ms=plat) for k in range(seeds)]
-    return sc, sims, lives, plat
+    return sc, sims, lives, plat, calib_statuses
 
 
 def _solo_ms(sc: Scenario, fn: str) -> float:
@@ -343,7 +363,7 @@ def _solo_ms(sc: Scenario, fn: str) -> float:
 
 def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
     """``share-pair`` (module doc)."""
-    sc, sims, lives, _ = _plain("share-pair", quick, seeds, tmp, loads)
+    sc, sims, lives, _, _ = _plain("share-pair", quick, seeds, tmp, loads)
     lo, hi = sc.doc.warmup_s * 1000.0, sc.duration_s(quick) * 1000.0
     fns = [w.target for w in sc.workloads]
     fig = [
@@ -364,7 +384,7 @@ def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[An
 
 def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
     """``priority-pair`` (module doc): the high class's latency figures."""
-    sc, sims, lives, plat = _plain(
+    sc, sims, lives, plat, calib_statuses = _plain(
         "priority-pair", quick, seeds, tmp, loads, "--priority-sharing", "tokens",
         calibrate_on="prio-hi",
     )  # fmt: skip
@@ -376,6 +396,11 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
             "mean": float(np.mean(plat)),
             "p50": percentile_or_none(plat, 50),
             "p90": percentile_or_none(plat, 90),
+        }
+        o["statuses"] = {
+            "calibration": calib_statuses,
+            "live": [statuses(r.rows, "function", "prio-hi") for r in lives],
+            "sim": [statuses(r.rows, "function", "prio-hi") for r in sims],
         }
     return out
 

@@ -184,3 +184,23 @@ def test_the_calibration_window_follows_the_rate_and_refuses_one_too_thin() -> N
         _autoscale.calibration_times(0.0)
     with pytest.raises(ValueError, match="busy time of 0.0 ms"):
         _autoscale.sim_inputs({**LIVE, "busy_ms_under_load_calibration": 0.0})
+
+
+def test_statuses_count_a_workloads_measured_requests_and_name_their_errors() -> None:
+    def row(name: str, status: str, measured: bool = True, error: str | None = None) -> Any:
+        return {"kind": "function", "name": name, "measured": measured, "status": status,
+                "error": error}  # fmt: skip
+
+    rows = [
+        row("hi", "ok"),
+        row("hi", "error", error="429: over its SLO"),
+        row("hi", "error", error="429: over its SLO"),
+        row("hi", "error", error="503: no instance"),
+        row("hi", "dropped_client"),
+        row("hi", "error", measured=False, error="warm-up"),
+        row("lo", "error", error="not this one"),
+    ]
+    got = _fidelity().statuses(rows, "function", "hi")
+    assert got["requests"] == 5
+    assert (got["ok"], got["error"], got["dropped_client"]) == (1, 3, 1)
+    assert got["errors_top"] == [["429: over its SLO", 2], ["503: no instance", 1]]
