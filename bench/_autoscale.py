@@ -17,6 +17,7 @@ import math
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,7 @@ async def _replay(
     platform_ms: list[tuple[float, float]] | None = None,
     busy_ms: list[tuple[float, float]] | None = None,
     waits_ms: list[tuple[float, float, float]] | None = None,
+    started_s: list[float] | None = None,
 ) -> list[tuple[float, float, int]]:
     """Send one request at each time; (scheduled ms, latency ms, status) per request.
     ``platform_ms``: appended, per answered request, (its scheduled ms, its latency beyond the
@@ -90,11 +92,14 @@ async def _replay(
     ``-queue-ms``); ``busy_ms``: appended, per answered request, (its scheduled ms, its batch's
     compute time: ``x-gshare-exec-ms``; batch 1: the request's); ``waits_ms``: appended, per
     answered request, (its scheduled ms, its token wait, its queue at the instance:
-    ``x-gshare-token-wait-ms``, ``-queue-ms``)."""
+    ``x-gshare-token-wait-ms``, ``-queue-ms``); ``started_s``: appended, the host's monotonic
+    clock at the segment's time 0 (the server's controller reads the same clock)."""
     out: list[tuple[float, float, int]] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as client:
         t0 = time.perf_counter()
+        if started_s is not None:
+            started_s.append(time.monotonic())
 
         async def one(at_ms: float) -> None:
             delay = at_ms / 1000.0 - (time.perf_counter() - t0)
@@ -243,9 +248,19 @@ def run_live(
         seg_platform: list[tuple[float, float]] = []
         seg_busy: list[tuple[float, float]] = []
         seg_waits: list[tuple[float, float, float]] = []
-        results = asyncio.run(_replay(srv.url, name, times_ms, seg_platform, seg_busy, seg_waits))
+        started: list[float] = []
+        results = asyncio.run(
+            _replay(srv.url, name, times_ms, seg_platform, seg_busy, seg_waits, started)
+        )
         stop.set()
         th.join()
+        # the controller's period ticks from a period before the segment to its end, in ms of
+        # the segment (the simulator ticks there: ``run_sim``'s ``segment_ticks_ms``)
+        end_ms = float(times_ms[-1]) + 1000.0
+        ticks_ms = [
+            round((t - started[0]) * 1000.0, 3) for t in c.info().get("control_ticks_s", [])
+        ]
+        ticks_ms = [t for t in ticks_ms if -1000.0 <= t <= end_ms]
         # the busy time per request under the segment's load (the warm-up's is measured at a
         # few requests/s): what the simulator's model is checked against
         after = httpx.get(f"{srv.url}/v2/models/{name}/stats", timeout=10.0).json()
@@ -278,6 +293,7 @@ def run_live(
         "segment_busy_ms": [[round(at, 3), round(ms, 4)] for at, ms in seg_busy],
         "segment_waits_ms": [[round(at, 3), round(t, 4), round(q, 4)] for at, t, q in seg_waits],
         "replicas": [[t, n] for t, n in zip(sampled_at_s, samples, strict=True)],
+        "control_ticks_ms": ticks_ms,
         "platform_ms": platform_ms,
     }
 
@@ -418,6 +434,7 @@ def run_sim(
     seed: int,
     service_busy_ms: float | None = None,
     throughput_from_busy: bool = False,
+    segment_ticks_ms: Sequence[float] = (),
     **cluster: Any,
 ) -> dict[str, Any]:
     """The same segment in the simulator: one config of the live instances' throughput.
@@ -431,7 +448,9 @@ def run_sim(
     the throughput from its instances' busy times as the live one does
     (``SimFunction.throughput_from_busy``), starting from ``tput_rps``. Besides the figures,
     ``sim_instances``: (s from the segment's start, instances) per control period, to set beside
-    the live server's replica samples."""
+    the live server's replica samples. ``segment_ticks_ms``: a live server's controller ticks (ms
+    of the segment, ``run_live``'s ``control_ticks_ms``), where the simulated controller ticks
+    too (``ClusterConfig.control_ticks_ms``); empty: every period from ``control_phase_ms``."""
     batch = int(BATCH["max_batch"])
     cfg_sm, cfg_q = float(SHARE["sm_pct"]), float(SHARE["quota_request"]) * 100.0
     busy_ms = service_busy_ms or (cfg_q / 100.0) * 1000.0 / tput_rps
@@ -449,6 +468,9 @@ def run_sim(
         throughput_rps=tput_rps,
         latency_ms=batch * 1000.0 / tput_rps,
     )
+    warm_ms = SIM_WARMUP_S * 1000.0
+    if segment_ticks_ms:
+        cluster["control_ticks_ms"] = tuple(warm_ms + float(t) for t in segment_ticks_ms)
     loop = EventLoop()
     measured_cold_ms = cluster.pop("cold_start_ms", None)
     cold_start_ms = LIVE_FORK_COLD_START_MS if measured_cold_ms is None else float(measured_cold_ms)
@@ -482,7 +504,6 @@ def run_sim(
         )
     )
     # as live: a gentle warm-up (4 requests/s for SIM_WARMUP_S, not measured), then the segment
-    warm_ms = SIM_WARMUP_S * 1000.0
     arrivals = np.concatenate([np.arange(0.0, warm_ms, 250.0), np.asarray(times_ms) + warm_ms])
     end = float(arrivals[-1]) + 1000.0
     sim.log.warmup_ms = warm_ms

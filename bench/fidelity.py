@@ -426,7 +426,7 @@ LLM_INPUTS = (
     "busy_ms_per_request", "busy_ms_per_request_under_load", "busy_ms_under_load_calibration",
     "busy_samples_ms_calibration", "segment_platform_ms", "segment_busy_ms", "segment_waits_ms",
     "platform_ms_under_load", "platform_serial_ms", "platform_ms", "cold_start_ms", "answers",
-    "replicas", "calibration_after",
+    "replicas", "control_ticks_ms", "calibration_after",
 )  # fmt: skip
 """What ``run_llm`` records of each live server (``inputs``), enough to simulate again."""
 
@@ -494,10 +494,15 @@ def run_llm(
     # answers), and the simulated instances and controller do both.
     # the calibrations: each server's before its segment, then each server's after it (a
     # recorded run without the second: the first only); seed k takes calibration k mod their count
-    # The controller's phase: the live controller's periods fall anywhere against the segment
-    # (``sim.cluster.SimCluster.start``'s NOTE), so seed k of K ticks k/K of a period after the
-    # segment's whole seconds; with K = 8 and four calibrations, each calibration runs at two
-    # phases half a period apart, and the figure scored is the mean of all K.
+    # The controller's ticks: where the periods fall against the segment decides which burst
+    # peak is held (``sim.cluster.SimCluster.start``'s NOTE). Each live server records its
+    # controller's ticks (``control_ticks_ms``), and a seed simulating that server's
+    # calibration ticks there. The phase is not arbitrary: the steps before the segment take
+    # about the same time on every server, and both servers of run Y changed their instance
+    # count in the same quarter seconds of the segment (51.8-52.0 s, 67.8-68.0 s), while the
+    # phases at which the simulator held more instances were not theirs. A record without
+    # ticks: seed k of K ticks k/K of a period after the segment's whole seconds, each
+    # calibration at two phases half a period apart. The figure scored is the mean of all K.
     cals = [(lv, False) for lv in lives]
     cals += [(lv, True) for lv in lives if lv.get("calibration_after")]
     phases_ms = [ClusterConfig().period_ms * k / seeds for k in range(seeds)]
@@ -505,10 +510,19 @@ def run_llm(
     for k in range(seeds):
         lv, after = cals[k % len(cals)]
         tput, cluster = _autoscale.sim_inputs(lv, after=after)
-        cluster["control_phase_ms"] = phases_ms[k]
+        ticks = lv.get("control_ticks_ms") or ()
+        if not ticks:
+            cluster["control_phase_ms"] = phases_ms[k]
         sims.append(
             _autoscale.run_sim(
-                "gshare-burst", times, 4, tput, k, throughput_from_busy=True, **{**cluster, **model}
+                "gshare-burst",
+                times,
+                4,
+                tput,
+                k,
+                throughput_from_busy=True,
+                segment_ticks_ms=ticks,
+                **{**cluster, **model},
             )
         )
     keys = {
@@ -540,7 +554,10 @@ def run_llm(
         o["platform_serial_ms"] = [lv["platform_serial_ms"] for lv in lives]
         o["cold_start_ms"] = [lv.get("cold_start_ms") for lv in lives]
         o["sim_runs"] = [sm[f"sim_{keys[o['metric']]}"] for sm in sims]
-        o["sim_control_phase_ms"] = phases_ms
+        o["sim_control_phase_ms"] = [
+            None if cals[k % len(cals)][0].get("control_ticks_ms") else phases_ms[k]
+            for k in range(seeds)
+        ]
         o["sim_shed"] = [sm["sim_shed"] for sm in sims]
         o["sim_over_slo_answered"] = [sm["sim_over_slo_answered"] for sm in sims]
         o["live_errors"] = [lv.get("errors") for lv in lives]

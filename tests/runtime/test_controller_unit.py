@@ -240,6 +240,7 @@ def test_keep_alive_then_scale_to_zero(tmp_path: Path) -> None:
             await ctl.cold_starts()
             await ctl.observe()
             clock.t += 600.0  # long past the keep-alive, but a request is in flight: busy
+            busy_at = clock.t
             await ctl.reconcile()
             assert "f-1" in ctl.instances
             gw.fail_all(503, "answer everything")  # nothing outstanding from now on
@@ -252,6 +253,9 @@ def test_keep_alive_then_scale_to_zero(tmp_path: Path) -> None:
             await ctl.reconcile()  # scaled to zero: drained (nothing in flight) and stopped
             assert ctl.instances == {} and agent.stopped == ["f-1"]
             assert ctl.functions["f"].predicted_rps == 0.0
+            # each period tick's clock reading is kept (the end of its rate sample's period),
+            # and the control API reports them; cold starts and observations are not ticks
+            assert list(ctl.ticks_s) == [busy_at, idle_since + 59.0, idle_since + 60.5]
 
     run(go())
 

@@ -166,6 +166,33 @@ def test_each_simulated_seed_counts_the_segment_on_its_own_phase(
     assert mean["sim"] == pytest.approx(float(sum(mean["sim_runs"])) / len(mean["sim_runs"]))
 
 
+def test_a_seed_ticks_where_its_live_servers_controller_ticked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record with each live server's controller ticks: the seeds simulating a server's
+    calibration tick at that server's ticks (a period before the segment, through its end),
+    not at the spread phases."""
+    fidelity = _fidelity()
+    real = fidelity._autoscale.run_sim
+    firsts: list[float] = []
+
+    def recording(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        out: dict[str, Any] = real(*args, **kwargs)
+        assert "control_phase_ms" not in kwargs
+        firsts.append(out["sim_instances"][0][0])
+        return out
+
+    monkeypatch.setattr(fidelity._autoscale, "run_sim", recording)
+    # periods of 1,001 ms from 0.3 s and 0.8 s before the segment: 0.7 / 0.2 s into it first
+    ticks_a = [round(-300.0 + 1001.0 * k, 3) for k in range(22)]
+    ticks_b = [round(-800.0 + 1001.0 * k, 3) for k in range(22)]
+    lives = [{**LIVE, "control_ticks_ms": ticks_a}, {**LIVE, "control_ticks_ms": ticks_b}]
+    rows = _replay(tmp_path, "ticks", lives, 4)["rows"]
+    # (the fifth: the "before" model, at the whole seconds)
+    assert [round(t, 3) for t in firsts] == [0.701, 0.201, 0.701, 0.201, 0.0]
+    assert next(r for r in rows if r["metric"] == "p50_ms")["sim_control_phase_ms"] == [None] * 4
+
+
 def test_the_calibration_window_follows_the_rate_and_refuses_one_too_thin() -> None:
     sys.path.insert(0, str(BENCH))
     try:

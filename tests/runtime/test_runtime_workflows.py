@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -67,6 +68,9 @@ def test_a_workflow_is_deployed_run_kept_across_a_restart_and_fails_clearly(
         # ESG (the default scheduler) ran every stage as a task with a quota, and billed it
         assert 'gshare_workflow_tasks_total{quota_pct="' in metrics
         info = c.info()
+        # the controller's period ticks, on this host's monotonic clock: ascending, in the past
+        ticks = info["control_ticks_s"]
+        assert ticks and ticks == sorted(ticks) and ticks[-1] <= time.monotonic()
         assert info["workflow_policy"] == "esg"
         assert info["workflow_scheduler"]["queued"] == 0
         assert set(info["workflow_scheduler"]["options"]) == {"wrap-a", "wrap-b", "wrap-c"}

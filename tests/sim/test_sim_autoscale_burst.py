@@ -59,6 +59,22 @@ def test_burst_capacity_is_held_for_the_hold_window() -> None:
     assert started_held == max(held)  # nothing started after the burst
 
 
+def _burst_cluster(**config: object) -> tuple[SimCluster, list[float]]:
+    """A 1-s burst of 100 rps that starts half a second into the run (then 1 rps) through
+    8 s: the cluster run, and each tick's time (s)."""
+    loop = EventLoop()
+    cfg = ClusterConfig(max_gpus=8, launch=None, **config)  # type: ignore[arg-type]
+    cluster = SimCluster(loop, ProfileTable.shipped_v100(), cfg, np.random.default_rng(0))
+    cluster.add_function(SimFunction("r", "resnet50", 1000.0, (CFG,), keep_alive_s=60.0))
+    burst = list(np.arange(500.0, 1500.0, 10.0))
+    trickle = list(np.arange(1500.0, 8_000.0, 1000.0))
+    drive_open_loop(loop, cluster.gateway, "r", burst + trickle)
+    cluster.start(until_ms=8_000.0)
+    loop.run(until_ms=8_000.0)
+    loop.run()
+    return cluster, [float(r["t_s"]) for r in cluster.timeline]
+
+
 def _peak_instances(phase_ms: float) -> tuple[int, float]:
     """Instances held 3 s after a 1-s burst of 100 rps that starts half a second into the run
     (then 1 rps), and the first tick's time, with the controller's first tick ``phase_ms``
@@ -93,3 +109,30 @@ def test_a_phase_outside_the_period_is_refused() -> None:
     cluster = SimCluster(EventLoop(), ProfileTable.shipped_v100(), cfg, np.random.default_rng(0))
     with pytest.raises(ValueError, match="control_phase_ms"):
         cluster.start(until_ms=1000.0)
+
+
+def test_given_ticks_are_kept_with_periodic_ones_before_and_after_them() -> None:
+    # a live controller's ticks: 2.5 s, then periods of 1,002-1,010 ms
+    given = (2_500.0, 3_502.0, 4_510.0)
+    cluster, ticks = _burst_cluster(control_ticks_ms=given)
+    # before: every period at the first given one's phase; after: every period from the last
+    assert ticks == pytest.approx([0.5, 1.5, 2.5, 3.502, 4.51, 5.51, 6.51, 7.51])
+    # each rate sample is the arrivals over the time since the previous tick: 100 requests
+    # over 1 s (0.5-1.5 s), then one in each interval after 3.502 s
+    rates = [r["observed_rps"] for r in cluster.timeline]
+    assert rates[1] == pytest.approx(100.0, abs=1.0)
+    assert rates[4] == pytest.approx(1000.0 / 1008.0)
+    assert rates[5] == pytest.approx(1.0)
+    # the ticks decide which peak is held, as the phase does (the whole burst in one period)
+    held = [int(r["instances"]) for r in cluster.timeline if 4.0 <= r["t_s"] < 5.0]
+    assert held == [_peak_instances(500.0)[0]]
+
+
+def test_ticks_out_of_order_are_refused() -> None:
+    for bad in ((2_000.0, 1_000.0), (-1.0, 500.0), (1_000.0, 1_000.0)):
+        cfg = ClusterConfig(control_ticks_ms=bad)
+        cluster = SimCluster(
+            EventLoop(), ProfileTable.shipped_v100(), cfg, np.random.default_rng(0)
+        )
+        with pytest.raises(ValueError, match="control_ticks_ms must be ascending"):
+            cluster.start(until_ms=5000.0)

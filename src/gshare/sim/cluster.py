@@ -26,6 +26,7 @@ time.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -107,6 +108,12 @@ class ClusterConfig:
     where its periods fall against a workload's arrivals is arbitrary; with phase 0 a workload
     that starts with the simulation is always counted on the same boundaries (see
     ``SimCluster.start``)."""
+    control_ticks_ms: tuple[float, ...] = ()
+    """The controller's tick times, ms after ``start``, ascending (a live controller's, as it
+    recorded them: its periods run a little longer than ``period_ms``); empty: every
+    ``period_ms`` from ``control_phase_ms``. Given, the ticks before the first one follow every
+    ``period_ms`` at its phase, and those after the last every ``period_ms``; each tick's rate
+    sample is its arrivals over the time since the previous tick, as the live controller's."""
     cold_start_ms: float = LIVE_FORK_COLD_START_MS
     """Delay from an instance's start to its readiness (default: the live fork launcher's)."""
     control: ControlParams = field(default_factory=ControlParams)
@@ -217,6 +224,7 @@ class SimCluster:
         self._live: dict[str, _Live] = {}
         self._control: dict[str, ControlState] = {}
         self._last_arrivals: dict[str, int] = {}
+        self._last_tick_ms: float | None = None
         self._busy_ms: dict[str, float] = {}
         """Per function with ``throughput_from_busy``: the busy-time estimate (ms/request)."""
         self._configs_now: dict[str, tuple[autoscale.ScaleConfig, ...]] = {}
@@ -255,31 +263,57 @@ class SimCluster:
         boundaries on its whole seconds and 88-105 with them 0.2-0.6 s later, which decides
         whether a second instance starts at 61-69 s. The live controller's boundaries fall
         wherever its clock puts them; a simulator that always counts on the workload's whole
-        seconds sees one phase, here nearly the least bursty. Callers that compare with live
-        runs vary ``control_phase_ms`` over seeds."""
+        seconds sees one phase, here nearly the least bursty. A caller that compares with a live
+        run gives the simulator that run's recorded ticks (``control_ticks_ms``: each live
+        period is a little longer than ``period_ms``, as the live loop sets the next tick from
+        the end of its wait, and drifts by about 1 ms a period); without them it varies
+        ``control_phase_ms`` over seeds."""
         phase = self.config.control_phase_ms
         if not 0.0 <= phase < self.config.period_ms:
             raise ValueError(
                 f"control_phase_ms must be in [0, period_ms={self.config.period_ms}), got {phase}"
             )
+        period = self.config.period_ms
+        ticks = [self.loop.now_ms + t for t in self.config.control_ticks_ms]
+        given = self.config.control_ticks_ms
+        if any(b <= a for a, b in itertools.pairwise(given)) or (given and given[0] < 0.0):
+            raise ValueError(f"control_ticks_ms must be ascending and not negative, got {given}")
+        if ticks:  # the periodic ticks before the first given one, at its phase
+            at = self.loop.now_ms + given[0] % period
+            lead = []
+            while at < ticks[0] - period / 2.0:  # (not a tick a rounding error before it)
+                lead.append(at)
+                at += period
+            ticks = [*lead, *ticks]
+        else:
+            ticks = [self.loop.now_ms + phase]
+        explicit = bool(self.config.control_ticks_ms)
         first = [True]
 
-        def step() -> None:
-            self.reconcile(first=first[0])
+        def step(i: int) -> None:
+            self.reconcile(first=first[0], interval_ms=None if not explicit else self._since_tick())
             first[0] = False
-            if self.loop.now_ms + self.config.period_ms <= until_ms:
-                self.loop.after(self.config.period_ms, step, PRIO_CONTROL)
+            nxt = ticks[i + 1] if i + 1 < len(ticks) else self.loop.now_ms + period
+            if nxt <= until_ms:
+                self.loop.at(nxt, lambda: step(i + 1), PRIO_CONTROL)
 
-        if phase == 0.0 or self.loop.now_ms + phase <= until_ms:
-            self.loop.at(self.loop.now_ms + phase, step, PRIO_CONTROL)
+        if ticks[0] == self.loop.now_ms or ticks[0] <= until_ms:
+            self.loop.at(ticks[0], lambda: step(0), PRIO_CONTROL)
+
+    def _since_tick(self) -> float | None:
+        """ms since the previous tick (None at the first), and this tick recorded."""
+        now, last = self.loop.now_ms, self._last_tick_ms
+        self._last_tick_ms = now
+        return None if last is None else now - last
 
     # -- control loop -------------------------------------------------------------------------
 
-    def reconcile(self, first: bool = False) -> None:
+    def reconcile(self, first: bool = False, interval_ms: float | None = None) -> None:
         """One control period: measure, predict, decide, apply. ``first``: the first tick
-        (``start``), whose count covers no whole period and is not a rate sample."""
+        (``start``), whose count covers no whole period and is not a rate sample;
+        ``interval_ms``: the time since the previous tick (None: ``period_ms``)."""
         self._integrate()
-        period_s = self.config.period_ms / 1000.0
+        period_s = (interval_ms if interval_ms is not None else self.config.period_ms) / 1000.0
         for name, fn in self.functions.items():
             n = self.gateway.arrivals[name] - self._last_arrivals[name]
             self._last_arrivals[name] = self.gateway.arrivals[name]

@@ -306,6 +306,8 @@ class ControlApi(ControlPlane):
                 self.workflows.scheduler.view() if self.workflows.scheduler is not None else None
             ),
             "period_s": c.config.period_s,
+            # the host's monotonic clock (time.monotonic) at the controller's last period ticks
+            "control_ticks_s": list(c.ticks_s),
             "nodes": [
                 {
                     "node_id": a.node_id,

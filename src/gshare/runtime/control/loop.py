@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -95,6 +96,8 @@ MAX_DEVICES = 256
 """Upper bound of devices the placer tracks (devices of nodes that join later included)."""
 SHORTFALL_LOG_S = 30.0
 """At most one "no room" event per function per this long."""
+TICKS_KEPT = 1024
+"""The controller's most recent period ticks kept for ``/system/info`` (17 minutes at 1 s)."""
 REPEAT_SCALE_LOG_S = 30.0
 """The same scaling decision (reason and counts) is logged again only after this long: a start
 that cannot be placed is retried every period and would fill the log with one line."""
@@ -136,6 +139,9 @@ class Controller:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._last_observe = clock()
+        self.ticks_s: deque[float] = deque(maxlen=TICKS_KEPT)
+        """The clock's reading at each of the last period ticks, where the rate samples' periods
+        end (``/system/info``'s ``control_ticks_s``: a simulator replaying a run ticks there)."""
         self._started = False
         gateway.on_cold = self._on_cold
 
@@ -310,6 +316,7 @@ class Controller:
         now = self.clock()
         interval = max(1e-3, now - self._last_observe)
         self._last_observe = now
+        self.ticks_s.append(now)
         for name in sorted(self.functions):
             fs = self.functions.get(name)
             if fs is not None:
