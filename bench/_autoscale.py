@@ -226,6 +226,7 @@ def run_live(
         # capacity); the instance's throughput as the controller estimates it for new
         # instances: quota_request × 1000 / busy ms per request (Triton statistics' compute time)
         platform_ms, busy_ms, ci = light_load(srv.url, c, name, BODY, WARMUP_REQUESTS, 0.25)
+        warmed_s = time.monotonic()
         tput = [float(SHARE["quota_request"]) * 1000.0 / busy_ms]
         if times_ms is None:
             times_ms = make_segment(statistics.median(tput))
@@ -261,6 +262,9 @@ def run_live(
             round((t - started[0]) * 1000.0, 3) for t in c.info().get("control_ticks_s", [])
         ]
         ticks_ms = [t for t in ticks_ms if -1000.0 <= t <= end_ms]
+        # the function's idle time between its warm-up and the segment (the calibration, on
+        # another function): longer than its keep-alive, so the segment starts cold
+        idle_s = started[0] - warmed_s
         # the busy time per request under the segment's load (the warm-up's is measured at a
         # few requests/s): what the simulator's model is checked against
         after = httpx.get(f"{srv.url}/v2/models/{name}/stats", timeout=10.0).json()
@@ -294,6 +298,7 @@ def run_live(
         "segment_waits_ms": [[round(at, 3), round(t, 4), round(q, 4)] for at, t, q in seg_waits],
         "replicas": [[t, n] for t, n in zip(sampled_at_s, samples, strict=True)],
         "control_ticks_ms": ticks_ms,
+        "idle_before_segment_s": round(idle_s, 3),
         "platform_ms": platform_ms,
     }
 
@@ -304,6 +309,7 @@ CALIBRATION_FIELDS = (
     "platform_ms_under_load",
     "platform_serial_ms",
     "cold_start_ms",
+    "first_busy_ms",
 )
 """What ``_under_load`` measures, as ``run_live`` records it (``calibration_after`` holds the
 same fields) and ``sim_inputs`` reads it."""
@@ -317,7 +323,8 @@ def _under_load(
     (ms) of the answered requests after the first quarter, each less its wait in the platform's
     serial stage; that stage's service time (ms; ``burst_probe``); and the cold start (ms: the
     new function's first request, answered by an instance started for it, less the platform's
-    median). ``cal``: the calibration function's name (deployed here, deleted after)."""
+    median and its compute time); and that first request's compute time (ms: a new instance's
+    first inference). ``cal``: the calibration function's name (deployed here, deleted after)."""
     # the window first: a rate it cannot serve is refused before anything is deployed
     rate = len(times_ms) / max(1e-9, float(times_ms[-1]) / 1000.0)
     cal_times = calibration_times(rate)
@@ -329,6 +336,9 @@ def _under_load(
     first_ms = (time.perf_counter() - t0) * 1000.0
     stats_url = f"{srv.url}/v2/models/{cal}/stats"
     before = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
+    # the statistics so far are the first request's: a new instance's first inference
+    first = before["compute_infer"]
+    first_busy_ms = float(first["ns"]) / 1e6 / max(1, int(first["count"]))
     plat: list[tuple[float, float]] = []
     busy: list[tuple[float, float]] = []
     asyncio.run(_replay(srv.url, cal, cal_times, plat, busy))
@@ -347,7 +357,7 @@ def _under_load(
         max(0.0, p - (waits_at[at].pop(0) if waits_at.get(at) else 0.0)) for at, p in sorted(plat)
     ]
     base = base[len(base) // 4 :]
-    cold_ms = max(0.0, first_ms - statistics.median(base)) if base else first_ms
+    cold_ms = max(0.0, first_ms - (statistics.median(base) if base else 0.0) - first_busy_ms)
     return dict(
         zip(
             CALIBRATION_FIELDS,
@@ -357,6 +367,7 @@ def _under_load(
                 base,
                 serial_ms,
                 cold_ms,
+                first_busy_ms,
             ),
             strict=True,
         )
@@ -401,7 +412,8 @@ def sim_inputs(live: dict[str, Any], after: bool = False) -> tuple[float, dict[s
     """What the simulator takes from one live server run with ``calibrate_under_load``: the
     config's throughput (``quota_request × 1000 / busy ms`` at the under-load calibration) and
     the ``run_sim`` cluster fields — the platform samples under load, the serial stage's service
-    time, the measured cold start and the busy time's factors by arrival gap
+    time, the measured cold start and first inference's busy time (a record without it: the
+    instance's first batch as the others), and the busy time's factors by arrival gap
     (``experiments.fidelity.busy_factors_by_gap`` on the calibration's answers). Used by
     ``bench/fidelity.py`` and ``bench/autoscale_live.py`` with ``throughput_from_busy``.
     ``after``: from the calibration after the segment (``run_live``'s ``calibrate_after``)."""
@@ -422,6 +434,7 @@ def sim_inputs(live: dict[str, Any], after: bool = False) -> tuple[float, dict[s
         "platform_ms": tuple(live["platform_ms_under_load"]),
         "platform_serial_ms": live["platform_serial_ms"],
         "cold_start_ms": live.get("cold_start_ms"),
+        "first_busy_ms": live.get("first_busy_ms"),
         "busy_gap_factors": busy_factors_by_gap([a for a, _ in samples], [b for _, b in samples]),
     }
 
@@ -435,6 +448,7 @@ def run_sim(
     service_busy_ms: float | None = None,
     throughput_from_busy: bool = False,
     segment_ticks_ms: Sequence[float] = (),
+    idle_before_s: float = 0.0,
     **cluster: Any,
 ) -> dict[str, Any]:
     """The same segment in the simulator: one config of the live instances' throughput.
@@ -450,7 +464,10 @@ def run_sim(
     ``sim_instances``: (s from the segment's start, instances) per control period, to set beside
     the live server's replica samples. ``segment_ticks_ms``: a live server's controller ticks (ms
     of the segment, ``run_live``'s ``control_ticks_ms``), where the simulated controller ticks
-    too (``ClusterConfig.control_ticks_ms``); empty: every period from ``control_phase_ms``."""
+    too (``ClusterConfig.control_ticks_ms``); empty: every period from ``control_phase_ms``.
+    ``idle_before_s``: the time without requests between the warm-up and the segment (``run_live``'s
+    ``idle_before_segment_s``: the live function, idle past its keep-alive during the
+    calibration, starts the segment cold)."""
     batch = int(BATCH["max_batch"])
     cfg_sm, cfg_q = float(SHARE["sm_pct"]), float(SHARE["quota_request"]) * 100.0
     busy_ms = service_busy_ms or (cfg_q / 100.0) * 1000.0 / tput_rps
@@ -468,9 +485,12 @@ def run_sim(
         throughput_rps=tput_rps,
         latency_ms=batch * 1000.0 / tput_rps,
     )
+    if idle_before_s < 0:
+        raise ValueError(f"idle_before_s must be >= 0 (got {idle_before_s})")
     warm_ms = SIM_WARMUP_S * 1000.0
+    seg0_ms = warm_ms + idle_before_s * 1000.0  # the segment's time 0
     if segment_ticks_ms:
-        cluster["control_ticks_ms"] = tuple(warm_ms + float(t) for t in segment_ticks_ms)
+        cluster["control_ticks_ms"] = tuple(seg0_ms + float(t) for t in segment_ticks_ms)
     loop = EventLoop()
     measured_cold_ms = cluster.pop("cold_start_ms", None)
     cold_start_ms = LIVE_FORK_COLD_START_MS if measured_cold_ms is None else float(measured_cold_ms)
@@ -504,16 +524,16 @@ def run_sim(
         )
     )
     # as live: a gentle warm-up (4 requests/s for SIM_WARMUP_S, not measured), then the segment
-    arrivals = np.concatenate([np.arange(0.0, warm_ms, 250.0), np.asarray(times_ms) + warm_ms])
+    arrivals = np.concatenate([np.arange(0.0, warm_ms, 250.0), np.asarray(times_ms) + seg0_ms])
     end = float(arrivals[-1]) + 1000.0
-    sim.log.warmup_ms = warm_ms
+    sim.log.warmup_ms = seg0_ms
     workload.drive_open_loop(loop, sim.gateway, "live-as", arrivals)
     sim.start(until_ms=end)
     loop.run(until_ms=end)
-    insts = [r["instances"] for r in sim.timeline if r["t_s"] * 1000.0 >= warm_ms]
+    insts = [r["instances"] for r in sim.timeline if r["t_s"] * 1000.0 >= seg0_ms]
     loop.run()
     s = sim.log.summary("live-as")
-    slow = [r for r in sim.log.completed if r.arrival_ms >= warm_ms and r.latency_ms > SLO_MS]
+    slow = [r for r in sim.log.completed if r.arrival_ms >= seg0_ms and r.latency_ms > SLO_MS]
     return {
         "sim_shed": sim.gateway.shed.get("live-as", 0),
         "sim_over_slo_answered": sum(1 for r in slow if not r.shed),
@@ -522,8 +542,8 @@ def run_sim(
         "sim_p99_ms": s["p99_ms"],
         "sim_mean_instances": statistics.fmean(insts) if insts else 0.0,
         "sim_instances": [
-            [round(r["t_s"] - warm_ms / 1000.0, 3), r["instances"]]
+            [round(r["t_s"] - seg0_ms / 1000.0, 3), r["instances"]]
             for r in sim.timeline
-            if r["t_s"] * 1000.0 >= warm_ms
+            if r["t_s"] * 1000.0 >= seg0_ms
         ],
     }

@@ -425,8 +425,9 @@ LLM_INPUTS = (
     "throughput_rps_per_instance",
     "busy_ms_per_request", "busy_ms_per_request_under_load", "busy_ms_under_load_calibration",
     "busy_samples_ms_calibration", "segment_platform_ms", "segment_busy_ms", "segment_waits_ms",
-    "platform_ms_under_load", "platform_serial_ms", "platform_ms", "cold_start_ms", "answers",
-    "replicas", "control_ticks_ms", "calibration_after",
+    "platform_ms_under_load", "platform_serial_ms", "platform_ms", "cold_start_ms",
+    "first_busy_ms", "answers",
+    "replicas", "control_ticks_ms", "idle_before_segment_s", "calibration_after",
 )  # fmt: skip
 """What ``run_llm`` records of each live server (``inputs``), enough to simulate again."""
 
@@ -522,6 +523,7 @@ def run_llm(
                 k,
                 throughput_from_busy=True,
                 segment_ticks_ms=ticks,
+                idle_before_s=float(lv.get("idle_before_segment_s") or 0.0),
                 **{**cluster, **model},
             )
         )

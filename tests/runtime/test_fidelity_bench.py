@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -191,6 +192,35 @@ def test_a_seed_ticks_where_its_live_servers_controller_ticked(
     # (the fifth: the "before" model, at the whole seconds)
     assert [round(t, 3) for t in firsts] == [0.701, 0.201, 0.701, 0.201, 0.0]
     assert next(r for r in rows if r["metric"] == "p50_ms")["sim_control_phase_ms"] == [None] * 4
+
+
+def test_a_seed_starts_its_segment_as_its_live_server_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server idle past its keep-alive before the segment (its calibration ran on another
+    function) starts it cold, and its calibration's first inference is the simulated
+    instances' first batch."""
+    fidelity = _fidelity()
+    real = fidelity._autoscale.run_sim
+    calls: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def recording(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        out: dict[str, Any] = real(*args, **kwargs)
+        calls.append((kwargs, out))
+        return out
+
+    monkeypatch.setattr(fidelity._autoscale, "run_sim", recording)
+    idle = fidelity._autoscale.KEEP_ALIVE_S + 10.0
+    lives = [{**LIVE, "idle_before_segment_s": idle, "first_busy_ms": 6.0}, LIVE]
+    _replay(tmp_path, "start", lives, 2)
+    (cold, cold_out), (warm, warm_out) = calls[:2]
+    assert (cold["idle_before_s"], cold["first_busy_ms"]) == (idle, 6.0)
+    assert (warm["idle_before_s"], warm["first_busy_ms"]) == (0.0, None)
+    # the segment's first tick: no instance after the idle time, the warm-up's one without it
+    assert cold_out["sim_instances"][0][1] == 0
+    assert warm_out["sim_instances"][0][1] == 1
+    with pytest.raises(ValueError, match="idle_before_s"):
+        real("gshare-burst", np.asarray(TIMES_MS), 4, 200.0, 0, idle_before_s=-1.0)
 
 
 def test_the_calibration_window_follows_the_rate_and_refuses_one_too_thin() -> None:

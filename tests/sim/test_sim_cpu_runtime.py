@@ -152,6 +152,16 @@ def test_the_gap_class_goes_by_arrivals_not_by_the_instances_idle_time() -> None
     assert [r.finish_ms - r.start_ms for r in runs] == pytest.approx([3.0, 3.0, 3.0])
 
 
+def test_a_new_instances_first_batch_takes_the_measured_first_busy_time() -> None:
+    # 2 ms a request; the instance's first inference 9 ms (in place of its gap factor's 1.5x)
+    rows = ((1.0, 0.5), (float("inf"), 1.5))
+    arrivals = [100.0, 200.0, 200.5, 300.0]
+    runs = _one_instance_run(2.0, arrivals, busy_gap_factors=rows, first_busy_ms=9.0)
+    assert [r.finish_ms - r.start_ms for r in runs] == pytest.approx([9.0, 3.0, 1.0, 3.0])
+    plain = _one_instance_run(2.0, arrivals, first_busy_ms=9.0)
+    assert [r.finish_ms - r.start_ms for r in plain] == pytest.approx([9.0, 2.0, 2.0, 2.0])
+
+
 def test_an_immediate_token_grant_costs_its_round_trip_uncharged() -> None:
     # 2 ms a request, alone (a new token each) or 0.5 ms behind the previous one (it is ready
     # when that one ends: the kept token, no round trip)

@@ -132,6 +132,9 @@ class ClusterConfig:
     """Multipliers of a batch's busy time by the gap between its requests' arrivals and the ones
     before them at the instance (``sim.instance.InstanceConfig.busy_gap_factors``); empty:
     none."""
+    first_busy_ms: float | None = None
+    """The busy time of each new instance's first batch (``InstanceConfig.first_busy_ms``; a
+    live CPU instance's first inference, measured); None: as the others."""
     launch: LaunchGating | None = field(default_factory=LaunchGating)
     """Burst model of instances (default: launch-gated, validated by ``token-fidelity``)."""
     token_wakeup_ms: float = DEFAULT_WAKEUP_MS
@@ -440,6 +443,7 @@ class SimCluster:
                 cold_start_ms=self.config.cold_start_ms,
                 noise_sigma=self.config.noise_sigma,
                 busy_gap_factors=self.config.busy_gap_factors,
+                first_busy_ms=self.config.first_busy_ms,
                 launch=self.config.launch,
             ),
             self.profiles,

@@ -130,6 +130,10 @@ class InstanceConfig:
     the last row; a batch: the mean over its requests). A live CPU instance computes faster when
     its requests come close together (``experiments.fidelity.busy_factors_by_gap``, which
     classes the live answers by the same gap); empty: no such factor."""
+    first_busy_ms: float | None = None
+    """The busy time of the instance's first batch, in place of the model's (and of its gap
+    factor): a live CPU instance's first inference is several times slower than the ones after
+    it; None: as the others."""
     launch: LaunchGating | None = None
     """Burst model (see the module docstring); None = whole burst token-gated."""
 
@@ -166,6 +170,7 @@ class SimInstance:
         """Called when a batch is answered: (this instance, the batch's busy ms, its size)."""
         self._in_flight_busy_ms = 0.0
         self._last_arrival_ms: float | None = None
+        self._batches = 0
         """Arrival time of the last request taken into a batch here (None: none yet); with the
         queue's order it gives each request's gap (``busy_gap_factors``)."""
         self._gap_bounds_ms = tuple(bound for bound, _ in config.busy_gap_factors)
@@ -253,6 +258,9 @@ class SimInstance:
         work = self._work_ms(n)
         if c.busy_gap_factors:
             work *= self._gap_factor([r.arrival_ms for r in self.in_flight])
+        if self._batches == 0 and c.first_busy_ms is not None:
+            work = c.first_busy_ms
+        self._batches += 1
         self._in_flight_busy_ms = work
         if c.launch is None:
             self.gpu.run_burst(self.instance_id, work, self._on_batch_done)
