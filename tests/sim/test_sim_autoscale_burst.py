@@ -76,21 +76,11 @@ def _burst_cluster(**config: object) -> tuple[SimCluster, list[float]]:
 
 
 def _peak_instances(phase_ms: float) -> tuple[int, float]:
-    """Instances held 3 s after a 1-s burst of 100 rps that starts half a second into the run
-    (then 1 rps), and the first tick's time, with the controller's first tick ``phase_ms``
-    after the start."""
-    loop = EventLoop()
-    cfg = ClusterConfig(max_gpus=8, launch=None, control_phase_ms=phase_ms)
-    cluster = SimCluster(loop, ProfileTable.shipped_v100(), cfg, np.random.default_rng(0))
-    cluster.add_function(SimFunction("r", "resnet50", 1000.0, (CFG,), keep_alive_s=60.0))
-    burst = list(np.arange(500.0, 1500.0, 10.0))
-    trickle = list(np.arange(1500.0, 8_000.0, 1000.0))
-    drive_open_loop(loop, cluster.gateway, "r", burst + trickle)
-    cluster.start(until_ms=8_000.0)
-    loop.run(until_ms=8_000.0)
-    loop.run()
+    """Instances held 3 s after the burst (``_burst_cluster``), and the first tick's time, with
+    the controller's first tick ``phase_ms`` after the start."""
+    cluster, ticks = _burst_cluster(control_phase_ms=phase_ms)
     held = [int(r["instances"]) for r in cluster.timeline if 4.0 <= r["t_s"] < 5.0]
-    return held[0], cluster.timeline[0]["t_s"]
+    return held[0], ticks[0]
 
 
 def test_the_controller_phase_decides_which_burst_peak_is_held() -> None:
