@@ -61,6 +61,7 @@ import itertools
 import os
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -139,15 +140,10 @@ def statuses(rows: Sequence[dict[str, Any]], kind: str, name: str) -> dict[str, 
     ``dropped_client``) and the three commonest error texts (a live run's hit rate can fall with
     its answered share while its answered latencies agree)."""
     rs = _measured(rows, kind, name)
-    counts: dict[str, int] = {}
-    texts: dict[str, int] = {}
-    for r in rs:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-        if r.get("error"):
-            t = str(r["error"])[:120]
-            texts[t] = texts.get(t, 0) + 1
-    top = sorted(texts.items(), key=lambda kv: -kv[1])[:3]
-    return {"requests": len(rs), **counts, "errors_top": [[t, n] for t, n in top]}
+    counts = Counter(str(r["status"]) for r in rs)
+    texts = Counter(str(r["error"])[:120] for r in rs if r.get("error"))
+    top = [[t, n] for t, n in texts.most_common(3)]
+    return {"requests": len(rs), **counts, "errors_top": top}
 
 
 def share_pct(
@@ -506,13 +502,19 @@ def run_llm(
     # calibration at two phases half a period apart. The figure scored is the mean of all K.
     cals = [(lv, False) for lv in lives]
     cals += [(lv, True) for lv in lives if lv.get("calibration_after")]
-    phases_ms = [ClusterConfig().period_ms * k / seeds for k in range(seeds)]
+    # seed k's phase; None: it ticks at its server's recorded ticks
+    phases_ms = [
+        None
+        if cals[k % len(cals)][0].get("control_ticks_ms")
+        else ClusterConfig().period_ms * k / seeds
+        for k in range(seeds)
+    ]
     sims = []
     for k in range(seeds):
         lv, after = cals[k % len(cals)]
         tput, cluster = _autoscale.sim_inputs(lv, after=after)
         ticks = lv.get("control_ticks_ms") or ()
-        if not ticks:
+        if phases_ms[k] is not None:
             cluster["control_phase_ms"] = phases_ms[k]
         sims.append(
             _autoscale.run_sim(
@@ -556,10 +558,7 @@ def run_llm(
         o["platform_serial_ms"] = [lv["platform_serial_ms"] for lv in lives]
         o["cold_start_ms"] = [lv.get("cold_start_ms") for lv in lives]
         o["sim_runs"] = [sm[f"sim_{keys[o['metric']]}"] for sm in sims]
-        o["sim_control_phase_ms"] = [
-            None if cals[k % len(cals)][0].get("control_ticks_ms") else phases_ms[k]
-            for k in range(seeds)
-        ]
+        o["sim_control_phase_ms"] = phases_ms
         o["sim_shed"] = [sm["sim_shed"] for sm in sims]
         o["sim_over_slo_answered"] = [sm["sim_over_slo_answered"] for sm in sims]
         o["live_errors"] = [lv.get("errors") for lv in lives]

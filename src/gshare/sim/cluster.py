@@ -227,7 +227,6 @@ class SimCluster:
         self._live: dict[str, _Live] = {}
         self._control: dict[str, ControlState] = {}
         self._last_arrivals: dict[str, int] = {}
-        self._last_tick_ms: float | None = None
         self._busy_ms: dict[str, float] = {}
         """Per function with ``throughput_from_busy``: the busy-time estimate (ms/request)."""
         self._configs_now: dict[str, tuple[autoscale.ScaleConfig, ...]] = {}
@@ -277,37 +276,32 @@ class SimCluster:
                 f"control_phase_ms must be in [0, period_ms={self.config.period_ms}), got {phase}"
             )
         period = self.config.period_ms
-        ticks = [self.loop.now_ms + t for t in self.config.control_ticks_ms]
         given = self.config.control_ticks_ms
         if any(b <= a for a, b in itertools.pairwise(given)) or (given and given[0] < 0.0):
             raise ValueError(f"control_ticks_ms must be ascending and not negative, got {given}")
+        now = self.loop.now_ms
+        ticks = [now + t for t in given]
         if ticks:  # the periodic ticks before the first given one, at its phase
-            at = self.loop.now_ms + given[0] % period
+            at = now + given[0] % period
             lead = []
             while at < ticks[0] - period / 2.0:  # (not a tick a rounding error before it)
                 lead.append(at)
                 at += period
             ticks = [*lead, *ticks]
         else:
-            ticks = [self.loop.now_ms + phase]
-        explicit = bool(self.config.control_ticks_ms)
-        first = [True]
+            ticks = [now + phase]
 
-        def step(i: int) -> None:
-            self.reconcile(first=first[0], interval_ms=None if not explicit else self._since_tick())
-            first[0] = False
-            nxt = ticks[i + 1] if i + 1 < len(ticks) else self.loop.now_ms + period
+        def step(i: int, previous_ms: float | None) -> None:
+            t = self.loop.now_ms
+            # given ticks: each rate sample over the time since the previous tick
+            interval = t - previous_ms if given and previous_ms is not None else None
+            self.reconcile(first=i == 0, interval_ms=interval)
+            nxt = ticks[i + 1] if i + 1 < len(ticks) else t + period
             if nxt <= until_ms:
-                self.loop.at(nxt, lambda: step(i + 1), PRIO_CONTROL)
+                self.loop.at(nxt, lambda: step(i + 1, t), PRIO_CONTROL)
 
-        if ticks[0] == self.loop.now_ms or ticks[0] <= until_ms:
-            self.loop.at(ticks[0], lambda: step(0), PRIO_CONTROL)
-
-    def _since_tick(self) -> float | None:
-        """ms since the previous tick (None at the first), and this tick recorded."""
-        now, last = self.loop.now_ms, self._last_tick_ms
-        self._last_tick_ms = now
-        return None if last is None else now - last
+        if ticks[0] == now or ticks[0] <= until_ms:
+            self.loop.at(ticks[0], lambda: step(0, None), PRIO_CONTROL)
 
     # -- control loop -------------------------------------------------------------------------
 

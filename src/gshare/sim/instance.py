@@ -170,9 +170,10 @@ class SimInstance:
         """Called when a batch is answered: (this instance, the batch's busy ms, its size)."""
         self._in_flight_busy_ms = 0.0
         self._last_arrival_ms: float | None = None
-        self._batches = 0
         """Arrival time of the last request taken into a batch here (None: none yet); with the
         queue's order it gives each request's gap (``busy_gap_factors``)."""
+        self._served = False
+        """Whether a batch has started here (the first takes ``first_busy_ms``)."""
         self._gap_bounds_ms = tuple(bound for bound, _ in config.busy_gap_factors)
         self._timer_at: float | None = None
         self._work_cache: dict[int, float] = {}
@@ -258,9 +259,9 @@ class SimInstance:
         work = self._work_ms(n)
         if c.busy_gap_factors:
             work *= self._gap_factor([r.arrival_ms for r in self.in_flight])
-        if self._batches == 0 and c.first_busy_ms is not None:
+        if not self._served and c.first_busy_ms is not None:
             work = c.first_busy_ms
-        self._batches += 1
+        self._served = True
         self._in_flight_busy_ms = work
         if c.launch is None:
             self.gpu.run_burst(self.instance_id, work, self._on_batch_done)

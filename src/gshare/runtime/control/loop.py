@@ -76,6 +76,7 @@ from gshare.runtime.control.observe import (
     record_tokens,
     starting_poll_s,
 )
+from gshare.runtime.control.readiness import connect_ready, learn_inputs
 from gshare.runtime.control.records import (
     AgentRef,
     ControllerConfig,
@@ -594,7 +595,7 @@ class Controller:
                     level="warn",
                 )
             case ReportedReady():
-                await self._connect(inst, obs)
+                await connect_ready(self.gateway, inst, obs)
                 connected = self.gateway.is_connected(inst.route, iid)
                 if inst.state in (LiveState.STARTING, LiveState.RESTARTING) and connected:
                     took = self.clock() - inst.created_s
@@ -608,7 +609,7 @@ class Controller:
                         fs.control = on_started(fs.control)
                         fs.start_error = None
                         if obs.inputs and not fs.inputs:
-                            self._learn_inputs(fs, obs.inputs)
+                            learn_inputs(self.state, self.gateway, fs, obs.inputs)
             case ReportedRestarting() if inst.state is LiveState.READY:
                 inst.state = LiveState.RESTARTING
                 inst.created_s = self.clock()
@@ -628,35 +629,6 @@ class Controller:
                     inst.function, "vanished from its node agent", instance=iid, level="error"
                 )
                 await self.stop_instance(iid, log_event=False)
-
-    async def _connect(self, inst: LiveInstance, ready: ReportedReady) -> None:
-        """Connect the gateway to a ready instance (again, after a restart in place)."""
-        iid = inst.instance_id
-        if inst.incarnation == ready.incarnation and self.gateway.is_connected(inst.route, iid):
-            return
-        tcp = (ready.node_ip, inst.tcp_port) if inst.tcp_port and not ready.local else None
-        await self.gateway.instance_ready(
-            inst.route,
-            iid,
-            uds_path=inst.uds_path if ready.local else None,
-            tcp=tcp,
-            max_batch=inst.config.batch,
-            secret=inst.channel_secret,
-        )
-        if self.gateway.is_connected(inst.route, iid):
-            inst.incarnation = ready.incarnation
-            if inst.state is LiveState.DRAINING:
-                self.gateway.drain(inst.route, iid)
-
-    def _learn_inputs(self, fs: FunctionState, inputs: list[dict[str, Any]]) -> None:
-        """The handler's OIP inputs, first reported by a ready instance: kept in the state
-        database and on the gateway's route."""
-        fs.inputs = inputs
-        io = {"inputs": inputs, "outputs": fs.outputs, "generative": fs.generative}
-        self.state.set_function_io(fs.spec.name, io)
-        r = self.gateway.routes.get(fs.spec.name)
-        if r is not None:
-            r.inputs = inputs
 
     def _node_ip(self, node_id: str) -> str:
         """The address a node's instances bind their TCP listener to (its agent's report)."""
