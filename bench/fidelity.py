@@ -66,12 +66,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 import _autoscale
 import twin
 from _common import bench_parser, machine_load, print_table, write_json
-from gshare.experiments.fidelity import score, within_all
+from gshare.experiments.fidelity import outstanding_share, score, within_all
 from gshare.experiments.gpu_fidelity import load_share_runs, score_gpu_shares
 from gshare.experiments.scenario_load import deploy, run_load
 from gshare.experiments.scenario_sim import fetch_live_profiles, function_profiles, simulate
@@ -315,39 +316,140 @@ def _plain(
     calibrate_on: str | None = None,
 ) -> Any:
     """A scenario of plain functions: (scenario, simulated results per seed, live results, the
-    calibrated platform shares in ms and the calibration's ``statuses`` — both empty without
-    ``calibrate_on``).
+    calibrated platform shares in ms, and the calibration's figures: its ``statuses``, the
+    outstanding share and the busy factors — empty without ``calibrate_on``).
     ``calibrate_on``: a function whose platform latency is measured first, under the scenario's
     own load in a calibration run with another seed (``run_load``'s ``platform_ms``: the
     latency beyond the instance's timing headers), and given to the simulator as samples, one
-    drawn per request (``sim.gateway``: a plain request pays it).
+    drawn per request (``sim.gateway``: a plain request pays it). The same run measures the
+    part of them inside the gateway's outstanding window (``outstanding_share``: the server's
+    latency histogram against the client's latencies) and each function's busy time per
+    request under the load (``run_load``'s ``exec_ms``), which scales its profile
+    (``_busy_profiles``).
 
     NOTE — measured at a light load (40 sequential requests) instead, the platform share was
     2.7-3.2 ms on average where the priority pair's load made it 3.5-4.0 ms (its p50 2.9-3.5,
     p90 5.3-6.3: the gateway and the instances share two cores with the saturating function),
     and the high class's simulated p50 was 23-30 % under the live one in five full runs; the
-    same simulator with the shares measured under load gave 7.8-8.3 ms against 8.2 live."""
+    same simulator with the shares measured under load gave 7.8-8.3 ms against 8.2 live.
+
+    NOTE — the busy time under load and the outstanding window. On the same two cores the
+    functions' compute took 10-20 % longer than their profiles (the high class 2.26 ms against
+    2.0 at the median), and the live gateway counted a request outstanding for 27-28 % of its
+    platform share (three runs); the simulator had neither, and its gateway shed 0-43 requests
+    where the live one shed 20-60 (docs/journal/fidelity.md)."""
     sc = load_scenario(SCENARIOS / f"{name}.yaml")
     dur = sc.duration_s(quick)
     plat: list[float] = []
-    calib_statuses: dict[str, Any] = {}
+    calib: dict[str, Any] = {}
+    live_profiles: dict[str, list[ProfilePoint]] | None = None
     with ServeProcess(*flags, state_dir=tmp / name, cwd=REPO) as srv:
         if calibrate_on is not None:
             deploy(srv.client(), sc)
-            calib = run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed + 1000)
+            before = _gateway_latency_s(srv.url, calibrate_on)
+            run = run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed + 1000)
+            after = _gateway_latency_s(srv.url, calibrate_on)
             plat = [
                 float(r["platform_ms"])
-                for r in _measured(calib.rows, "function", calibrate_on)
+                for r in _measured(run.rows, "function", calibrate_on)
                 if r["status"] == "ok" and r.get("platform_ms") is not None
             ]
-            calib_statuses = statuses(calib.rows, "function", calibrate_on)
             if not plat:
                 raise SystemExit(f"{name}: the calibration run answered no {calibrate_on!r}")
+            calib["statuses"] = statuses(run.rows, "function", calibrate_on)
+            calib.update(_window(run.rows, calibrate_on, before, after))
+            factors = {f: _busy_factor(sc, run.rows, f) for f in _functions(sc)}
+            calib["busy_factors"] = factors
+            live_profiles = _busy_profiles(sc, factors)
         lives = _live_twice(
             lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed), loads
         )
-    sims = [simulate(sc, duration_s=dur, seed=sc.seed + k, platform_ms=plat) for k in range(seeds)]
-    return sc, sims, lives, plat, calib_statuses
+    share = float(calib.get("outstanding_share", 0.0))
+    sims = [
+        simulate(
+            sc,
+            duration_s=dur,
+            seed=sc.seed + k,
+            platform_ms=plat,
+            live_profiles=live_profiles,
+            platform_outstanding_share=share,
+        )  # fmt: skip
+        for k in range(seeds)
+    ]
+    return sc, sims, lives, plat, calib
+
+
+def _functions(sc: Scenario) -> list[str]:
+    return list(dict.fromkeys(w.target for w in sc.workloads))
+
+
+def _gateway_latency_s(url: str, fn: str) -> tuple[float, float]:
+    """The server's ``gshare_request_latency_seconds`` of ``fn``: (sum in s, count)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = count = 0.0
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for smp in fam.samples:
+            if smp.labels.get("function") != fn:
+                continue
+            if smp.name == "gshare_request_latency_seconds_sum":
+                total = float(smp.value)
+            elif smp.name == "gshare_request_latency_seconds_count":
+                count = float(smp.value)
+    return total, count
+
+
+def _window(
+    rows: Sequence[dict[str, Any]],
+    fn: str,
+    before: tuple[float, float],
+    after: tuple[float, float],
+) -> dict[str, Any]:
+    """The calibration's outstanding share (``experiments.fidelity.outstanding_share``) over all
+    its answered requests of ``fn`` (the server's histogram counts the warm-up's too)."""
+    ok = [
+        r
+        for r in rows
+        if r["kind"] == "function" and r["name"] == fn and r["status"] == "ok"
+        and r.get("platform_ms") is not None
+    ]  # fmt: skip
+    n = after[1] - before[1]
+    if not ok or n <= 0:
+        return {"outstanding_share": 0.0, "window_requests": [len(ok), n]}
+    client = float(np.mean([r["latency_ms"] for r in ok]))
+    gateway = (after[0] - before[0]) / n * 1000.0
+    platform = float(np.mean([r["platform_ms"] for r in ok]))
+    return {
+        "outstanding_share": outstanding_share(client, gateway, platform),
+        "window_requests": [len(ok), n],
+        "window_ms": {"client": client, "gateway": gateway, "platform": platform},
+    }
+
+
+def _busy_factor(sc: Scenario, rows: Sequence[dict[str, Any]], fn: str) -> float | None:
+    """``fn``'s mean compute time per request in ``rows`` (``exec_ms``) over its profile's solo
+    time; None without answers that carry it."""
+    ex = [
+        float(r["exec_ms"])
+        for r in _measured(rows, "function", fn)
+        if r["status"] == "ok" and r.get("exec_ms") is not None
+    ]
+    return float(np.mean(ex)) / _solo_ms(sc, fn) if ex else None
+
+
+def _busy_profiles(
+    sc: Scenario, factors: dict[str, float | None]
+) -> dict[str, list[ProfilePoint]] | None:
+    """The scenario's profile of every function with a factor, its latencies scaled by it."""
+    out = {
+        fn: [
+            dataclasses.replace(p, latency_ms=p.latency_ms * k)
+            for p in function_profiles(sc, [fn], None)[fn].renamed(fn)
+        ]
+        for fn, k in factors.items()
+        if k is not None
+    }
+    return out or None
 
 
 def _solo_ms(sc: Scenario, fn: str) -> float:
@@ -380,7 +482,7 @@ def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[An
 
 def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
     """``priority-pair`` (module doc): the high class's latency figures."""
-    sc, sims, lives, plat, calib_statuses = _plain(
+    sc, sims, lives, plat, calib = _plain(
         "priority-pair", quick, seeds, tmp, loads, "--priority-sharing", "tokens",
         calibrate_on="prio-hi",
     )  # fmt: skip
@@ -393,8 +495,9 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
             "p50": percentile_or_none(plat, 50),
             "p90": percentile_or_none(plat, 90),
         }
+        o["calibration"] = {k: v for k, v in calib.items() if k != "statuses"}
         o["statuses"] = {
-            "calibration": calib_statuses,
+            "calibration": calib.get("statuses", {}),
             "live": [statuses(r.rows, "function", "prio-hi") for r in lives],
             "sim": [statuses(r.rows, "function", "prio-hi") for r in sims],
         }

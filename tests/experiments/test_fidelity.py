@@ -18,6 +18,7 @@ from gshare.experiments.fidelity import (
     fifo_waits_ms,
     fit_serial_ms,
     interval,
+    outstanding_share,
     score,
     within_all,
 )
@@ -218,3 +219,14 @@ def test_busy_factors_refuse_mismatched_inputs() -> None:
     with pytest.raises(ValueError, match="ascending"):
         busy_factors_by_gap([1.0], [1.0], bounds_ms=(10.0, 1.0))
     assert busy_factors_by_gap([], []) == ()
+
+
+def test_the_outstanding_share_is_the_platform_latency_inside_the_gateways_window() -> None:
+    # client 12 ms, of which 4 ms platform; the gateway saw 9 ms: 3 of the 4 ms were outside it
+    assert outstanding_share(12.0, 9.0, 4.0) == pytest.approx(0.25)
+    assert outstanding_share(12.0, 12.0, 4.0) == 1.0  # all of it inside
+    assert outstanding_share(12.0, 13.0, 4.0) == 1.0  # the means disagree: clipped
+    assert outstanding_share(12.0, 6.0, 4.0) == 0.0
+    assert outstanding_share(5.0, 5.0, 0.0) == 0.0  # no platform share
+    with pytest.raises(ValueError, match="gateway_ms must be a finite number >= 0, got nan"):
+        outstanding_share(12.0, math.nan, 4.0)

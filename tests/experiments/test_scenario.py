@@ -321,12 +321,14 @@ def test_simulate_and_load_get_the_same_arrivals() -> None:
     ]
     assert all(r["status"] == "ok" and r["code"] == 200 for r in rows)
     assert all(r["hit"] == (r["latency_ms"] <= r["slo_ms"]) for r in rows)
-    # the platform's share: the latency beyond the instance's timing headers (functions only)
+    # the platform's share: the latency beyond the instance's timing headers, and the
+    # instance's compute time (functions only)
     for r in rows:
         if r["kind"] == "function":
             assert r["platform_ms"] == pytest.approx(max(0.0, r["latency_ms"] - 1.75))
+            assert r["exec_ms"] == 1.0
         else:
-            assert r["platform_ms"] is None
+            assert r["platform_ms"] is None and r["exec_ms"] is None
     assert sorted(seen) == sorted(
         f"/workflow/{a.target}" if a.kind == "workflow" else f"/function/{a.target}"
         for a in arrivals

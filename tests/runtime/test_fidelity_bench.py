@@ -261,3 +261,32 @@ def test_statuses_count_a_workloads_measured_requests_and_name_their_errors() ->
     assert got["requests"] == 5
     assert (got["ok"], got["error"], got["dropped_client"]) == (1, 3, 1)
     assert got["errors_top"] == [["429: over its SLO", 2], ["503: no instance", 1]]
+
+
+def test_the_calibration_scales_each_profile_by_its_busy_time_under_load() -> None:
+    fid = _fidelity()
+    sc = fid.load_scenario(fid.SCENARIOS / "priority-pair.yaml")
+
+    def row(name: str, exec_ms: float | None, status: str = "ok", measured: bool = True) -> Any:
+        return {"kind": "function", "name": name, "status": status, "measured": measured,
+                "exec_ms": exec_ms, "latency_ms": 10.0, "platform_ms": 3.0}  # fmt: skip
+
+    rows = [row("prio-hi", 2.2), row("prio-hi", 2.6), row("prio-hi", 9.0, measured=False),
+            row("prio-hi", None, status="error"), row("prio-lo", 8.8)]  # fmt: skip
+    solo = {f: fid._solo_ms(sc, f) for f in ("prio-hi", "prio-lo")}
+    factors = {f: fid._busy_factor(sc, rows, f) for f in ("prio-hi", "prio-lo")}
+    assert factors["prio-hi"] == pytest.approx(2.4 / solo["prio-hi"])  # measured answers only
+    assert factors["prio-lo"] == pytest.approx(8.8 / solo["prio-lo"])
+    assert fid._busy_factor(sc, rows[2:4], "prio-hi") is None
+    scaled = fid._busy_profiles(sc, {**factors, "prio-lo": None})
+    assert set(scaled) == {"prio-hi"}
+    base = fid.function_profiles(sc, ["prio-hi"], None)["prio-hi"].renamed("prio-hi")
+    assert [p.latency_ms for p in scaled["prio-hi"]] == pytest.approx(
+        [p.latency_ms * factors["prio-hi"] for p in base]
+    )
+    assert fid._busy_profiles(sc, {"prio-hi": None}) is None
+    # the window: every answer of the function (the server's histogram has the warm-up's too)
+    got = fid._window(rows, "prio-hi", (1.0, 10.0), (1.0 + 4 * 0.009, 14.0))
+    assert got["window_requests"] == [3, 4.0]
+    assert got["outstanding_share"] == pytest.approx(1.0 - (10.0 - 9.0) / 3.0)
+    assert fid._window(rows, "prio-hi", (1.0, 10.0), (1.0, 10.0))["outstanding_share"] == 0.0

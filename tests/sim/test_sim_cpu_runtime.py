@@ -225,3 +225,39 @@ def test_the_controller_follows_the_measured_busy_time_when_asked() -> None:
     # an instance as fast as its config: the estimate changes nothing
     same = _estimate_run(1.0, throughput_from_busy=True)
     assert max(r["instances"] for r in same.timeline) == 1
+
+
+def test_an_answer_stays_outstanding_for_its_share_of_the_platform_latency() -> None:
+    """``platform_outstanding_share``: the gateway counts an answered request outstanding until
+    the share of its platform sample has passed (the live gateway's window ends when the answer
+    is back from the instance); the latency and the instance are as without it."""
+    seen: dict[float, int] = {}
+
+    def run(share: float) -> list[SimRequest]:
+        loop = EventLoop()
+        table = ProfileTable([ProfilePoint("m", 100.0, 100.0, 1, 5.0)])
+        cfg = ScaleConfig(sm_pct=100.0, quota_pct=100.0, batch=1, throughput_rps=200.0,
+                          latency_ms=5.0)  # fmt: skip
+        cluster = SimCluster(
+            loop, table,
+            ClusterConfig(max_gpus=1, cold_start_ms=0.0, platform_ms=(4.0,),
+                          platform_outstanding_share=share,
+                          **{**cpu_runtime_fields(), "token_grant_ms": 0.0}),  # type: ignore[arg-type]
+            np.random.default_rng(1),
+        )  # fmt: skip
+        cluster.add_function(SimFunction("m", "m", 1e9, (cfg,), min_instances=1, max_instances=1))
+        drive_open_loop(loop, cluster.gateway, "m", [100.0])
+        cluster.start(until_ms=1_000.0)
+        for t in (104.0, 106.0, 108.0):  # probes after the instance finished (about 105 ms)
+            loop.at(t, lambda t=t: seen.__setitem__(t, cluster.gateway.outstanding["m"]))
+        loop.run()
+        return cluster.log.completed
+
+    plain = run(0.0)
+    assert (seen[106.0], seen[108.0]) == (0, 0)
+    held = run(0.5)  # 2 ms of the 4-ms sample
+    assert held[0].finish_ms - held[0].start_ms < 4.0 + 5.0 + 1.0
+    assert (seen[104.0], seen[106.0], seen[108.0]) == (1, 1, 0)
+    assert [r.latency_ms for r in held] == [r.latency_ms for r in plain]
+    with pytest.raises(ValueError, match=r"platform_outstanding_share must be in \[0, 1\]"):
+        run(1.5)

@@ -17,6 +17,8 @@ probe of simultaneous bursts, and ``fifo_waits_ms`` gives the waits it adds to g
 (the harness takes them out of the platform samples it measured under load, which the simulator
 adds back where its own bursts are). ``busy_factors_by_gap`` fits how a CPU instance's busy time
 per request depends on the gap since the previous request's arrival (its NOTE).
+``outstanding_share`` is the part of the platform latency inside the live gateway's outstanding
+window (``sim.gateway``), from the gateway's and the client's mean latencies.
 """
 
 from __future__ import annotations
@@ -236,6 +238,26 @@ def busy_factors_by_gap(
     return tuple((float(bound), f) for bound, f in zip(bounds_ms, factors, strict=True))
 
 
+def outstanding_share(client_ms: float, gateway_ms: float, platform_ms: float) -> float:
+    """The part of a request's platform latency during which the live gateway counts it
+    outstanding (``ClusterConfig.platform_outstanding_share``), from means over the same answered
+    requests: the client's latency, the gateway's (``gshare_request_latency_seconds``: from its
+    admission until the answer is back from the instance) and the platform share (the client's
+    latency beyond the instance's timing headers). The rest of the platform share is the HTTP
+    exchange outside the gateway's window: ``client - gateway``. Clipped to [0, 1] (the two
+    clocks' means come from separate samples); 0 without a platform share."""
+    for name, v in (
+        ("client_ms", client_ms),
+        ("gateway_ms", gateway_ms),
+        ("platform_ms", platform_ms),
+    ):
+        if not (v >= 0.0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+    if platform_ms <= 0.0:
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - (client_ms - gateway_ms) / platform_ms))
+
+
 __all__ = [
     "BOUNDS",
     "GAP_BOUNDS_MS",
@@ -245,6 +267,7 @@ __all__ = [
     "fifo_waits_ms",
     "fit_serial_ms",
     "interval",
+    "outstanding_share",
     "score",
     "within_all",
 ]

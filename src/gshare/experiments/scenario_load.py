@@ -18,7 +18,8 @@
    beyond that is not sent and is counted as ``dropped_client`` (reported, never silent).
    Latency is client-side (send to answer); ``late_ms`` is how late the send was against its
    arrival time (the load generator's own lag); ``platform_ms`` is the latency beyond the
-   instance's own measurements of a function request (``platform_share_ms``). After the last
+   instance's own measurements of a function request (``platform_share_ms``) and ``exec_ms``
+   the instance's compute time for it (``x-gshare-exec-ms``: its batch's). After the last
    arrival the outstanding requests get ``timeout_s`` to answer; what has not is
    ``unfinished``.
 4. **Report**: the rows and summary of ``scenario_sim`` (same columns, ``summarise``), plus per
@@ -235,6 +236,7 @@ async def drive(
             "code": None,
             "late_ms": None,
             "platform_ms": None,
+            "exec_ms": None,
             "error": None,
         }
 
@@ -260,6 +262,7 @@ async def drive(
                 if r.status_code == 200:
                     row["status"], row["latency_ms"] = "ok", ms
                     row["platform_ms"] = platform_share_ms(ms, r.headers)
+                    row["exec_ms"] = _header_ms(r.headers, "x-gshare-exec-ms")
                     slo = row["slo_ms"]
                     row["hit"] = slo is not None and ms <= slo
                 else:
@@ -317,6 +320,15 @@ def platform_share_ms(latency_ms: float, headers: Mapping[str, str]) -> float | 
     except (KeyError, ValueError):
         return None
     return max(0.0, latency_ms - inside) if math.isfinite(inside) else None
+
+
+def _header_ms(headers: Mapping[str, str], name: str) -> float | None:
+    """A timing header's value in ms; None when it is missing or not a finite number."""
+    try:
+        v = float(headers[name])
+    except (KeyError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
 
 
 def _error_text(r: httpx.Response) -> str:
@@ -509,6 +521,7 @@ def run_load(
             "code",
             "late_ms",
             "platform_ms",
+            "exec_ms",
             "error",
             *(GENERATIVE_COLUMNS if generate else ()),
         ),

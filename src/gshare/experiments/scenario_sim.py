@@ -399,10 +399,12 @@ def run_functions(
     warmup_ms: float = 0.0,
     progress: Progress | None = None,
     platform_ms: Sequence[float] = (),
+    platform_outstanding_share: float = 0.0,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The plain function requests in ``SimCluster`` (module doc): request rows and, per
     function, devices and instances used. ``platform_ms``: measured platform latency samples,
-    one drawn per request, in place of the scenario's constant."""
+    one drawn per request, in place of the scenario's constant;
+    ``platform_outstanding_share``: ``ClusterConfig``'s."""
     from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
     from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction, cpu_runtime_fields
     from gshare.sim.engine import EventLoop
@@ -428,6 +430,7 @@ def run_functions(
         noise_sigma=NOISE_SIGMA,
         admission_slo_factor=DEFAULT_MAX_LATENCY_SLO_FACTOR,  # gshare serve's default
         platform_ms=tuple(platform_ms) or ((platform,) if platform > 0 else ()),
+        platform_outstanding_share=platform_outstanding_share,
         **(cpu_runtime_fields() if on_cpu else {}),
     )
     cluster = SimCluster(loop, table, cfg, np.random.default_rng([seed, 301]))
@@ -574,13 +577,16 @@ def simulate(
     bo_params: Mapping[str, Any] | None = None,
     frontend_jitter_ms: Sequence[float] = (),
     platform_ms: Sequence[float] = (),
+    platform_outstanding_share: float = 0.0,
     step_profiles: Mapping[str, Any] | None = None,
 ) -> ExperimentResult:
     """Run ``scenario`` in the simulator (module doc); ``ScenarioError`` for what the scenario
     cannot run with (a policy name, a function without profile, ...). ``frontend_jitter_ms``:
     measured latency spread added per workflow request (``bench/twin.py``); ``platform_ms``:
     measured platform latency samples, one per plain function request (``bench/fidelity.py``;
-    default: the scenario's ``frontend_ms + dispatch_ms``); ``step_profiles``: generative
+    default: the scenario's ``frontend_ms + dispatch_ms``), and ``platform_outstanding_share``
+    the part of each during which the gateway still counts the request outstanding (measured
+    there too; ``sim.gateway``); ``step_profiles``: generative
     models' step models in place of the shipped ones (``bench/generate.py``)."""
     wf_policy, autoscaler = check_policies(scenario, policy)
     dur = duration_s if duration_s is not None else scenario.duration_s(quick)
@@ -602,6 +608,7 @@ def simulate(
     fn_rows, fn_extra = run_functions(
         scenario, arrivals, horizon_ms, autoscaler, profiles, seed=s, warmup_ms=warmup_ms,
         progress=progress, platform_ms=platform_ms,
+        platform_outstanding_share=platform_outstanding_share,
     )  # fmt: skip
     gen_rows, gen_extra = run_generative(
         scenario, arrivals, request_tokens(scenario, arrivals), seed=s, warmup_ms=warmup_ms,

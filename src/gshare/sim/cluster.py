@@ -148,6 +148,10 @@ class ClusterConfig:
     platform_serial_ms: float = 0.0
     """The platform's serial work per request (``sim.gateway``: a FIFO stage before routing, so a
     burst's later requests wait for the earlier ones); 0: none."""
+    platform_outstanding_share: float = 0.0
+    """The part of each platform sample during which an answered request still counts as
+    outstanding at the gateway (``sim.gateway``: the hops to the instance and back, inside the
+    live gateway's window); 0: none."""
     rotate_route_ties: bool = False
     """Routing ties spread round-robin, as ``gshare serve``'s gateway does (``sim.gateway``);
     False: to the first instance, as the papers' experiments were run."""
@@ -215,6 +219,7 @@ class SimCluster:
             rng.spawn(1)[0] if config.platform_ms else None,  # leaves rng's own draws as they were
             config.platform_serial_ms,
             config.rotate_route_ties,
+            config.platform_outstanding_share,
         )
         self.placer = make_placer(config.placer, max_gpus=config.max_gpus)
         self.scale = (

@@ -22,6 +22,14 @@ gateway → instance hop, which the profiles (the instance's busy time) do not h
 the request's latency only: the instance is free at the burst's end as live. Measured per run by
 the caller (``bench/_autoscale.py``: the warm-up requests' client latency minus their busy time).
 
+Outstanding past the instance (``platform_outstanding_share``, 0 by default): the live gateway
+counts a request outstanding from its admission until the instance's answer is back at the
+gateway, so part of the platform latency (the hops to the instance and back) is inside that
+window and the rest (the HTTP exchange with the client) is not. With a share s, an answer
+leaves ``outstanding`` and feeds the service estimate s x its platform sample after the
+instance finished it; the admission reads both. Measured per run by the caller
+(``bench/fidelity.py``: the gateway's latency histogram against the client's latency).
+
 Platform serial work (``platform_serial_ms``, 0 by default): each request first passes one FIFO
 stage that is busy this long per request — the client's and the gateway's event loops, which
 handle one request at a time — and is routed when the stage reaches it: a request of a burst
@@ -69,6 +77,7 @@ class Gateway:
         rng: np.random.Generator | None = None,
         platform_serial_ms: float = 0.0,
         rotate_ties: bool = False,
+        platform_outstanding_share: float = 0.0,
     ) -> None:
         self.loop = loop
         self.rotate_ties = rotate_ties
@@ -83,6 +92,13 @@ class Gateway:
             raise ValueError(f"platform_serial_ms must be >= 0, got {platform_serial_ms}")
         self.platform_serial_ms = float(platform_serial_ms)
         """The platform's serial work per request (module doc); 0: none."""
+        if not 0.0 <= platform_outstanding_share <= 1.0:
+            raise ValueError(
+                f"platform_outstanding_share must be in [0, 1], got {platform_outstanding_share}"
+            )
+        self.platform_outstanding_share = float(platform_outstanding_share)
+        """The part of each platform sample during which an answered request still counts as
+        outstanding (module doc); 0: it leaves when its instance finishes it."""
         self._serial_free_ms = -math.inf
         self._rng = rng if rng is not None else np.random.default_rng(0)
         self.log = log or RequestLog()
@@ -136,18 +152,26 @@ class Gateway:
 
     def completed(self, req: SimRequest) -> None:
         """Instances call this for each finished request."""
+        finished_ms = req.finish_ms
         self._add_platform(req)
         self.log.record(req)
-        self.outstanding[req.function] -= 1
         self.last_activity_ms[req.function] = self.loop.now_ms
-        if self.admission_slo_factor is not None:  # as the live gateway, per answer
-            fn = req.function
-            backlogged = self.outstanding[fn] > 0
-            self._service.setdefault(fn, ServiceEstimate()).observe(
-                self.loop.now_ms / 1000.0, backlogged
-            )
+        back_ms = self.platform_outstanding_share * (req.finish_ms - finished_ms)
+        if back_ms > 0.0:
+            self.loop.at(self.loop.now_ms + back_ms, lambda: self._departed(req.function))
+        else:
+            self._departed(req.function)
         for hook in self.on_complete_hooks:
             hook(req)
+
+    def _departed(self, fn: str) -> None:
+        """An answer is back at the gateway: it leaves ``outstanding`` and, as the live
+        gateway's, feeds the function's service estimate."""
+        self.outstanding[fn] -= 1
+        if self.admission_slo_factor is not None:
+            self._service.setdefault(fn, ServiceEstimate()).observe(
+                self.loop.now_ms / 1000.0, self.outstanding[fn] > 0
+            )
 
     def submit(self, function: str) -> SimRequest:
         """A request arrives now; route it (after the platform's serial stage, if any)."""
