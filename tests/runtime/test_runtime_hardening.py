@@ -273,6 +273,13 @@ def test_overload_is_shed_early_for_a_function_with_an_slo(srv: ServeProcess) ->
     assert "overloaded" in shed[0].json()["error"] and "SLO of 20 ms" in shed[0].json()["error"]
     assert all(r.status_code in (200, 429) for r in rs)
     assert metric(srv, "gshare_requests_shed_total", function="slo-fn", reason="slo") >= len(shed)
+    # the estimate it sheds on is exported (the controller sets it each period): about the 5 ms
+    # of CPU each request spins, one at a time
+    wait_until(
+        lambda: metric(srv, "gshare_admission_interval_seconds", function="slo-fn") > 0, 30,
+        "the admission's interval gauge",
+    )  # fmt: skip
+    assert 0.004 <= metric(srv, "gshare_admission_interval_seconds", function="slo-fn") <= 0.05
     # without an SLO nothing is shed before the queue cap
     rs = burst("no-slo-fn")
     assert all(r.status_code == 200 for r in rs)

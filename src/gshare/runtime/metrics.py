@@ -105,6 +105,13 @@ class Metrics:
         self.queued = Gauge(
             "gshare_queue_length", "Requests waiting for an instance", ["function"], registry=r
         )
+        self.admission_interval = Gauge(
+            "gshare_admission_interval_seconds",
+            "The SLO admission's measured service interval (the mean gap between answers while "
+            "others waited); it sheds when (outstanding + 1) x it exceeds the factor x the SLO",
+            ["function"],
+            registry=r,
+        )
         self.instances = Gauge(
             "gshare_instances", "Instances by state", ["function", "state"], registry=r
         )

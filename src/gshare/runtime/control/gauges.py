@@ -1,5 +1,6 @@
 """The controller's gauges in ``/metrics``: instances per function and state, requested and
-achieved shares, the predicted rate, the queue, reserved and used memory.
+achieved shares, the predicted rate, the queue, the admission's service interval, reserved and
+used memory.
 
 Who calls it: ``Controller.reconcile``, once per period, after the step and the drains. What
 must hold: it only writes the gauges (the instance gauge is cleared and set whole, so states
@@ -19,9 +20,11 @@ def set_gauges(
     instances: Mapping[str, LiveInstance],
     functions: Mapping[str, FunctionState],
     queued: Callable[[str], int],
+    service_interval_s: Callable[[str], float | None] | None = None,
 ) -> None:
     """Set the gauges from the controller's records; ``queued``: requests waiting at the
-    gateway for a function (``Gateway.queued``)."""
+    gateway for a function (``Gateway.queued``); ``service_interval_s``: its admission's
+    measured interval (``Gateway.service_interval_s``; a function without one has no series)."""
     mt = metrics
     mt.instances.clear()
     counts: dict[tuple[str, str], int] = {}
@@ -38,6 +41,9 @@ def set_gauges(
     for name, fs in functions.items():
         mt.predicted_rps.labels(name).set(fs.predicted_rps)
         mt.queued.labels(name).set(queued(name))
+        interval = service_interval_s(name) if service_interval_s is not None else None
+        if interval is not None:
+            mt.admission_interval.labels(name).set(interval)
         if fs.memory.usage:
             usage = fs.memory.usage.values()
             mt.memory_reserved.labels(name).set(sum(u.limit_mb for u in usage))

@@ -324,7 +324,10 @@ class Controller:
                 await self._step(fs, interval)
                 await self._resize_memory(fs)
         await self._finish_drains()
-        set_gauges(self.metrics, self.instances, self.functions, self.gateway.queued)
+        set_gauges(
+            self.metrics, self.instances, self.functions, self.gateway.queued,
+            self.gateway.service_interval_s,
+        )  # fmt: skip
 
     async def cold_starts(self) -> None:
         """Nudged: step the functions that have queued requests and no instance."""

@@ -297,6 +297,12 @@ class Gateway:
         r = self.routes.get(function)
         return len(r.queue) + r.staged if r else 0
 
+    def service_interval_s(self, function: str) -> float | None:
+        """The admission's measured service interval of ``function`` (``policy.admission``);
+        None before it is measured or for a function not deployed."""
+        r = self.routes.get(function)
+        return r.service.interval_s if r else None
+
     def outstanding(self, function: str) -> int:
         """Requests of ``function`` queued here or in flight at its instances."""
         r = self.routes.get(function)
