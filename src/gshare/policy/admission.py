@@ -77,7 +77,7 @@ class ServiceEstimate:
                 alpha = max(EWMA_ALPHA, 1.0 / self.samples)
                 old = gap if self.interval_s is None else self.interval_s
                 self.interval_s = (1.0 - alpha) * old + alpha * gap
-        self.last_s = now_s if backlogged else None
+        self.last_s = now_s
 
 
 # NOTE: SLO-aware admission (gshare's; Little's law on the measured service rate): a request
