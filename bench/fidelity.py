@@ -25,7 +25,8 @@ simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios
   8 ms: the same arithmetic in both worlds);
 * ``priority-pair`` — a priority-8 function beside a saturating priority-1 one, served with
   ``--priority-sharing tokens`` (the token scheduler's priorities, which the simulator runs),
-  the high class's platform share measured first under the scenario's load with another seed
+  the high class's platform share, the part of it inside the gateway's outstanding window and
+  each function's compute time measured first under the scenario's load with another seed
   (``_plain``); scored: the high class's p50, p99 and hit rate (full run only);
 * ``gpu-shares`` — the GPU kit's share scenes (``gshare.gpukit.parts.shares``: saturating
   probe processes at quotas 0.3 / 0.6, 0.2-0.5 alone, three at 0.2-0.6) as ``docs/gpu/``
