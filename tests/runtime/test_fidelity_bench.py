@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +291,25 @@ def test_the_calibration_scales_each_profile_by_its_busy_time_under_load() -> No
     assert got["window_requests"] == [3, 4.0]
     assert got["outstanding_share"] == pytest.approx(1.0 - (10.0 - 9.0) / 3.0)
     assert fid._window(rows, "prio-hi", (1.0, 10.0), (1.0, 10.0))["outstanding_share"] == 0.0
+
+
+def test_the_calibrations_cold_start_comes_after_a_scale_to_zero(tmp_path: Path) -> None:
+    """``_autoscale.cold_request_ms``: the LLM calibration times its function's first request
+    after the function scaled to zero, as the segment's cold starts come (a new function's
+    first request took 78 ms where one after a scale to zero took 96-98 ms)."""
+    from gshare.testing import ServeProcess
+
+    auto = _fidelity()._autoscale
+    with ServeProcess(state_dir=tmp_path / "state", cwd=BENCH.parent) as srv:
+        c = srv.client()
+        c.deploy(auto.function_spec("cold", 1))
+        c.invoke_raw("cold", auto.BODY)
+        assert c.get("cold")["availableReplicas"] == 1
+        cold_ms = auto.cold_request_ms(c, "cold")
+        assert c.get("cold")["availableReplicas"] == 1  # started again for that request
+        warm = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            c.invoke_raw("cold", auto.BODY)
+            warm.append((time.perf_counter() - t0) * 1000.0)
+        assert cold_ms > 5 * float(np.median(warm))  # it waited for a start
