@@ -315,11 +315,10 @@ def platform_share_ms(latency_ms: float, headers: Mapping[str, str]) -> float | 
     gateway, the hop to the instance and any wait for an instance at the gateway, what the
     simulator draws per request as ``platform_ms``. None when a header is missing or not a
     number (a workflow's answer, a server without them)."""
-    try:
-        inside = sum(float(headers[h]) for h in TIMING_HEADERS)
-    except (KeyError, ValueError):
+    parts = [_header_ms(headers, h) for h in TIMING_HEADERS]
+    if any(v is None for v in parts):
         return None
-    return max(0.0, latency_ms - inside) if math.isfinite(inside) else None
+    return max(0.0, latency_ms - sum(v for v in parts if v is not None))
 
 
 def _header_ms(headers: Mapping[str, str], name: str) -> float | None:
