@@ -40,7 +40,7 @@ from gshare.sim.cluster import (
     cpu_runtime_fields,
 )
 from gshare.sim.engine import EventLoop
-from gshare.testing import ServeProcess
+from gshare.testing import ServeProcess, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTOSCALERS = ("gshare-burst", "fast-heuristic")
@@ -324,14 +324,15 @@ the LLM segment's cold starts came 3-6 s after its function had scaled to zero."
 def cold_request_ms(c: Any, name: str, timeout_s: float = 60.0) -> float:
     """The latency (ms) of one request to the deployed function ``name`` once it has scaled to
     zero, as the segment's cold starts come: its keep-alive is set to 1 s, and the request goes
-    ``SCALED_TO_ZERO_WAIT_S`` after its last instance has gone. ``RuntimeError`` when it still
+    ``SCALED_TO_ZERO_WAIT_S`` after its last instance has gone. ``WaitTimeout`` when it still
     has an instance after ``timeout_s``."""
     c.deploy({**function_spec(name, 1), "keep_alive_s": 1.0})
-    deadline = time.monotonic() + timeout_s
-    while c.get(name).get("availableReplicas", 0) > 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{name!r} did not scale to zero within {timeout_s:g} s")
-        time.sleep(0.1)
+    wait_until(
+        lambda: c.get(name).get("availableReplicas", 0) == 0,
+        timeout_s,
+        f"{name!r} to scale to zero",
+        interval_s=0.1,
+    )
     time.sleep(SCALED_TO_ZERO_WAIT_S)
     t0 = time.perf_counter()
     c.invoke_raw(name, BODY)
