@@ -20,7 +20,7 @@ def set_gauges(
     instances: Mapping[str, LiveInstance],
     functions: Mapping[str, FunctionState],
     queued: Callable[[str], int],
-    service_interval_s: Callable[[str], float | None] | None = None,
+    service_interval_s: Callable[[str], float | None],
 ) -> None:
     """Set the gauges from the controller's records; ``queued``: requests waiting at the
     gateway for a function (``Gateway.queued``); ``service_interval_s``: its admission's
@@ -41,7 +41,7 @@ def set_gauges(
     for name, fs in functions.items():
         mt.predicted_rps.labels(name).set(fs.predicted_rps)
         mt.queued.labels(name).set(queued(name))
-        interval = service_interval_s(name) if service_interval_s is not None else None
+        interval = service_interval_s(name)
         if interval is not None:
             mt.admission_interval.labels(name).set(interval)
         if fs.memory.usage:
