@@ -25,6 +25,7 @@ import httpx
 import numpy as np
 
 from _common import percentile
+from gshare.experiments.client_pauses import quiet_collector
 from gshare.experiments.fidelity import busy_factors_by_gap, fifo_waits_ms, fit_serial_ms
 from gshare.experiments.scenario_load import platform_share_ms
 from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
@@ -251,9 +252,10 @@ def run_live(
         seg_busy: list[tuple[float, float]] = []
         seg_waits: list[tuple[float, float, float]] = []
         started: list[float] = []
-        results = asyncio.run(
-            _replay(srv.url, name, times_ms, seg_platform, seg_busy, seg_waits, started)
-        )
+        with quiet_collector() as gcp:  # its own pauses are not the server's latency
+            results = asyncio.run(
+                _replay(srv.url, name, times_ms, seg_platform, seg_busy, seg_waits, started)
+            )
         stop.set()
         th.join()
         # the controller's period ticks from a period before the segment to its end, in ms of
@@ -298,6 +300,9 @@ def run_live(
         "segment_busy_ms": [[round(at, 3), round(ms, 4)] for at, ms in seg_busy],
         "segment_waits_ms": [[round(at, 3), round(t, 4), round(q, 4)] for at, t, q in seg_waits],
         "replicas": [[t, n] for t, n in zip(sampled_at_s, samples, strict=True)],
+        # the generator's own collections left after the freeze (ms of the segment, generation,
+        # ms): an answer arriving during one is timed late by it (``client_pauses``)
+        "client_gc": {**gcp.summary(), "pauses_ms": gcp.since(t_start)},
         "control_ticks_ms": ticks_ms,
         "idle_before_segment_s": round(idle_s, 3),
         "platform_ms": platform_ms,
@@ -317,15 +322,28 @@ same fields) and ``sim_inputs`` reads it."""
 
 
 SCALED_TO_ZERO_WAIT_S = 3.0
-"""How long after the calibration function scaled to zero ``cold_request_ms`` sends its request:
-the LLM segment's cold starts came 3-6 s after its function had scaled to zero."""
+"""The least time after the calibration function scaled to zero that ``cold_request_ms`` sends
+its request: the LLM segment's cold starts came 3-6 s after its function had scaled to zero."""
 
 
-def cold_request_ms(c: Any, name: str, timeout_s: float = 60.0) -> float:
+def idle_before_cold_s(times_ms: np.ndarray, keep_alive_s: float = KEEP_ALIVE_S) -> float:
+    """How long the segment's function sits idle before its cold starts (s): the longest gap
+    between two of its arrivals that outlasts ``keep_alive_s`` (the function scaled to zero in
+    it), or ``SCALED_TO_ZERO_WAIT_S`` when no gap does (what ``cold_request_ms`` then waits)."""
+    gaps_s = np.diff(np.asarray(times_ms, dtype=float)) / 1000.0
+    long = [float(g) for g in gaps_s if g > keep_alive_s]
+    return max(long) if long else SCALED_TO_ZERO_WAIT_S
+
+
+def cold_request_ms(
+    c: Any, name: str, idle_s: float = SCALED_TO_ZERO_WAIT_S, timeout_s: float = 60.0
+) -> float:
     """The latency (ms) of one request to the deployed function ``name`` once it has scaled to
     zero, as the segment's cold starts come: its keep-alive is set to 1 s, and the request goes
+    ``idle_s`` after the call (the caller's last request to it), and at least
     ``SCALED_TO_ZERO_WAIT_S`` after its last instance has gone. ``WaitTimeout`` when it still
     has an instance after ``timeout_s``."""
+    t_last = time.perf_counter()
     c.deploy({**function_spec(name, 1), "keep_alive_s": 1.0})
     wait_until(
         lambda: c.get(name).get("availableReplicas", 0) == 0,
@@ -333,7 +351,7 @@ def cold_request_ms(c: Any, name: str, timeout_s: float = 60.0) -> float:
         f"{name!r} to scale to zero",
         interval_s=0.1,
     )
-    time.sleep(SCALED_TO_ZERO_WAIT_S)
+    time.sleep(max(SCALED_TO_ZERO_WAIT_S, idle_s - (time.perf_counter() - t_last)))
     t0 = time.perf_counter()
     c.invoke_raw(name, BODY)
     return (time.perf_counter() - t0) * 1000.0
@@ -355,7 +373,11 @@ def _under_load(
     cold start was 68-125 ms (96 on average) where the segment's, 3-6 s after its function had
     scaled to zero, took 96-156 ms (113 on average; ten servers). On one server, three
     functions' first requests took 78 ms after their deploy and 96-98 ms after a scale to zero
-    (docs/journal/fidelity.md, section 16)."""
+    (docs/journal/fidelity.md, section 16). How long the server had been idle matters too: 3 s
+    after a scale to zero (2-3 s after the last request) the first request took 82-152 ms (98 at
+    the median, 8 requests), 12-37 s after the last request 102-163 ms (129 at the median, 11
+    requests; section 17). The segment's cold starts come after 37 s without a request, and the
+    calibration's request now comes as long after its last one (``idle_before_cold_s``)."""
     # the window first: a rate it cannot serve is refused before anything is deployed
     rate = len(times_ms) / max(1e-9, float(times_ms[-1]) / 1000.0)
     cal_times = calibration_times(rate)
@@ -373,7 +395,7 @@ def _under_load(
     asyncio.run(_replay(srv.url, cal, cal_times, plat, busy))
     after = httpx.get(stats_url, timeout=10.0).json()["model_stats"][0]["inference_stats"]
     serial_ms = fit_serial_ms(asyncio.run(burst_probe(srv.url, cal)))
-    restart_ms = cold_request_ms(c, cal)
+    restart_ms = cold_request_ms(c, cal, idle_before_cold_s(times_ms))
     c.delete(cal)
     b, a = before["compute_infer"], after["compute_infer"]
     n = max(1, int(a["count"]) - int(b["count"]))
@@ -467,6 +489,10 @@ def sim_inputs(live: dict[str, Any], after: bool = False) -> tuple[float, dict[s
         "first_busy_ms": live.get("first_busy_ms"),
         "busy_gap_factors": busy_factors_by_gap([a for a, _ in samples], [b for _, b in samples]),
     }
+
+
+SLOWEST_KEPT = 30
+"""How many of the slowest simulated answers ``run_sim`` keeps (``sim_slowest_ms``)."""
 
 
 def run_sim(
@@ -563,10 +589,16 @@ def run_sim(
     insts = [r["instances"] for r in sim.timeline if r["t_s"] * 1000.0 >= seg0_ms]
     loop.run()
     s = sim.log.summary("live-as")
-    slow = [r for r in sim.log.completed if r.arrival_ms >= seg0_ms and r.latency_ms > SLO_MS]
+    seg = [r for r in sim.log.completed if r.arrival_ms >= seg0_ms]
+    slow = [r for r in seg if r.latency_ms > SLO_MS]
+    slowest = sorted(seg, key=lambda r: r.latency_ms)[-SLOWEST_KEPT:]
     return {
         "sim_shed": sim.gateway.shed.get("live-as", 0),
         "sim_over_slo_answered": sum(1 for r in slow if not r.shed),
+        # diagnostics beside the live answers: the slowest answers (ms of the segment, latency)
+        "sim_slowest_ms": [
+            [round(r.arrival_ms - seg0_ms, 3), round(r.latency_ms, 3)] for r in slowest
+        ],
         "sim_slo_violation_pct": s["slo_violation_pct"],
         "sim_p50_ms": s["p50_ms"],
         "sim_p99_ms": s["p99_ms"],

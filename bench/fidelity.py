@@ -527,7 +527,7 @@ LLM_INPUTS = (
     "busy_samples_ms_calibration", "segment_platform_ms", "segment_busy_ms", "segment_waits_ms",
     "platform_ms_under_load", "platform_serial_ms", "platform_ms", "cold_start_ms",
     "first_busy_ms", "answers",
-    "replicas", "control_ticks_ms", "idle_before_segment_s", "calibration_after",
+    "replicas", "control_ticks_ms", "idle_before_segment_s", "calibration_after", "client_gc",
 )  # fmt: skip
 """What ``run_llm`` records of each live server (``inputs``), enough to simulate again."""
 
@@ -665,6 +665,8 @@ def run_llm(
         o["sim_control_phase_ms"] = phases_ms
         o["sim_shed"] = [sm["sim_shed"] for sm in sims]
         o["sim_over_slo_answered"] = [sm["sim_over_slo_answered"] for sm in sims]
+        if o["metric"] == "p99_ms":  # what the tail is made of, seed by seed
+            o["sim_slowest_ms"] = [sm["sim_slowest_ms"] for sm in sims]
         o["live_errors"] = [lv.get("errors") for lv in lives]
         o["busy_ms_per_request_warmup"] = [lv["busy_ms_per_request"] for lv in lives]
         o["busy_ms_per_request_under_load"] = [lv["busy_ms_per_request_under_load"] for lv in lives]

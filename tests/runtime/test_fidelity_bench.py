@@ -293,6 +293,17 @@ def test_the_calibration_scales_each_profile_by_its_busy_time_under_load() -> No
     assert fid._window(rows, "prio-hi", (1.0, 10.0), (1.0, 10.0))["outstanding_share"] == 0.0
 
 
+def test_the_calibrations_cold_start_waits_as_long_as_the_segment_idles() -> None:
+    """``_autoscale.idle_before_cold_s``: the longest gap that outlasts the keep-alive (the
+    function scaled to zero in it) decides how idle the calibration's cold request comes."""
+    auto = _fidelity()._autoscale
+    times = np.array([0.0, 100.0, 7_300.0, 10_000.0, 46_900.0, 47_000.0])
+    assert auto.idle_before_cold_s(times, keep_alive_s=30.0) == pytest.approx(36.9)
+    assert auto.idle_before_cold_s(times, keep_alive_s=5.0) == pytest.approx(36.9)
+    # no gap scales the function to zero: the least wait after a scale to zero
+    assert auto.idle_before_cold_s(times, keep_alive_s=60.0) == auto.SCALED_TO_ZERO_WAIT_S
+
+
 def test_the_calibrations_cold_start_comes_after_a_scale_to_zero(tmp_path: Path) -> None:
     """``_autoscale.cold_request_ms``: the LLM calibration times its function's first request
     after the function scaled to zero, as the segment's cold starts come (a new function's

@@ -21,7 +21,9 @@
    instance's own measurements of a function request (``platform_share_ms``) and ``exec_ms``
    the instance's compute time for it (``x-gshare-exec-ms``: its batch's). After the last
    arrival the outstanding requests get ``timeout_s`` to answer; what has not is
-   ``unfinished``.
+   ``unfinished``. The generator's heap is frozen while it drives (``client_pauses``: its own
+   garbage-collection pauses would otherwise be timed as the server's latency); the pauses
+   left are in the summary (``client_gc``).
 4. **Report**: the rows and summary of ``scenario_sim`` (same columns, ``summarise``), plus per
    workflow the server's ``gshare_workflow_*`` counters (``/metrics``, the change over the
    run) and its cost per request when the server exports ``gshare_workflow_cost_usd``; per
@@ -46,6 +48,7 @@ from typing import Any, Final
 
 import httpx
 
+from gshare.experiments.client_pauses import quiet_collector
 from gshare.experiments.results import ExperimentResult
 from gshare.experiments.scenario_arrivals import Arrival, request_tokens, scenario_arrivals
 from gshare.experiments.scenario_generate import (
@@ -453,19 +456,20 @@ def run_load(
         before = workflow_counters(_metrics(client.url))
         say(f"sending {len(arrivals)} requests over {dur:g} s (seed {s})")
         t0 = time.perf_counter()
-        rows = asyncio.run(
-            drive(
-                client.url,
-                arrivals,
-                bodies,
-                slos,
-                warmup_ms=scenario.doc.warmup_s * 1000.0,
-                max_outstanding=max_outstanding,
-                timeout_s=timeout_s,
-                progress=progress,
-                generate=generate,
+        with quiet_collector() as pauses:
+            rows = asyncio.run(
+                drive(
+                    client.url,
+                    arrivals,
+                    bodies,
+                    slos,
+                    warmup_ms=scenario.doc.warmup_s * 1000.0,
+                    max_outstanding=max_outstanding,
+                    timeout_s=timeout_s,
+                    progress=progress,
+                    generate=generate,
+                )
             )
-        )
         wall_s = time.perf_counter() - t0
         after = workflow_counters(_metrics(client.url))
         placement = {n: _placement(client, n) for n in scenario.functions}
@@ -489,6 +493,9 @@ def run_load(
     }
     lates = [float(r["late_ms"]) for r in rows if r.get("late_ms") is not None]
     summary["late_ms_p99"] = sorted(lates)[int(0.99 * (len(lates) - 1))] if lates else None
+    # the generator's own collector pauses left after the freeze (each one delays every answer
+    # that arrives during it: ``client_pauses``)
+    summary["client_gc"] = pauses.summary()
     per = summarise(rows, scenario)
     for name, st in per["workflows"].items():
         server = _server_figures(before, after, name)
