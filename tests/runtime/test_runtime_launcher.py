@@ -273,3 +273,38 @@ def test_a_tcp_listener_binds_the_node_address_and_needs_the_channel_secret(
     assert _tcp_exchange(port, [wrong, invoke]) is None
     right = P.encode_request(0, P.OP_AUTH, P.ENC_RAW, b"s3")
     assert _tcp_exchange(port, [right, invoke]) == P.ST_OK
+
+
+class _Lines:
+    """A stand-in for the template process as the launcher's reader sees it: its stdout."""
+
+    def __init__(self, *msgs: dict[str, object]) -> None:
+        self.stdout = [json.dumps(m) + "\n" for m in msgs]
+
+
+def test_a_reused_pid_does_not_carry_an_earlier_childs_exit() -> None:
+    """The kernel hands pids out again (32768 of them by default); the template's exit report
+    for an earlier child must not mark a new instance with the same pid as exited."""
+    from concurrent.futures import Future
+
+    lau = Launcher()
+    lau._exits[4242] = 1  # an instance that exited long ago
+    launched: Future[object] = Future()
+    answered: Future[object] = Future()
+    lau._pending.update({7: launched, 8: answered})
+    lau._launch_ids.add(7)
+    lau._exits[4243] = 0
+    lau._read(
+        _Lines(  # type: ignore[arg-type]
+            {"id": 7, "result": 4242},  # a new instance got pid 4242 again
+            {"id": 8, "result": 4243},  # a call's answer that happens to be a number
+            {"event": "exit", "pid": 9999, "code": 2},
+        )
+    )
+    assert launched.result(0) == 4242 and lau.exit_code(4242) is None
+    assert answered.result(0) == 4243 and lau.exit_code(4243) == 0  # not a launch: kept
+    assert lau.exit_code(9999) == 2
+    assert not lau._launch_ids
+    # the new instance's own exit, reported after its launch was answered, is recorded
+    lau._read(_Lines({"event": "exit", "pid": 4242, "code": -9}))  # type: ignore[arg-type]
+    assert lau.exit_code(4242) == -9

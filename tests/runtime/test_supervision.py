@@ -11,6 +11,7 @@ from gshare.runtime.node.supervision import (
     RESTART_WINDOW_S,
     Managed,
     exit_reason,
+    exit_status_text,
     read_ready,
     restart_refused,
 )
@@ -62,3 +63,9 @@ def test_the_files_next_to_the_socket(tmp_path: Path) -> None:
     assert exit_reason(m, "process exited") == "over its memory limit"
     Path(m.launch.uds_path + ".ready").write_text("{not json")
     assert read_ready(m) is None
+
+
+def test_an_exit_status_reads_as_a_code_or_a_signal() -> None:
+    assert exit_status_text(1) == " with code 1"
+    assert exit_status_text(-9) == " (signal 9)"
+    assert exit_status_text(None) == ""

@@ -92,6 +92,7 @@ from gshare.runtime.node.supervision import (
     STARTING_CHECK_S,
     Managed,
     exit_reason,
+    exit_status_text,
     read_memory_samples,
     read_ready,
     restart_refused,
@@ -584,7 +585,10 @@ class NodeAgent:
             if self._take_ready(m):
                 return
             if not self._alive(m, psutil):
-                reason = exit_reason(m, "failed to start: the process exited")
+                code = self._launcher.exit_code(m.pid) if self._launcher is not None else None
+                reason = exit_reason(
+                    m, f"failed to start: the process exited{exit_status_text(code)}"
+                )
                 self._on_death(m, f"{reason} (log: {self._log_path(m.launch)})", start_failure=True)
             elif time.monotonic() - m.started_s > START_TIMEOUT_S:
                 self._on_death(m, f"not ready after {START_TIMEOUT_S:.0f} s", start_failure=True)

@@ -133,7 +133,10 @@ class Launcher:
 
     Thread-safe: ``launch`` and ``call`` may be used from several threads at once; answers are
     matched to requests by id by one reader thread. ``exit_code(pid)`` is the exit status the
-    template reported for a child (None while it runs or when unknown)."""
+    template reported for a child (None while it runs or when unknown). Must hold: a pid the
+    kernel hands out again does not carry an earlier child's exit into the new instance (the
+    template answers a launch before it can report that child's exit, so the reader drops the
+    old exit when the answer comes)."""
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self._env = env
@@ -142,6 +145,8 @@ class Launcher:
         self._next_id = 0
         self._pending: dict[int, Future[Any]] = {}
         self._exits: dict[int, int] = {}
+        self._launch_ids: set[int] = set()
+        """Ids of the launch requests not answered yet (their answer is a new child's pid)."""
         self._reader: threading.Thread | None = None
         self._preloaded: set[str] = set()
         """Models whose modules this template imported (``preload``)."""
@@ -212,7 +217,12 @@ class Launcher:
                     self._exits[int(msg["pid"])] = int(msg["code"])
                 continue
             with self._lock:
-                fut = self._pending.pop(int(msg.get("id", -1)), None)
+                req_id = int(msg.get("id", -1))
+                fut = self._pending.pop(req_id, None)
+                if req_id in self._launch_ids:
+                    self._launch_ids.discard(req_id)
+                    if isinstance(msg.get("result"), int):  # a reused pid: an old child's exit
+                        self._exits.pop(int(msg["result"]), None)
             if fut is None:
                 continue
             if "error" in msg:
@@ -234,11 +244,14 @@ class Launcher:
             self._next_id += 1
             msg["id"] = self._next_id
             self._pending[self._next_id] = fut
+            if msg.get("op") == "launch":
+                self._launch_ids.add(self._next_id)
             try:
                 proc.stdin.write(json.dumps(msg) + "\n")
                 proc.stdin.flush()
             except (OSError, ValueError) as e:
                 self._pending.pop(self._next_id, None)
+                self._launch_ids.discard(self._next_id)
                 raise LauncherError(f"the instance template is not running ({e})") from None
         return fut
 

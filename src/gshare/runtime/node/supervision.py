@@ -76,6 +76,15 @@ def read_ready(m: Managed) -> InstanceInfo | None:
         return None
 
 
+def exit_status_text(code: int | None) -> str:
+    """How a process ended, for an error message: ``" with code 1"``, ``" (signal 9)"``, or
+    nothing when the code is unknown (``code``: ``os.waitstatus_to_exitcode``'s, negative for a
+    signal)."""
+    if code is None:
+        return ""
+    return f" (signal {-code})" if code < 0 else f" with code {code}"
+
+
 def exit_reason(m: Managed, default: str) -> str:
     """Why the instance's process ended, as it left it in ``<socket>.exit`` (e.g. over its
     memory limit), else ``default``."""
@@ -114,6 +123,7 @@ __all__ = [
     "START_TIMEOUT_S",
     "Managed",
     "exit_reason",
+    "exit_status_text",
     "read_memory_samples",
     "read_ready",
     "restart_refused",
