@@ -42,6 +42,9 @@ def test_gshare_load_sends_the_scenario_and_accounts_for_every_arrival(
         else:
             assert x["error"] and not x["hit"]
     assert sum(s["by_status"].values()) == len(arrivals)
+    # the generator drove with its heap frozen and says what pauses of its own were left
+    gcs = s["client_gc"]
+    assert gcs["frozen_objects"] > 0 and gcs["pauses"] >= 0 and gcs["max_ms"] >= 0.0
     wf, fn = s["workflows"]["mlp-chain"], s["functions"]["mlp-solo"]
     for st in (wf, fn):
         assert 0.0 <= st["slo_hit_rate"] <= 1.0

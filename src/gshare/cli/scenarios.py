@@ -25,6 +25,9 @@ from gshare.cli import (
 
 # -- scenarios: one file, two worlds ------------------------------------------------------------
 
+CLIENT_PAUSE_NOTE_MS = 5.0
+"""``gshare load`` says so when its own garbage collection paused it this long or longer."""
+
 
 def _given(**options: Any) -> list[str]:
     """The options given on the command line, as ``KEY=VALUE`` (the run's provenance)."""
@@ -241,4 +244,11 @@ def load_cmd(
     stamp(result, quick=False, overrides=_given(url=url, seed=seed, duration_s=duration_s), t0=t0)
     folder = save(result, out)
     _scenario_tables(result, "live")
+    gc_pauses = result.summary.get("client_gc") or {}
+    if float(gc_pauses.get("max_ms", 0.0)) >= CLIENT_PAUSE_NOTE_MS:
+        console.print(
+            f"note: this load generator paused {gc_pauses['pauses']} times for its own garbage "
+            f"collection (longest {gc_pauses['max_ms']:.1f} ms); answers arriving then are timed "
+            "late by the pause"
+        )
     console.print(f"wrote {folder}/results.json ({time.perf_counter() - t0:.1f} s)")
