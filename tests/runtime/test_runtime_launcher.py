@@ -291,8 +291,7 @@ def test_a_reused_pid_does_not_carry_an_earlier_childs_exit() -> None:
     lau._exits[4242] = 1  # an instance that exited long ago
     launched: Future[object] = Future()
     answered: Future[object] = Future()
-    lau._pending.update({7: launched, 8: answered})
-    lau._launch_ids.add(7)
+    lau._pending.update({7: (launched, True), 8: (answered, False)})
     lau._exits[4243] = 0
     lau._read(
         _Lines(  # type: ignore[arg-type]
@@ -304,7 +303,7 @@ def test_a_reused_pid_does_not_carry_an_earlier_childs_exit() -> None:
     assert launched.result(0) == 4242 and lau.exit_code(4242) is None
     assert answered.result(0) == 4243 and lau.exit_code(4243) == 0  # not a launch: kept
     assert lau.exit_code(9999) == 2
-    assert not lau._launch_ids
+    assert not lau._pending
     # the new instance's own exit, reported after its launch was answered, is recorded
     lau._read(_Lines({"event": "exit", "pid": 4242, "code": -9}))  # type: ignore[arg-type]
     assert lau.exit_code(4242) == -9

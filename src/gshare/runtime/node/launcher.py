@@ -143,10 +143,10 @@ class Launcher:
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
         self._next_id = 0
-        self._pending: dict[int, Future[Any]] = {}
+        self._pending: dict[int, tuple[Future[Any], bool]] = {}
+        """Requests not answered yet, by id: their future, and whether it is a launch (whose
+        answer is a new child's pid)."""
         self._exits: dict[int, int] = {}
-        self._launch_ids: set[int] = set()
-        """Ids of the launch requests not answered yet (their answer is a new child's pid)."""
         self._reader: threading.Thread | None = None
         self._preloaded: set[str] = set()
         """Models whose modules this template imported (``preload``)."""
@@ -217,12 +217,10 @@ class Launcher:
                     self._exits[int(msg["pid"])] = int(msg["code"])
                 continue
             with self._lock:
-                req_id = int(msg.get("id", -1))
-                fut = self._pending.pop(req_id, None)
-                if req_id in self._launch_ids:
-                    self._launch_ids.discard(req_id)
-                    if isinstance(msg.get("result"), int):  # a reused pid: an old child's exit
-                        self._exits.pop(int(msg["result"]), None)
+                fut, is_launch = self._pending.pop(int(msg.get("id", -1)), (None, False))
+                if is_launch and isinstance(msg.get("result"), int):
+                    # the new child's pid: an exit recorded under it was an earlier child's
+                    self._exits.pop(int(msg["result"]), None)
             if fut is None:
                 continue
             if "error" in msg:
@@ -232,7 +230,7 @@ class Launcher:
         # EOF: the template is gone; fail whatever still waits.
         with self._lock:
             pending, self._pending = self._pending, {}
-        for fut in pending.values():
+        for fut, _ in pending.values():
             fut.set_exception(LauncherError("the instance template exited"))
 
     def _request(self, msg: dict[str, Any]) -> Future[Any]:
@@ -243,15 +241,12 @@ class Launcher:
                 raise LauncherError("the instance template is not running")
             self._next_id += 1
             msg["id"] = self._next_id
-            self._pending[self._next_id] = fut
-            if msg.get("op") == "launch":
-                self._launch_ids.add(self._next_id)
+            self._pending[self._next_id] = (fut, msg.get("op") == "launch")
             try:
                 proc.stdin.write(json.dumps(msg) + "\n")
                 proc.stdin.flush()
             except (OSError, ValueError) as e:
                 self._pending.pop(self._next_id, None)
-                self._launch_ids.discard(self._next_id)
                 raise LauncherError(f"the instance template is not running ({e})") from None
         return fut
 
