@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -67,6 +68,20 @@ from gshare.runtime.instance.wire import Conn, DataPath, Item, json_default
 if TYPE_CHECKING:
     from gshare.runtime.instance.generative.serving import EngineHost
 
+ANSWER_WRITE_WAIT_S = sys.getswitchinterval()
+"""How long the batching thread waits, after a batch, for the IO thread to write its answers
+before it starts the next batch queued behind it.
+
+NOTE — answers before the next batch. The IO thread writes the answers (``DataPath.send``)
+and needs the GIL to do it; a handler that holds the GIL (a Python loop, small torch ops on the
+CPU) started at once on the next queued batch kept it until that batch ended or the
+interpreter's switch interval (5 ms) forced it to let go. Found on the fidelity harness's
+priority pair (2 ms requests, one instance): the gateway received a request's answer in the
+same instant as the next one's, 2 ms late, whenever one was queued behind it
+(docs/journal/fidelity.md). Waiting here costs the next batch one hand-off between the threads;
+the wait is capped at the switch interval, after which the interpreter would hand the GIL over
+anyway."""
+
 
 class InstanceServer:
     """The instance's machinery (see the module doc). ``InstanceActor`` wraps it for Ray; it
@@ -82,6 +97,8 @@ class InstanceServer:
         self._queue: deque[Item] = deque()
         self._running: list[Item] = []
         self._stop = threading.Event()
+        self._written = threading.Event()
+        """Set once the IO thread has written the last batch's answers (``_send``)."""
         self._dead = False
         self._predict_since: float | None = None
         """When the running ``predict`` started (None: none runs); the predict watchdog's."""
@@ -313,7 +330,7 @@ class InstanceServer:
                 self._run_batch(batch)
             except BaseException as e:  # never let the batching thread die silently
                 msg = f"internal error in instance {self.launch.instance_id}: {e!r}".encode()
-                self._wire.send(
+                self._send(
                     [
                         (it.writer, P.encode_response(it.req_id, P.ST_INTERNAL, P.ENC_RAW, msg))
                         for it in batch
@@ -327,6 +344,9 @@ class InstanceServer:
                     keep = keep_token_for_next_batch(*self._queue_now())
                 if not keep:
                     self.gate.idle_tokens()
+                else:
+                    # answers first: the next batch would hold the GIL (see ANSWER_WRITE_WAIT_S)
+                    self._written.wait(ANSWER_WRITE_WAIT_S)
 
     def _run_batch(self, batch: list[Item]) -> None:
         out: list[tuple[Conn, bytes]] = []
@@ -345,7 +365,7 @@ class InstanceServer:
                     )
                 )
         if not good:
-            self._wire.send(out)
+            self._send(out)
             return
         gate = self.gate
         t_ask = time.perf_counter()
@@ -397,7 +417,13 @@ class InstanceServer:
                 it.req_id, status, enc, data, queue_ms, token_wait_ms, busy_ms, n
             )
             out.append((it.writer, frame))
-        self._wire.send(out)
+        self._send(out)
+
+    def _send(self, out: list[tuple[Conn, bytes]]) -> None:
+        """Hand a batch's answers to the IO thread (batching thread); ``_written`` is set once
+        it has written them."""
+        self._written = threading.Event()
+        self._wire.send(out, self._written)
 
     def _is_idle(self) -> bool:
         if self.gen is not None:
