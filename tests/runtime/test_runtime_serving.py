@@ -942,3 +942,27 @@ def test_metrics_forget_a_deleted_function(served: ServeProcess) -> None:
         10,
         "the series to go",
     )
+
+
+def test_an_instance_that_dies_while_it_starts_is_reported_with_its_code_and_log(
+    served: ServeProcess,
+) -> None:
+    """A process that ends during its cold start without an exception (no reason file) is
+    reported with its exit code and the end of its log, not only "the process exited"."""
+    c = served.client()
+    c.deploy(
+        {
+            "name": "dies-at-start",
+            "handler": "gshare.runtime.demo_handlers:DiesAtStart",
+            "device": "cpu",
+            "min_instances": 1,
+            "max_instances": 1,
+        }
+    )
+    try:
+        err = wait_until(lambda: c.get("dies-at-start").get("start_error"), 120, "start error")
+        assert err.startswith("function 'dies-at-start' failed to start: the process exited")
+        assert err.count("failed to start") == 1 and "with code 3" in err, err
+        assert "DiesAtStart: leaving on purpose" in err, err
+    finally:
+        c.delete("dies-at-start")

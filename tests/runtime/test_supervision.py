@@ -12,6 +12,7 @@ from gshare.runtime.node.supervision import (
     Managed,
     exit_reason,
     exit_status_text,
+    log_tail,
     read_ready,
     restart_refused,
 )
@@ -69,3 +70,16 @@ def test_an_exit_status_reads_as_a_code_or_a_signal() -> None:
     assert exit_status_text(1) == " with code 1"
     assert exit_status_text(-9) == " (signal 9)"
     assert exit_status_text(None) == ""
+
+
+def test_a_log_tail_is_its_last_non_blank_lines_cut_from_the_front(tmp_path: Path) -> None:
+    log = tmp_path / "i.log"
+    assert log_tail(log) == ""  # no file
+    log.write_text("")
+    assert log_tail(log) == ""
+    log.write_text("starting\n\nTraceback (most recent call last):\n  x\nMemoryError\n\n")
+    assert log_tail(log) == "Traceback (most recent call last): | x | MemoryError"
+    assert log_tail(log, lines=1) == "MemoryError"
+    log.write_text("a" * 5000 + "\nthe end\n")
+    cut = log_tail(log, lines=2, max_chars=50)
+    assert len(cut) == 50 and cut.startswith("...") and cut.endswith("| the end")

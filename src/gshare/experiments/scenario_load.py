@@ -109,7 +109,7 @@ def deploy(client: Any, scenario: Scenario, *, ready_timeout_s: float = READY_TI
             if doc.get("availableReplicas"):
                 break
             if doc.get("start_error"):
-                raise LoadError(f"function {name!r} failed to start: {doc['start_error']}")
+                raise LoadError(str(doc["start_error"]))  # "function 'x' failed to start: ..."
             if time.monotonic() > deadline:
                 raise LoadError(
                     f"function {name!r} has no ready instance after {ready_timeout_s:g} s "

@@ -23,6 +23,9 @@ import nothing heavy, so an instance of them starts fast.
   between them (default 0): a model whose ops — the instance's preemption points, FIKIT's
   kernels — and inter-op gaps are known, for the priority tests and benches (a host that
   synchronises between kernels leaves gaps a lower priority class can fill).
+* ``DiesAtStart`` — its ``load`` writes a line to stderr and ends the process with code 3
+  (no exception, no reason file): an instance that dies while it starts, for the start-failure
+  message.
 * ``Gate`` — ``{"dir": PATH, "id": ID}`` creates ``PATH/started-ID-PID`` when the request
   starts running, then holds it until the file ``PATH/open`` exists (at most ``timeout_s``,
   default 120) and answers ``{"id": ID, "pid": PID}``: a test sees which request runs where,
@@ -277,6 +280,17 @@ class Kernels:
         return out
 
 
+class DiesAtStart:
+    def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
+        import sys
+
+        print("DiesAtStart: leaving on purpose", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    def predict(self, inputs: list[object]) -> list[object]:
+        return inputs
+
+
 class Gate:
     def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
         pass
@@ -308,7 +322,17 @@ class Gate:
         return [{"id": rid, "pid": pid} for _, rid in held]
 
 
-__all__ = ["Activations", "AddSub", "Echo", "Gate", "Kernels", "MemoryHog", "Sleep", "Spin"]
+__all__ = [
+    "Activations",
+    "AddSub",
+    "DiesAtStart",
+    "Echo",
+    "Gate",
+    "Kernels",
+    "MemoryHog",
+    "Sleep",
+    "Spin",
+]
 
 
 class TenantProbe:

@@ -622,7 +622,8 @@ class Controller:
                 await self.stop_instance(iid, log_event=False)
                 if fs is not None and not inst.profiling:
                     fs.control = on_start_failed(fs.control, self.clock(), self.config.control)
-                    fs.start_error = f"function {inst.function!r} failed to start: {obs.error}"
+                    why = obs.error.removeprefix("failed to start: ")
+                    fs.start_error = f"function {inst.function!r} failed to start: {why}"
                     if not any(i.state is LiveState.READY for i in self.live_of(inst.function)):
                         self.gateway.set_start_error(inst.function, fs.start_error)
             case TokensUsed():

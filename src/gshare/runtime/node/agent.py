@@ -93,6 +93,7 @@ from gshare.runtime.node.supervision import (
     Managed,
     exit_reason,
     exit_status_text,
+    log_tail,
     read_memory_samples,
     read_ready,
     restart_refused,
@@ -119,6 +120,9 @@ PRIORITY_SHARING = ("fikit", "tokens")
 --priority-sharing``): ``fikit`` — FIKIT orders the priority classes, tokens share the device
 within a class (``policy.priority.plan_classes``; a board per device, ``tokens.board``);
 ``tokens`` — priorities only order the token queue."""
+EXIT_REPORT_WAIT_S = 1.0
+"""How long the monitor waits for the template to report the exit status of an instance it
+found dead while it started (``_exit_code_soon``): the message names the code or signal."""
 
 
 def _last_line(e: BaseException) -> str:
@@ -585,11 +589,14 @@ class NodeAgent:
             if self._take_ready(m):
                 return
             if not self._alive(m, psutil):
-                code = self._launcher.exit_code(m.pid) if self._launcher is not None else None
+                code = self._exit_code_soon(m.pid)
                 reason = exit_reason(
                     m, f"failed to start: the process exited{exit_status_text(code)}"
                 )
-                self._on_death(m, f"{reason} (log: {self._log_path(m.launch)})", start_failure=True)
+                log_path = self._log_path(m.launch)
+                tail = log_tail(log_path)
+                where = f"log: {log_path}" + (f"; it ends: {tail}" if tail else "; it is empty")
+                self._on_death(m, f"{reason} ({where})", start_failure=True)
             elif time.monotonic() - m.started_s > START_TIMEOUT_S:
                 self._on_death(m, f"not ready after {START_TIMEOUT_S:.0f} s", start_failure=True)
         elif m.state is InstanceState.STARTING and m.ready_ref is not None:
@@ -617,6 +624,17 @@ class NodeAgent:
                 read_memory_samples(m)
                 return
             self._on_death(m, exit_reason(m, "process exited"), start_failure=False)
+
+    def _exit_code_soon(self, pid: int) -> int | None:
+        """The exit status of a forked instance found dead (``_check``), waiting up to
+        ``EXIT_REPORT_WAIT_S`` for the template's report: a process seen as a zombie has
+        exited, and the template reports it once it has reaped it (None: not reported)."""
+        if self._launcher is None:
+            return None
+        deadline = time.monotonic() + EXIT_REPORT_WAIT_S
+        while (code := self._launcher.exit_code(pid)) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return code
 
     def _alive(self, m: Managed, psutil: ModuleType) -> bool:
         if (

@@ -85,6 +85,23 @@ def exit_status_text(code: int | None) -> str:
     return f" (signal {-code})" if code < 0 else f" with code {code}"
 
 
+def log_tail(path: Path | str, lines: int = 3, max_chars: int = 400) -> str:
+    """The last ``lines`` non-blank lines of an instance's log, joined with " | " and cut to
+    ``max_chars`` (its end kept), for an error message; "" when the file is missing or empty.
+    Reads only the file's last 8 KiB."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 8192))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    kept = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
+    out = " | ".join(kept)
+    return out if len(out) <= max_chars else "..." + out[-(max_chars - 3) :]
+
+
 def exit_reason(m: Managed, default: str) -> str:
     """Why the instance's process ended, as it left it in ``<socket>.exit`` (e.g. over its
     memory limit), else ``default``."""
@@ -124,6 +141,7 @@ __all__ = [
     "Managed",
     "exit_reason",
     "exit_status_text",
+    "log_tail",
     "read_memory_samples",
     "read_ready",
     "restart_refused",
