@@ -966,3 +966,30 @@ def test_an_instance_that_dies_while_it_starts_is_reported_with_its_code_and_log
         assert "DiesAtStart: leaving on purpose" in err, err
     finally:
         c.delete("dies-at-start")
+
+
+def test_an_instance_hands_the_gil_to_its_io_thread_within_half_a_millisecond(
+    served: ServeProcess,
+) -> None:
+    """Instances run with a short switch interval (``instance.server.SWITCH_INTERVAL_S``), so a
+    handler holding the GIL on the next request holds the answer before it back at most that
+    long (Python's default, 5 ms, held it for the next request's whole computation)."""
+    from gshare.runtime.instance.server import SWITCH_INTERVAL_S
+
+    c = served.client()
+    c.deploy(
+        {
+            "name": "switch",
+            "handler": "gshare.runtime.demo_handlers:Spin",
+            "device": "cpu",
+            "min_instances": 1,
+            "max_instances": 1,
+        }
+    )
+    try:
+        wait_until(lambda: c.get("switch")["available_replicas"] == 1, 120, "ready")
+        got = c.invoke("switch", {"spin_ms": 1})
+        assert got["switch_interval_s"] == pytest.approx(SWITCH_INTERVAL_S)
+        assert sys.getswitchinterval() > SWITCH_INTERVAL_S  # this process: Python's default
+    finally:
+        c.delete("switch")

@@ -7,7 +7,8 @@ import nothing heavy, so an instance of them starts fast.
 * ``Sleep`` — ``{"sleep_ms": N}`` sleeps N ms (default 20) and answers its pid: slow requests
   for the crash and retry tests.
 * ``Spin`` — ``{"spin_ms": N}`` keeps the CPU busy N ms per request (default 10): a workload
-  whose busy time is known, for share measurements.
+  whose busy time is known, for share measurements (it also answers the interpreter's switch
+  interval it ran under).
 * ``MemoryHog`` — ``{"hold_mb": N}`` allocates and keeps N MiB more (default 64), to trip the
   instance's memory limit.
 * ``Activations`` — ``{"mb": N, "hold_ms": T}`` builds N MiB of tensors (default 16) in 4 MiB
@@ -37,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -154,7 +156,7 @@ class Spin:
             n = 0
             while time.perf_counter() < end:
                 n += 1
-            out.append({"spun_ms": ms, "loops": n})
+            out.append({"spun_ms": ms, "loops": n, "switch_interval_s": sys.getswitchinterval()})
         return out
 
     def example_input(self) -> object:
@@ -282,8 +284,6 @@ class Kernels:
 
 class DiesAtStart:
     def load(self, weights: Mapping[str, torch.Tensor] | None, device: str) -> None:
-        import sys
-
         print("DiesAtStart: leaving on purpose", file=sys.stderr, flush=True)
         os._exit(3)
 

@@ -68,19 +68,20 @@ from gshare.runtime.instance.wire import Conn, DataPath, Item, json_default
 if TYPE_CHECKING:
     from gshare.runtime.instance.generative.serving import EngineHost
 
-ANSWER_WRITE_WAIT_S = sys.getswitchinterval()
-"""How long the batching thread waits, after a batch, for the IO thread to write its answers
-before it starts the next batch queued behind it.
+SWITCH_INTERVAL_S = 0.0005
+"""The interpreter's switch interval in an instance process (``sys.setswitchinterval``; Python's
+default is 5 ms): how long a thread that holds the GIL keeps it once another asks for it.
 
-NOTE — answers before the next batch. The IO thread writes the answers (``DataPath.send``)
-and needs the GIL to do it; a handler that holds the GIL (a Python loop, small torch ops on the
-CPU) started at once on the next queued batch kept it until that batch ended or the
-interpreter's switch interval (5 ms) forced it to let go. Found on the fidelity harness's
-priority pair (2 ms requests, one instance): the gateway received a request's answer in the
-same instant as the next one's, 2 ms late, whenever one was queued behind it
-(docs/journal/fidelity.md). Waiting here costs the next batch one hand-off between the threads;
-the wait is capped at the switch interval, after which the interpreter would hand the GIL over
-anyway."""
+NOTE — answers held behind the next request. The IO thread writes a batch's answers
+(``DataPath.send``) and needs the GIL to do it; with the next request queued, the batching
+thread goes straight into its ``predict``, and a handler that holds the GIL (a Python loop,
+small torch operators on the CPU) kept it until that request ended or the switch interval
+forced a hand-over. Found on the fidelity harness's priority pair (2.2-ms requests, one
+instance): 8 % of the answers reached the gateway within 0.2 ms of the one before them, each
+held for the next request's whole computation (docs/journal/fidelity.md). Waiting for the IO
+thread before the next batch fixed that but cost the saturated share pair 5 % of its
+throughput (the batching thread idle while the IO thread waited for a core); a shorter switch
+interval bounds the hold without idling the batching thread."""
 
 
 class InstanceServer:
@@ -88,6 +89,7 @@ class InstanceServer:
     can also run in a plain process."""
 
     def __init__(self, launch: InstanceLaunch) -> None:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)  # before any of its threads start
         self.launch = launch
         self.started_s = time.time()
         self.draining = False
@@ -97,8 +99,6 @@ class InstanceServer:
         self._queue: deque[Item] = deque()
         self._running: list[Item] = []
         self._stop = threading.Event()
-        self._written = threading.Event()
-        """Set once the IO thread has written the last batch's answers (``_send``)."""
         self._dead = False
         self._predict_since: float | None = None
         """When the running ``predict`` started (None: none runs); the predict watchdog's."""
@@ -330,7 +330,7 @@ class InstanceServer:
                 self._run_batch(batch)
             except BaseException as e:  # never let the batching thread die silently
                 msg = f"internal error in instance {self.launch.instance_id}: {e!r}".encode()
-                self._send(
+                self._wire.send(
                     [
                         (it.writer, P.encode_response(it.req_id, P.ST_INTERNAL, P.ENC_RAW, msg))
                         for it in batch
@@ -344,9 +344,6 @@ class InstanceServer:
                     keep = keep_token_for_next_batch(*self._queue_now())
                 if not keep:
                     self.gate.idle_tokens()
-                else:
-                    # answers first: the next batch would hold the GIL (see ANSWER_WRITE_WAIT_S)
-                    self._written.wait(ANSWER_WRITE_WAIT_S)
 
     def _run_batch(self, batch: list[Item]) -> None:
         out: list[tuple[Conn, bytes]] = []
@@ -365,7 +362,7 @@ class InstanceServer:
                     )
                 )
         if not good:
-            self._send(out)
+            self._wire.send(out)
             return
         gate = self.gate
         t_ask = time.perf_counter()
@@ -417,13 +414,7 @@ class InstanceServer:
                 it.req_id, status, enc, data, queue_ms, token_wait_ms, busy_ms, n
             )
             out.append((it.writer, frame))
-        self._send(out)
-
-    def _send(self, out: list[tuple[Conn, bytes]]) -> None:
-        """Hand a batch's answers to the IO thread (batching thread); ``_written`` is set once
-        it has written them."""
-        self._written = threading.Event()
-        self._wire.send(out, self._written)
+        self._wire.send(out)
 
     def _is_idle(self) -> bool:
         if self.gen is not None:

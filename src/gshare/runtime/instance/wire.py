@@ -322,28 +322,17 @@ class DataPath:
         self._adopting.add(task)
         task.add_done_callback(self._adopting.discard)
 
-    def send(self, out: list[tuple[Conn, bytes]], written: threading.Event | None = None) -> None:
-        """Write responses from the batching thread (one loop wake-up per batch); ``written``
-        is set once the IO thread has handed them to their connections (at once when there is
-        nothing to write or the loop is closed)."""
+    def send(self, out: list[tuple[Conn, bytes]]) -> None:
+        """Write responses from the batching thread (one loop wake-up per batch)."""
         if not out or self.loop.is_closed():
-            if written is not None:
-                written.set()
             return
 
         def write_all() -> None:
-            try:
-                for conn, data in out:
-                    conn.write(data)
-            finally:
-                if written is not None:
-                    written.set()
+            for conn, data in out:
+                conn.write(data)
 
-        try:
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(write_all)
-        except RuntimeError:  # the loop closed meanwhile: nothing will be written
-            if written is not None:
-                written.set()
 
     def call_soon(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` on the IO thread (``RuntimeError`` when the loop is closed)."""
