@@ -11,6 +11,8 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from gshare.experiments.scenario_arrivals import scenario_arrivals
 from gshare.scenario import load_scenario
 from gshare.testing import ServeProcess, run_cli
@@ -39,6 +41,10 @@ def test_gshare_load_sends_the_scenario_and_accounts_for_every_arrival(
     for x in rows:
         if x["status"] == "ok":
             assert x["code"] == 200 and x["latency_ms"] > 0
+            if x["kind"] == "function":  # the instance's timing headers, kept per request
+                parts = [x["queue_ms"], x["token_wait_ms"], x["exec_ms"], x["platform_ms"]]
+                assert all(v is not None and v >= 0.0 for v in parts), x
+                assert sum(parts) == pytest.approx(x["latency_ms"], abs=0.01), x
         else:
             assert x["error"] and not x["hit"]
     assert sum(s["by_status"].values()) == len(arrivals)

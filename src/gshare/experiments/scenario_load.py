@@ -18,8 +18,10 @@
    beyond that is not sent and is counted as ``dropped_client`` (reported, never silent).
    Latency is client-side (send to answer); ``late_ms`` is how late the send was against its
    arrival time (the load generator's own lag); ``platform_ms`` is the latency beyond the
-   instance's own measurements of a function request (``platform_share_ms``) and ``exec_ms``
-   the instance's compute time for it (``x-gshare-exec-ms``: its batch's). After the last
+   instance's own measurements of a function request (``platform_share_ms``), ``exec_ms``
+   the instance's compute time for it (``x-gshare-exec-ms``: its batch's), ``queue_ms`` its
+   wait in the instance's queue and ``token_wait_ms`` its batch's wait for a time token
+   (``x-gshare-queue-ms``, ``x-gshare-token-wait-ms``). After the last
    arrival the outstanding requests get ``timeout_s`` to answer; what has not is
    ``unfinished``. The generator's heap is frozen while it drives (``client_pauses``: its own
    garbage-collection pauses would otherwise be timed as the server's latency); the pauses
@@ -240,6 +242,8 @@ async def drive(
             "late_ms": None,
             "platform_ms": None,
             "exec_ms": None,
+            "queue_ms": None,
+            "token_wait_ms": None,
             "error": None,
         }
 
@@ -266,6 +270,8 @@ async def drive(
                     row["status"], row["latency_ms"] = "ok", ms
                     row["platform_ms"] = platform_share_ms(ms, r.headers)
                     row["exec_ms"] = _header_ms(r.headers, "x-gshare-exec-ms")
+                    row["queue_ms"] = _header_ms(r.headers, "x-gshare-queue-ms")
+                    row["token_wait_ms"] = _header_ms(r.headers, "x-gshare-token-wait-ms")
                     slo = row["slo_ms"]
                     row["hit"] = slo is not None and ms <= slo
                 else:
@@ -528,6 +534,8 @@ def run_load(
             "late_ms",
             "platform_ms",
             "exec_ms",
+            "queue_ms",
+            "token_wait_ms",
             "error",
             *(GENERATIVE_COLUMNS if generate else ()),
         ),
