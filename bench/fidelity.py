@@ -73,7 +73,12 @@ import numpy as np
 import _autoscale
 import twin
 from _common import bench_parser, machine_load, print_table, write_json
-from gshare.experiments.fidelity import outstanding_share, score, within_all
+from gshare.experiments.fidelity import (
+    idle_arrival_queue_ms,
+    outstanding_share,
+    score,
+    within_all,
+)
 from gshare.experiments.gpu_fidelity import load_share_runs, score_gpu_shares
 from gshare.experiments.scenario_load import deploy, run_load
 from gshare.experiments.scenario_sim import fetch_live_profiles, function_profiles, simulate
@@ -342,6 +347,8 @@ def _plain(
     sc = load_scenario(SCENARIOS / f"{name}.yaml")
     dur = sc.duration_s(quick)
     plat: list[float] = []
+    wake: list[float] = []
+    kernels = kernels_per_request(sc)
     calib: dict[str, Any] = {}
     live_profiles: dict[str, list[ProfilePoint]] | None = None
     with ServeProcess(*flags, state_dir=tmp / name, cwd=REPO) as srv:
@@ -362,6 +369,17 @@ def _plain(
             factors = {f: _busy_factor(sc, run.rows, f) for f in _functions(sc)}
             calib["busy_factors"] = factors
             live_profiles = _busy_profiles(sc, factors)
+            wake = [
+                q
+                for f in _functions(sc)
+                for q in idle_arrival_queue_ms(_measured(run.rows, "function", f), f)
+            ]
+            calib["instance_wakeup_ms"] = {
+                "n": len(wake),
+                "mean": float(np.mean(wake)) if wake else None,
+                "p50": percentile_or_none(wake, 50),
+                "p90": percentile_or_none(wake, 90),
+            }
         lives = _live_twice(
             lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed), loads
         )
@@ -374,9 +392,12 @@ def _plain(
             platform_ms=plat,
             live_profiles=live_profiles,
             platform_outstanding_share=share,
+            instance_wakeup_ms=wake,
+            kernels_per_request=kernels,
         )  # fmt: skip
         for k in range(seeds)
     ]
+    calib["kernels_per_request"] = kernels
     return sc, sims, lives, plat, calib
 
 
@@ -451,6 +472,28 @@ def _busy_profiles(
         if k is not None
     }
     return out or None
+
+
+KERNELS_HANDLER = "gshare.runtime.demo_handlers:Kernels"
+
+
+def kernels_per_request(sc: Scenario) -> dict[str, int]:
+    """Module calls per request of each function that runs the ``Kernels`` demo handler (one
+    torch module call per kernel: the instance's preemption points, ``SimFunction.
+    kernels_per_request``), from its workloads' ``input_json``; a function whose workloads
+    disagree, or give none, is left out (a token cut anywhere)."""
+    out: dict[str, int] = {}
+    for fn, spec in sc.functions.items():
+        if spec.handler != KERNELS_HANDLER:
+            continue
+        ks = {
+            int(w.input_json["kernels"])
+            for w in sc.workloads
+            if w.target == fn and isinstance(w.input_json, dict) and "kernels" in w.input_json
+        }
+        if len(ks) == 1 and min(ks) > 0:
+            out[fn] = ks.pop()
+    return out
 
 
 def _solo_ms(sc: Scenario, fn: str) -> float:

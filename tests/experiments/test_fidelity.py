@@ -17,6 +17,7 @@ from gshare.experiments.fidelity import (
     busy_factors_by_gap,
     fifo_waits_ms,
     fit_serial_ms,
+    idle_arrival_queue_ms,
     interval,
     outstanding_share,
     score,
@@ -230,3 +231,26 @@ def test_the_outstanding_share_is_the_platform_latency_inside_the_gateways_windo
     assert outstanding_share(5.0, 5.0, 0.0) == 0.0  # no platform share
     with pytest.raises(ValueError, match="gateway_ms must be a finite number >= 0, got nan"):
         outstanding_share(12.0, math.nan, 4.0)
+
+
+def _row(name: str, sent_ms: float, latency_ms: float, queue_ms: float, late_ms: float = 0.0):
+    return {
+        "name": name, "status": "ok", "arrival_ms": sent_ms - late_ms, "late_ms": late_ms,
+        "latency_ms": latency_ms, "queue_ms": queue_ms,
+    }  # fmt: skip
+
+
+def test_idle_arrivals_are_the_requests_sent_after_every_earlier_answer() -> None:
+    rows = [
+        _row("f", 0.0, 10.0, 0.2),  # idle: the first
+        _row("f", 5.0, 12.0, 4.0),  # sent while the first was out
+        _row("f", 16.0, 3.0, 0.3),  # the second (5 + 12 = 17) was still out
+        _row("f", 20.0, 5.0, 0.4, late_ms=1.0),  # idle: everything answered by 19
+        _row("g", 21.0, 50.0, 0.1),  # another function: its own count
+        _row("f", 30.0, 5.0, 0.5),  # idle: g's request does not count
+        {**_row("f", 40.0, 1.0, 0.6), "status": "error"},  # not answered: not counted
+        {**_row("f", 50.0, 1.0, 0.7), "queue_ms": None},  # no header: nothing
+    ]
+    assert idle_arrival_queue_ms(rows, "f") == [0.2, 0.4, 0.5]
+    assert idle_arrival_queue_ms(rows, "g") == [0.1]
+    assert idle_arrival_queue_ms(rows, "h") == []

@@ -324,3 +324,11 @@ def test_the_calibrations_cold_start_comes_after_a_scale_to_zero(tmp_path: Path)
             c.invoke_raw("cold", auto.BODY)
             warm.append((time.perf_counter() - t0) * 1000.0)
         assert cold_ms > 5 * float(np.median(warm))  # it waited for a start
+
+
+def test_kernels_per_request_come_from_the_kernels_handlers_inputs() -> None:
+    fidelity = _fidelity()
+    pair = fidelity.load_scenario(fidelity.SCENARIOS / "priority-pair.yaml")
+    assert fidelity.kernels_per_request(pair) == {"prio-hi": 2, "prio-lo": 4}
+    chain = fidelity.load_scenario(fidelity.SCENARIOS / "mlp-chain.yaml")
+    assert fidelity.kernels_per_request(chain) == {}  # no Kernels handler: cut anywhere

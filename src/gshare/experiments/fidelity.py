@@ -258,12 +258,39 @@ def outstanding_share(client_ms: float, gateway_ms: float, platform_ms: float) -
     return min(1.0, max(0.0, 1.0 - (client_ms - gateway_ms) / platform_ms))
 
 
+def idle_arrival_queue_ms(rows: Sequence[Mapping[str, Any]], function: str) -> list[float]:
+    """The instance's queue time (``queue_ms``) of ``function``'s answered requests in a live
+    run's ``rows`` (``gshare load``'s) that reached an idle instance: each sent (``arrival_ms``
+    + ``late_ms``) after the client had the answers to all the function's requests sent
+    before it, so nothing of the function was queued or running anywhere. What such a request
+    waits at its instance is the hand-over from the instance's IO thread to its batching
+    thread, which the simulator draws as ``ClusterConfig.instance_wakeup_ms``. Rows without
+    ``queue_ms`` (a server without timing headers) give nothing."""
+    ok = sorted(
+        (
+            float(r["arrival_ms"]) + float(r.get("late_ms") or 0.0),
+            float(r["latency_ms"]),
+            r.get("queue_ms"),
+        )
+        for r in rows
+        if r.get("name") == function and r.get("status") == "ok" and r.get("latency_ms") is not None
+    )
+    out: list[float] = []
+    answered_ms = -math.inf
+    for sent_ms, latency_ms, queue_ms in ok:
+        if sent_ms > answered_ms and queue_ms is not None and math.isfinite(float(queue_ms)):
+            out.append(max(0.0, float(queue_ms)))
+        answered_ms = max(answered_ms, sent_ms + latency_ms)
+    return out
+
+
 __all__ = [
     "BOUNDS",
     "GAP_BOUNDS_MS",
     "MIN_CLASS_REQUESTS",
     "Bound",
     "busy_factors_by_gap",
+    "idle_arrival_queue_ms",
     "fifo_waits_ms",
     "fit_serial_ms",
     "interval",

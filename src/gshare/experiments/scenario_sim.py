@@ -400,11 +400,14 @@ def run_functions(
     progress: Progress | None = None,
     platform_ms: Sequence[float] = (),
     platform_outstanding_share: float = 0.0,
+    instance_wakeup_ms: Sequence[float] = (),
+    kernels_per_request: Mapping[str, int] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The plain function requests in ``SimCluster`` (module doc): request rows and, per
     function, devices and instances used. ``platform_ms``: measured platform latency samples,
     one drawn per request, in place of the scenario's constant;
-    ``platform_outstanding_share``: ``ClusterConfig``'s."""
+    ``platform_outstanding_share`` and ``instance_wakeup_ms``: ``ClusterConfig``'s;
+    ``kernels_per_request``: ``SimFunction``'s, per function (absent: 0)."""
     from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
     from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction, cpu_runtime_fields
     from gshare.sim.engine import EventLoop
@@ -431,6 +434,7 @@ def run_functions(
         admission_slo_factor=DEFAULT_MAX_LATENCY_SLO_FACTOR,  # gshare serve's default
         platform_ms=tuple(platform_ms) or ((platform,) if platform > 0 else ()),
         platform_outstanding_share=platform_outstanding_share,
+        instance_wakeup_ms=tuple(float(x) for x in instance_wakeup_ms),
         **(cpu_runtime_fields() if on_cpu else {}),
     )
     cluster = SimCluster(loop, table, cfg, np.random.default_rng([seed, 301]))
@@ -449,6 +453,7 @@ def run_functions(
                 quota_limit_pct=limit,
                 keep_alive_s=float(spec.keep_alive_s),
                 priority=spec.priority,
+                kernels_per_request=int((kernels_per_request or {}).get(n, 0)),
             )
         )
         times = [LEAD_MS + a.time_ms for a in arrivals if a.kind == "function" and a.target == n]
@@ -579,6 +584,8 @@ def simulate(
     platform_ms: Sequence[float] = (),
     platform_outstanding_share: float = 0.0,
     step_profiles: Mapping[str, Any] | None = None,
+    instance_wakeup_ms: Sequence[float] = (),
+    kernels_per_request: Mapping[str, int] | None = None,
 ) -> ExperimentResult:
     """Run ``scenario`` in the simulator (module doc); ``ScenarioError`` for what the scenario
     cannot run with (a policy name, a function without profile, ...). ``frontend_jitter_ms``:
@@ -587,7 +594,11 @@ def simulate(
     default: the scenario's ``frontend_ms + dispatch_ms``), and ``platform_outstanding_share``
     the part of each during which the gateway still counts the request outstanding (measured
     there too; ``sim.gateway``); ``step_profiles``: generative
-    models' step models in place of the shipped ones (``bench/generate.py``)."""
+    models' step models in place of the shipped ones (``bench/generate.py``);
+    ``instance_wakeup_ms``: measured wake-up samples of an idle instance's batching thread and
+    ``kernels_per_request``: each function's module calls per request, its instances'
+    preemption points (``sim.instance.InstanceConfig``; measured and given by
+    ``bench/fidelity.py``)."""
     wf_policy, autoscaler = check_policies(scenario, policy)
     dur = duration_s if duration_s is not None else scenario.duration_s(quick)
     s = scenario.seed if seed is None else seed
@@ -609,6 +620,7 @@ def simulate(
         scenario, arrivals, horizon_ms, autoscaler, profiles, seed=s, warmup_ms=warmup_ms,
         progress=progress, platform_ms=platform_ms,
         platform_outstanding_share=platform_outstanding_share,
+        instance_wakeup_ms=instance_wakeup_ms, kernels_per_request=kernels_per_request,
     )  # fmt: skip
     gen_rows, gen_extra = run_generative(
         scenario, arrivals, request_tokens(scenario, arrivals), seed=s, warmup_ms=warmup_ms,

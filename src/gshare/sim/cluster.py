@@ -79,6 +79,9 @@ class SimFunction:
     priority: int = 0
     """Token priority of its instances (the spec's ``priority``: higher is served first by
     ``policy.tokens``, as the live token server does with ``--priority-sharing tokens``)."""
+    kernels_per_request: int = 0
+    """Module calls per request, its instances' preemption points
+    (``sim.instance.InstanceConfig.kernels_per_request``); 0: a token is cut anywhere."""
     throughput_from_busy: bool = False
     """Its configs' throughputs follow the busy time its instances measure, as ``gshare serve``
     estimates them for a function it has not profiled (``policy.autoscale.measured``: every
@@ -135,6 +138,10 @@ class ClusterConfig:
     first_busy_ms: float | None = None
     """The busy time of each new instance's first batch (``InstanceConfig.first_busy_ms``; a
     live CPU instance's first inference, measured); None: as the others."""
+    instance_wakeup_ms: tuple[float, ...] = ()
+    """Wake-up samples of an idle instance's batching thread (``sim.instance.InstanceConfig.
+    wakeup_ms``: measured, the live ``queue_ms`` of requests that reached an idle instance);
+    empty: none."""
     launch: LaunchGating | None = field(default_factory=LaunchGating)
     """Burst model of instances (default: launch-gated, validated by ``token-fidelity``)."""
     token_wakeup_ms: float = DEFAULT_WAKEUP_MS
@@ -444,6 +451,8 @@ class SimCluster:
                 busy_gap_factors=self.config.busy_gap_factors,
                 first_busy_ms=self.config.first_busy_ms,
                 launch=self.config.launch,
+                kernels_per_request=fn.kernels_per_request,
+                wakeup_ms=self.config.instance_wakeup_ms,
             ),
             self.profiles,
             self.rng,

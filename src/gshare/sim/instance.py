@@ -136,6 +136,16 @@ class InstanceConfig:
     it; None: as the others."""
     launch: LaunchGating | None = None
     """Burst model (see the module docstring); None = whole burst token-gated."""
+    kernels_per_request: int = 0
+    """The preemption points of its bursts: each request's work is this many equal module
+    calls, and a token's end is noticed only when a call returns (``SimGpu.run_burst``'s
+    ``point_work_ms``, the live CPU instance's module hook); 0: anywhere. Whole-burst model
+    only (``launch`` None)."""
+    wakeup_ms: tuple[float, ...] = ()
+    """Wake-up samples (ms) of the instance's batching thread: a request that reaches an idle
+    instance (nothing queued or running) starts one drawn sample later, the hand-over from the
+    live instance's IO thread to its batching thread (part of the live ``queue_ms``); empty:
+    at once."""
 
 
 class SimInstance:
@@ -176,6 +186,8 @@ class SimInstance:
         """Whether a batch has started here (the first takes ``first_busy_ms``)."""
         self._gap_bounds_ms = tuple(bound for bound, _ in config.busy_gap_factors)
         self._timer_at: float | None = None
+        self._waking = False
+        """The batching thread is waking up (``InstanceConfig.wakeup_ms``): no batch before."""
         self._work_cache: dict[int, float] = {}
         self._launch_floor_ms: float | None = None
         self._launch_kernels: int | None = None
@@ -198,7 +210,17 @@ class SimInstance:
     def enqueue(self, req: SimRequest) -> None:
         if self.stopped:
             raise RuntimeError(f"request routed to stopped instance {self.instance_id}")
+        idle = self.ready and not self.queue and not self.in_flight and not self._waking
         self.queue.append(req)
+        if idle and self.config.wakeup_ms:
+            w = self.config.wakeup_ms
+            self._waking = True
+            self.loop.after(w[int(self.rng.integers(len(w)))], self._on_woken)
+            return
+        self._maybe_dispatch()
+
+    def _on_woken(self) -> None:
+        self._waking = False
         self._maybe_dispatch()
 
     def drain(self) -> None:
@@ -239,7 +261,7 @@ class SimInstance:
         return total / len(arrivals_ms)
 
     def _maybe_dispatch(self) -> None:
-        if not self.ready or self.in_flight or not self.queue or self.stopped:
+        if not self.ready or self.in_flight or not self.queue or self.stopped or self._waking:
             return
         c = self.config
         now = self.loop.now_ms
@@ -264,7 +286,10 @@ class SimInstance:
         self._served = True
         self._in_flight_busy_ms = work
         if c.launch is None:
-            self.gpu.run_burst(self.instance_id, work, self._on_batch_done)
+            k = c.kernels_per_request * n
+            self.gpu.run_burst(
+                self.instance_id, work, self._on_batch_done, point_work_ms=work / k if k else 0.0
+            )
             return
         if self._launch_floor_ms is None:
             self._launch_floor_ms = self.profiles.launch_floor_ms(

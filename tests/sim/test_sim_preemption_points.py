@@ -1,0 +1,139 @@
+"""Two mechanisms of the live CPU instance in the simulator: a token's end noticed only at the
+burst's next preemption point (``SimGpu.run_burst(point_work_ms=...)``, the instance's module
+hook) and the batching thread's wake-up at an idle instance (``InstanceConfig.wakeup_ms``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gshare.policy.tokens import ClientSpec, TokenConfig
+from gshare.profiles import ProfilePoint, ProfileTable
+from gshare.resources import GpuShare
+from gshare.sim.engine import EventLoop
+from gshare.sim.gateway import Gateway
+from gshare.sim.gpu import SimGpu
+from gshare.sim.instance import InstanceConfig, SimInstance
+from gshare.sim.request import SimRequest
+
+CONFIG = TokenConfig(window_ms=40.0)
+
+
+def _one_burst(
+    work_ms: float, point_ms: float, quota: float = 0.25
+) -> tuple[float, list[tuple[str, float, float]]]:
+    """One client capped at ``quota`` of each window runs one burst; (its end, the tokens)."""
+    loop = EventLoop()
+    log: list[tuple[str, float, float]] = []
+    gpu = SimGpu(loop, token_config=CONFIG, token_log=log)
+    gpu.add_client(ClientSpec("a", 100.0, quota, quota))
+    done: list[float] = []
+    gpu.run_burst("a", work_ms, lambda: done.append(loop.now_ms), point_work_ms=point_ms)
+    loop.run(until_ms=20 * CONFIG.window_ms)
+    assert len(done) == 1
+    return done[0], log
+
+
+def test_a_token_ending_inside_a_call_is_given_back_when_the_call_returns() -> None:
+    # cap 10 ms a window: cut anywhere, the first token ends at 10 ms; with a point every 3 ms
+    # the call that started at 9 ms runs to 12 ms, and the window's cap is spent
+    _, cont = _one_burst(16.0, 0.0)
+    _, pts = _one_burst(16.0, 3.0)
+    assert cont[0][2] - cont[0][1] == pytest.approx(10.0)
+    assert pts[0][2] - pts[0][1] == pytest.approx(12.0)
+    worked = 0.0
+    for _, start, end in pts[:-1]:  # each token but the last is given back at a call's end
+        worked += end - start
+        assert worked / 3.0 == pytest.approx(round(worked / 3.0))
+    assert worked + pts[-1][2] - pts[-1][1] == pytest.approx(16.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    work_ms=st.floats(1.0, 60.0),
+    point_ms=st.sampled_from([0.5, 1.0, 2.0, 3.0]),
+    quota=st.sampled_from([0.1, 0.25, 0.5]),
+)
+def test_a_burst_runs_past_its_token_by_less_than_one_call_and_all_of_its_work_is_done(
+    work_ms: float, point_ms: float, quota: float
+) -> None:
+    end, log = _one_burst(work_ms, point_ms, quota)
+    cap = quota * CONFIG.window_ms
+    ran = 0.0
+    for _, start, stop in log:
+        assert stop - start < cap + point_ms + 1e-6
+        ran += stop - start
+    assert ran == pytest.approx(work_ms, abs=1e-6)  # alone at rate 1: used = worked
+    assert end >= work_ms - 1e-9
+
+
+def _hi_done_ms(point_ms: float) -> float:
+    """When "hi" (priority 8) finishes a 1-ms burst asked for at 1 ms while "lo" (priority 1,
+    cap 5 ms a window) runs 8 ms of work in calls of ``point_ms``."""
+    loop = EventLoop()
+    gpu = SimGpu(loop, token_config=CONFIG)
+    gpu.add_client(ClientSpec("lo", 100.0, 0.125, 0.125, 1))
+    gpu.add_client(ClientSpec("hi", 100.0, 0.5, 0.5, 8))
+    gpu.run_burst("lo", 8.0, lambda: None, point_work_ms=point_ms)
+    done: list[float] = []
+    loop.at(1.0, lambda: gpu.run_burst("hi", 1.0, lambda: done.append(loop.now_ms)))
+    loop.run(until_ms=200.0)
+    return done[0]
+
+
+def test_a_waiting_higher_class_gets_the_token_only_after_the_call_in_progress() -> None:
+    # hi waits for lo's token: cut anywhere it is given back at 5 ms, at call ends at 6 ms
+    # (the call from 4 to 6); hi's burst ends 1 ms later
+    assert _hi_done_ms(0.0) == pytest.approx(6.0)
+    assert _hi_done_ms(2.0) == pytest.approx(7.0)
+
+
+# A model "m" of 10 ms a request (batch 2: 14 ms) at any share.
+TABLE = ProfileTable(
+    ProfilePoint("m", sm, 100.0, b, lat)
+    for sm in (10.0, 100.0)
+    for b, lat in ((1, 10.0), (2, 14.0))
+)
+
+
+def _instance(wakeup_ms: tuple[float, ...], max_batch: int = 1) -> tuple[EventLoop, Gateway]:
+    loop = EventLoop()
+    gw = Gateway(loop)
+    gw.register("f")
+    cfg = InstanceConfig("f", "m", GpuShare(100.0, 1.0, 1.0), max_batch, wakeup_ms=wakeup_ms)
+    inst = SimInstance(loop, SimGpu(loop), "i0", cfg, TABLE, np.random.default_rng(0), gw.completed)
+    gw.add_instance(inst)
+    return loop, gw
+
+
+def _at(loop: EventLoop, gw: Gateway, times: list[float]) -> list[SimRequest]:
+    out: list[SimRequest] = []
+    for t in times:
+        loop.at(t, lambda: out.append(gw.submit("f")))
+    return out
+
+
+def test_a_request_at_an_idle_instance_waits_for_the_wake_up_and_one_queued_does_not() -> None:
+    loop, gw = _instance((2.0,))
+    # 0: idle, wakes 2 ms, runs 2-12; 5: queued behind it, starts at 12; 40: idle again
+    reqs = _at(loop, gw, [0.0, 5.0, 40.0])
+    loop.run()
+    assert [r.start_ms for r in reqs] == pytest.approx([2.0, 12.0, 42.0])
+    assert [r.finish_ms for r in reqs] == pytest.approx([12.0, 22.0, 52.0])
+
+
+def test_requests_that_arrive_while_the_thread_wakes_up_are_batched_together() -> None:
+    loop, gw = _instance((3.0,), max_batch=2)
+    reqs = _at(loop, gw, [0.0, 1.0])
+    loop.run()
+    assert [r.start_ms for r in reqs] == pytest.approx([3.0, 3.0])
+    assert [r.finish_ms for r in reqs] == pytest.approx([17.0, 17.0])
+
+
+def test_without_wake_up_samples_a_request_starts_at_once() -> None:
+    loop, gw = _instance(())
+    reqs = _at(loop, gw, [0.0, 40.0])
+    loop.run()
+    assert [r.start_ms for r in reqs] == pytest.approx([0.0, 40.0])
