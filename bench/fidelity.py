@@ -26,8 +26,9 @@ simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios
 * ``priority-pair`` — a priority-8 function beside a saturating priority-1 one, served with
   ``--priority-sharing tokens`` (the token scheduler's priorities, which the simulator runs),
   the high class's platform share, the part of it inside the gateway's outstanding window and
-  each function's compute time measured first under the scenario's load with another seed
-  (``_plain``); scored: the high class's p50, p99 and hit rate (full run only);
+  each function's compute time, the instances' wake-up and the tokens' idle hold measured
+  first under the scenario's load with another seed (``_plain``); scored: the high class's
+  p50, p99 and hit rate (full run only);
 * ``gpu-shares`` — the GPU kit's share scenes (``gshare.gpukit.parts.shares``: saturating
   probe processes at quotas 0.3 / 0.6, 0.2-0.5 alone, three at 0.2-0.6) as ``docs/gpu/``
   recorded them on a real GPU, and simulated with the interposer's kernel-granular token use
@@ -77,6 +78,7 @@ from gshare.experiments.fidelity import (
     idle_arrival_queue_ms,
     outstanding_share,
     score,
+    token_release_ms,
     within_all,
 )
 from gshare.experiments.gpu_fidelity import load_share_runs, score_gpu_shares
@@ -86,7 +88,7 @@ from gshare.profiles import ProfilePoint
 from gshare.scenario import Scenario, load_scenario
 from gshare.sim.cluster import ClusterConfig
 from gshare.sim.gpu import InterferenceModel
-from gshare.sim.profiler import DEFAULT_WAKEUP_MS
+from gshare.sim.profiler import CPU_RUNTIME_WAKEUP_MS, DEFAULT_WAKEUP_MS
 from gshare.stats import percentile_or_none
 from gshare.testing import ServeProcess
 
@@ -329,9 +331,12 @@ def _plain(
     latency beyond the instance's timing headers), and given to the simulator as samples, one
     drawn per request (``sim.gateway``: a plain request pays it). The same run measures the
     part of them inside the gateway's outstanding window (``outstanding_share``: the server's
-    latency histogram against the client's latencies) and each function's busy time per
+    latency histogram against the client's latencies), each function's busy time per
     request under the load (``run_load``'s ``exec_ms``), which scales its profile
-    (``_busy_profiles``).
+    (``_busy_profiles``), the instances' wake-up (``queue_ms`` of the requests that reached an
+    idle instance: ``instance_wakeup_ms``) and the tokens' idle hold (the control API's token
+    counts before and after it: ``token_release_ms``). A function of the ``Kernels`` handler
+    is simulated with its module calls as preemption points (``kernels_per_request``).
 
     NOTE — measured at a light load (40 sequential requests) instead, the platform share was
     2.7-3.2 ms on average where the priority pair's load made it 3.5-4.0 ms (its p50 2.9-3.5,
@@ -348,15 +353,29 @@ def _plain(
     dur = sc.duration_s(quick)
     plat: list[float] = []
     wake: list[float] = []
+    release = 0.0
     kernels = kernels_per_request(sc)
     calib: dict[str, Any] = {}
     live_profiles: dict[str, list[ProfilePoint]] | None = None
     with ServeProcess(*flags, state_dir=tmp / name, cwd=REPO) as srv:
         if calibrate_on is not None:
             deploy(srv.client(), sc)
+            time.sleep(TOKEN_REPORT_WAIT_S)
+            tokens_before = _token_counts(srv.client(), _functions(sc))
             before = _gateway_latency_s(srv.url, calibrate_on)
             run = run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed + 1000)
             after = _gateway_latency_s(srv.url, calibrate_on)
+            time.sleep(TOKEN_REPORT_WAIT_S)
+            tokens_after = _token_counts(srv.client(), _functions(sc))
+            held, used, n = (a - b for a, b in zip(tokens_after, tokens_before, strict=True))
+            release = token_release_ms(held, used, int(n), CPU_RUNTIME_WAKEUP_MS)
+            calib["tokens"] = {
+                "held_ms": held,
+                "busy_ms": used,
+                "tokens": n,
+                "idle_hold_ms_per_token": (held - used) / n if n > 0 else None,
+                "token_release_ms": release,
+            }
             plat = [
                 float(r["platform_ms"])
                 for r in _measured(run.rows, "function", calibrate_on)
@@ -394,6 +413,7 @@ def _plain(
             platform_outstanding_share=share,
             instance_wakeup_ms=wake,
             kernels_per_request=kernels,
+            token_release_ms=release,
         )  # fmt: skip
         for k in range(seeds)
     ]
@@ -419,6 +439,24 @@ def _gateway_latency_s(url: str, fn: str) -> tuple[float, float]:
             elif smp.name == "gshare_request_latency_seconds_count":
                 count = float(smp.value)
     return total, count
+
+
+TOKEN_REPORT_WAIT_S = 2.5
+"""After a run, how long to wait before reading the token counts: the controller takes them
+from the node agent's report each reconcile period (1 s)."""
+
+
+def _token_counts(client: Any, functions: Sequence[str]) -> tuple[float, float, int]:
+    """(time held, busy time charged, tokens) of every instance of ``functions`` so far, as
+    the control API gives them (the token server's counts at the controller's last report)."""
+    held = used = 0.0
+    n = 0
+    for fn in functions:
+        for inst in client.get(fn).get("instances", []):
+            held += float(inst.get("token_held_ms") or 0.0)
+            used += float(inst.get("token_used_ms") or 0.0)
+            n += int(inst.get("tokens") or 0)
+    return held, used, n
 
 
 def _window(

@@ -21,6 +21,7 @@ from gshare.experiments.fidelity import (
     interval,
     outstanding_share,
     score,
+    token_release_ms,
     within_all,
 )
 
@@ -254,3 +255,12 @@ def test_idle_arrivals_are_the_requests_sent_after_every_earlier_answer() -> Non
     assert idle_arrival_queue_ms(rows, "f") == [0.2, 0.4, 0.5]
     assert idle_arrival_queue_ms(rows, "g") == [0.1]
     assert idle_arrival_queue_ms(rows, "h") == []
+
+
+def test_the_release_delay_is_the_idle_hold_per_token_beyond_the_grants_round_trip() -> None:
+    # 100 tokens held 1,100 ms for 1,000 ms busy: 1 ms idle each, 0.3 of it the grant's
+    assert token_release_ms(1100.0, 1000.0, 100, 0.3) == pytest.approx(0.7)
+    assert token_release_ms(1010.0, 1000.0, 100, 0.3) == 0.0  # under the grant's: none
+    assert token_release_ms(0.0, 0.0, 0, 0.3) == 0.0  # no token
+    with pytest.raises(ValueError, match="held_ms"):
+        token_release_ms(math.nan, 0.0, 1, 0.3)

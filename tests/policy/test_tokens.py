@@ -107,6 +107,20 @@ def test_a_token_spanning_the_window_end_is_charged_to_both_windows() -> None:
     assert (v.used_ms, v.total_used_ms) == (pytest.approx(5.0), pytest.approx(15.0))
 
 
+def test_each_released_token_adds_its_wall_time_held_beside_the_busy_time_charged() -> None:
+    # a token granted at 0 and released at 6 with 5 ms busy (1 ms idle: the hand-over), one
+    # granted at 35 and released at 45 across the window end (busy 9, 1 ms idle)
+    s = sched(spec("a", 100, 0.5), dynamic_quota=False, max_token_ms=10.0)
+    only(s.request("a", 0.0))
+    s.release("a", 5.0, 6.0)
+    only(s.request("a", 35.0))
+    s.tick(40.0)
+    assert s.snapshot()["a"].tokens == 1  # still holding the second
+    s.release("a", 9.0, 45.0)
+    v = s.snapshot()["a"]
+    assert (v.tokens, v.total_held_ms, v.total_used_ms) == (2, 16.0, pytest.approx(14.0))
+
+
 # -- ready-queue order -------------------------------------------------------------------------
 
 

@@ -126,3 +126,15 @@ def test_achieved_share_is_busy_time_over_elapsed_time() -> None:
     assert inst.achieved_share == pytest.approx(0.3)
     record_tokens(inst, TokensUsed("f-1", 400.0, 11.0))  # no time passed: kept
     assert inst.achieved_share == pytest.approx(0.3)
+
+
+def test_idle_hold_is_the_held_time_beyond_the_busy_time_per_token_released() -> None:
+    inst = live()
+    record_tokens(inst, TokensUsed("f-1", 100.0, 10.0, total_held_ms=110.0, tokens=10))
+    assert inst.token_idle_hold_ms is None  # first report: nothing to compare with
+    # 20 tokens more, held 260 ms for 240 ms busy: 1 ms idle each
+    record_tokens(inst, TokensUsed("f-1", 340.0, 11.0, total_held_ms=370.0, tokens=30))
+    assert inst.token_idle_hold_ms == pytest.approx(1.0)
+    record_tokens(inst, TokensUsed("f-1", 350.0, 12.0, total_held_ms=370.0, tokens=30))
+    assert inst.token_idle_hold_ms == pytest.approx(1.0)  # no token released: kept
+    assert (inst.token_held_ms, inst.tokens) == (370.0, 30)

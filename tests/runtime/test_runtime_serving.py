@@ -396,6 +396,26 @@ def test_metrics_endpoint(served: ServeProcess, echo: str) -> None:
         assert needle in text, needle
 
 
+def test_the_control_api_counts_each_instances_tokens_and_their_idle_hold(
+    served: ServeProcess, echo: str
+) -> None:
+    # every answered request ran on a token: the token server counts the tokens released, the
+    # wall time they were held and the busy time charged; the controller turns their growth
+    # into the idle hold per token (a gauge)
+    c = served.client()
+
+    def counted() -> bool:
+        for _ in range(3):
+            assert post(served, "/function/echo", content=b"t").status_code == 200
+        return "gshare_token_idle_hold_seconds{" in httpx.get(served.url + "/metrics").text
+
+    wait_until(counted, 20, "the idle-hold gauge")
+    (inst,) = c.get("echo")["instances"]
+    assert inst["tokens"] >= 1
+    assert inst["token_held_ms"] >= inst["token_used_ms"] > 0
+    assert inst["token_idle_hold_ms"] >= 0
+
+
 # -- failures: crash, memory limit ----------------------------------------------------------------
 
 

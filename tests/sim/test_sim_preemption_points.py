@@ -1,6 +1,7 @@
-"""Two mechanisms of the live CPU instance in the simulator: a token's end noticed only at the
+"""Three mechanisms of the live CPU instance in the simulator: a token's end noticed only at the
 burst's next preemption point (``SimGpu.run_burst(point_work_ms=...)``, the instance's module
-hook) and the batching thread's wake-up at an idle instance (``InstanceConfig.wakeup_ms``)."""
+hook), the batching thread's wake-up at an idle instance (``InstanceConfig.wakeup_ms``) and
+the delay of an idle instance's token release (``SimGpu.token_release_ms``)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,44 @@ def test_a_waiting_higher_class_gets_the_token_only_after_the_call_in_progress()
     # (the call from 4 to 6); hi's burst ends 1 ms later
     assert _hi_done_ms(0.0) == pytest.approx(6.0)
     assert _hi_done_ms(2.0) == pytest.approx(7.0)
+
+
+def _release_run(release_ms: float, again_at_ms: float | None = None) -> tuple[float, float]:
+    """ "a" (token reuse) runs a 2-ms burst at 0 (and another at ``again_at_ms``); "b" asks at
+    1 ms. (when b's 1-ms burst ends, when a's last burst ends)."""
+    loop = EventLoop()
+    gpu = SimGpu(loop, token_config=CONFIG, token_reuse=True, token_release_ms=release_ms)
+    gpu.add_client(ClientSpec("a", 100.0, 0.5, 0.5))
+    gpu.add_client(ClientSpec("b", 100.0, 0.5, 0.5))
+    ends: dict[str, float] = {}
+    gpu.run_burst("a", 2.0, lambda: ends.__setitem__("a", loop.now_ms))
+    loop.at(1.0, lambda: gpu.run_burst("b", 1.0, lambda: ends.__setitem__("b", loop.now_ms)))
+    if again_at_ms is not None:
+        loop.at(
+            again_at_ms,
+            lambda: gpu.run_burst("a", 2.0, lambda: ends.__setitem__("a", loop.now_ms)),
+        )
+    loop.run(until_ms=100.0)
+    return ends["b"], ends["a"]
+
+
+def test_an_idle_clients_token_is_released_late_and_a_waiting_one_gets_it_then() -> None:
+    assert _release_run(0.0)[0] == pytest.approx(3.0)  # a releases at 2, b runs 2-3
+    assert _release_run(0.7)[0] == pytest.approx(3.7)  # released at 2.7
+
+
+def test_a_client_that_asks_again_first_has_its_release_processed_with_the_request() -> None:
+    # a asks again at 2.2 (before its release at 2.7 is processed): released then, and b,
+    # waiting since 1, gets the token first (b 2.2-3.2); b, idle after it, releases at 3.9
+    # and a runs 3.9-5.9
+    b_end, a_end = _release_run(0.7, again_at_ms=2.2)
+    assert b_end == pytest.approx(3.2)
+    assert a_end == pytest.approx(5.9)
+
+
+def test_a_negative_release_delay_is_refused() -> None:
+    with pytest.raises(ValueError, match="token_release_ms"):
+        SimGpu(EventLoop(), token_release_ms=-1.0)
 
 
 # A model "m" of 10 ms a request (batch 2: 14 ms) at any share.

@@ -284,6 +284,20 @@ def idle_arrival_queue_ms(rows: Sequence[Mapping[str, Any]], function: str) -> l
     return out
 
 
+def token_release_ms(held_ms: float, used_ms: float, tokens: int, grant_ms: float) -> float:
+    """The simulator's release delay (``ClusterConfig.token_release_ms``) from a live run's
+    token counts (the control API's ``token_held_ms``, ``token_used_ms`` and ``tokens``, their
+    growth over the run, summed over instances): the time a token was held beyond its busy
+    time, per token, less the grant's round trip the simulator already holds it for
+    (``grant_ms``); 0 without tokens."""
+    for name, v in (("held_ms", held_ms), ("used_ms", used_ms), ("grant_ms", grant_ms)):
+        if not math.isfinite(v):
+            raise ValueError(f"{name} must be a finite number, got {v}")
+    if tokens <= 0:
+        return 0.0
+    return max(0.0, (held_ms - used_ms) / tokens - grant_ms)
+
+
 __all__ = [
     "BOUNDS",
     "GAP_BOUNDS_MS",
@@ -296,5 +310,6 @@ __all__ = [
     "interval",
     "outstanding_share",
     "score",
+    "token_release_ms",
     "within_all",
 ]

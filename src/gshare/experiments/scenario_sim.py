@@ -402,11 +402,13 @@ def run_functions(
     platform_outstanding_share: float = 0.0,
     instance_wakeup_ms: Sequence[float] = (),
     kernels_per_request: Mapping[str, int] | None = None,
+    token_release_ms: float = 0.0,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The plain function requests in ``SimCluster`` (module doc): request rows and, per
     function, devices and instances used. ``platform_ms``: measured platform latency samples,
     one drawn per request, in place of the scenario's constant;
-    ``platform_outstanding_share`` and ``instance_wakeup_ms``: ``ClusterConfig``'s;
+    ``platform_outstanding_share``, ``instance_wakeup_ms`` and ``token_release_ms``:
+    ``ClusterConfig``'s;
     ``kernels_per_request``: ``SimFunction``'s, per function (absent: 0)."""
     from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
     from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction, cpu_runtime_fields
@@ -435,6 +437,7 @@ def run_functions(
         platform_ms=tuple(platform_ms) or ((platform,) if platform > 0 else ()),
         platform_outstanding_share=platform_outstanding_share,
         instance_wakeup_ms=tuple(float(x) for x in instance_wakeup_ms),
+        token_release_ms=float(token_release_ms),
         **(cpu_runtime_fields() if on_cpu else {}),
     )
     cluster = SimCluster(loop, table, cfg, np.random.default_rng([seed, 301]))
@@ -586,6 +589,7 @@ def simulate(
     step_profiles: Mapping[str, Any] | None = None,
     instance_wakeup_ms: Sequence[float] = (),
     kernels_per_request: Mapping[str, int] | None = None,
+    token_release_ms: float = 0.0,
 ) -> ExperimentResult:
     """Run ``scenario`` in the simulator (module doc); ``ScenarioError`` for what the scenario
     cannot run with (a policy name, a function without profile, ...). ``frontend_jitter_ms``:
@@ -597,7 +601,8 @@ def simulate(
     models' step models in place of the shipped ones (``bench/generate.py``);
     ``instance_wakeup_ms``: measured wake-up samples of an idle instance's batching thread and
     ``kernels_per_request``: each function's module calls per request, its instances'
-    preemption points (``sim.instance.InstanceConfig``; measured and given by
+    preemption points (``sim.instance.InstanceConfig``), and ``token_release_ms``: the delay
+    of an idle instance's token release (``sim.gpu``; all three measured and given by
     ``bench/fidelity.py``)."""
     wf_policy, autoscaler = check_policies(scenario, policy)
     dur = duration_s if duration_s is not None else scenario.duration_s(quick)
@@ -621,6 +626,7 @@ def simulate(
         progress=progress, platform_ms=platform_ms,
         platform_outstanding_share=platform_outstanding_share,
         instance_wakeup_ms=instance_wakeup_ms, kernels_per_request=kernels_per_request,
+        token_release_ms=token_release_ms,
     )  # fmt: skip
     gen_rows, gen_extra = run_generative(
         scenario, arrivals, request_tokens(scenario, arrivals), seed=s, warmup_ms=warmup_ms,

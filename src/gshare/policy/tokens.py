@@ -229,6 +229,11 @@ class ClientState:
     """Usage since the client was added (for achieved-share metrics)."""
     overrun_ms: float = 0.0
     """Total time run past granted tokens."""
+    total_held_ms: float = 0.0
+    """Time from each released token's grant to its release, summed: with ``total_used_ms``
+    and ``tokens`` the device time tokens held idle (the protocol's hand-overs)."""
+    tokens: int = 0
+    """Tokens released since the client was added."""
     added_ms: float = 0.0
     last_seen_ms: float = float("-inf")
     """Time of the client's last request or release (guarantee reservation: recently active)."""
@@ -251,6 +256,8 @@ class ClientView:
     predicted_burst_ms: float
     total_used_ms: float
     overrun_ms: float
+    total_held_ms: float = 0.0
+    tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -330,6 +337,8 @@ class TokenScheduler:
         c.used_ms += charge
         c.total_used_ms += charge
         c.overrun_ms += max(0.0, busy_ms - token.quota_ms)
+        c.total_held_ms += max(0.0, now_ms - token.start_ms)
+        c.tokens += 1
         c.token = None
         c.charged_in_token_ms = 0.0
         cfg = self.config
@@ -370,6 +379,8 @@ class TokenScheduler:
                 predicted_burst_ms=c.predicted_burst_ms,
                 total_used_ms=c.total_used_ms,
                 overrun_ms=c.overrun_ms,
+                total_held_ms=c.total_held_ms,
+                tokens=c.tokens,
             )
             for cid, c in self.clients.items()
         }

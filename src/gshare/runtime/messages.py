@@ -141,6 +141,11 @@ class TokenUsage:
     quota_request: float
     quota_limit: float
     sm_pct: float
+    total_held_ms: float = 0.0
+    """Time its released tokens were held, grant to release, as the token server saw them."""
+    tokens: int = 0
+    """Tokens it released. ``(total_held_ms - busy) / tokens``: the device time a token is
+    held idle, the protocol's hand-over (grant, wake-up, release)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,6 +121,14 @@ class Metrics:
             ["function", "instance"],
             registry=r,
         )
+        self.token_idle_hold = Gauge(
+            "gshare_token_idle_hold_seconds",
+            "Device time a token of an instance was held beyond its busy time, per token, over "
+            "the last reconcile period (the token protocol's hand-overs: grant, wake-up, "
+            "release)",
+            ["function", "instance"],
+            registry=r,
+        )
         self.requested_share = Gauge(
             "gshare_requested_share",
             "Quota request of an instance (guaranteed share)",
@@ -234,7 +242,7 @@ class Metrics:
                         m.remove(*key)
 
     def forget_instance(self, function: str, instance: str) -> None:
-        for g in (self.achieved_share, self.requested_share):
+        for g in (self.achieved_share, self.token_idle_hold, self.requested_share):
             with contextlib.suppress(KeyError):
                 g.remove(function, instance)
 

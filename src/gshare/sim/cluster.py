@@ -149,6 +149,10 @@ class ClusterConfig:
     token_grant_ms: float = 0.0
     """Uncharged delay before a token granted the moment it was asked for
     (``SimGpu.token_grant_ms``: the live CPU runtime's acquire round trip)."""
+    token_release_ms: float = 0.0
+    """Delay before an idle client's token release is processed, the device held idle
+    (``SimGpu.token_release_ms``: measured, the live tokens' time held beyond their busy time
+    less ``token_grant_ms``); 0: at once."""
     platform_ms: tuple[float, ...] = ()
     """Per-request platform latency samples (``sim.gateway``: the HTTP exchange and the hop to
     the instance, drawn per answer); empty: none."""
@@ -415,6 +419,7 @@ class SimCluster:
                 token_wakeup_ms=self.config.token_wakeup_ms,
                 token_grant_ms=self.config.token_grant_ms,
                 token_reuse=self.config.token_reuse,
+                token_release_ms=self.config.token_release_ms,
             )
             self.gpus[index] = gpu
         return gpu

@@ -35,6 +35,10 @@ running alone (the profile table's latency at quota 100 %). The GPU model
   its token in a torch module hook (``runtime.instance.gate``: a module call starts while any
   time is left on the token and runs to its end): the burst runs past its token by up to one
   point's work, charged to the token (see the NOTE on preemption points);
+* optionally (``token_release_ms``) processes the release of a token given back by an idle
+  client that long after its last burst ended: the device stays held, idle and uncharged,
+  until then (the live release's trip to the token server; a client that asks again first
+  has it processed with its request);
 * optionally (``token_wakeup_ms``) charges a client that had to *wait* for its token a wake-up
   time at the start of that token (the blocked hook thread resumes, the token travels over the
   socket) during which it makes no progress;
@@ -173,6 +177,9 @@ class SimGpu:
     token_reuse: bool = False
     """Keep a token after a burst for a burst that starts at once (module doc). Off by
     default: the papers' experiments release after every burst."""
+    token_release_ms: float = 0.0
+    """Delay from an idle client's last burst to the processing of its token's release (module
+    doc); 0 (the default): at once."""
     token_log: list[tuple[str, float, float]] | None = None
     """When a list: every token use is appended as ``(client_id, start_ms, end_ms)`` at its
     release (experiments measure per-window shares from it; with ``kernel_ms``, ``end_ms`` is
@@ -196,11 +203,15 @@ class SimGpu:
             )
         if self.kernel_ms > 0 and (self.token_reuse or not self.preemptible):
             raise ValueError("kernel_ms needs preemptible bursts without token_reuse")
+        if not self.token_release_ms >= 0:
+            raise ValueError(f"token_release_ms must be >= 0, got {self.token_release_ms}")
         self.scheduler = TokenScheduler(self.token_config, window_start_ms=self.loop.now_ms)
         self._bursts: dict[str, _Burst] = {}  # at most one burst per client
         self._running: dict[str, _Burst] = {}
         self._held: dict[str, tuple[Grant, float]] = {}
         """Tokens kept after a burst (``token_reuse``): client -> (grant, time used on it)."""
+        self._releasing: dict[str, tuple[Grant, float]] = {}
+        """Releases not processed yet (``token_release_ms``): client -> (grant, time used)."""
         self._predicted_burst_ms: dict[str, float] = {}
         """Burst-length EWMA per client (``token_reuse``), as the runtime's token client keeps."""
         self.reused = 0
@@ -222,6 +233,7 @@ class SimGpu:
         """Forget an instance; a burst it had in flight is dropped without completing."""
         self._settle()
         self._held.pop(client_id, None)  # the scheduler forgets its token with it
+        self._releasing.pop(client_id, None)
         self._predicted_burst_ms.pop(client_id, None)
         b = self._bursts.pop(client_id, None)
         if b is not None and client_id in self._running:
@@ -252,6 +264,7 @@ class SimGpu:
         """
         if client_id in self._bursts:
             raise RuntimeError(f"client {client_id} already has a burst in flight")
+        self._process_release(client_id)  # asked again first: released with this request
         now = self.loop.now_ms
         b = _Burst(client_id, max(0.0, work_ms), on_done, requested_ms=now)
         b.work_ms = b.work_left_ms
@@ -403,7 +416,15 @@ class SimGpu:
             b.on_done()
             held = self._held.pop(cid, None)
             if held is not None:  # no burst started at once: the client is idle
-                self._release(cid, held[0], held[1], completed=True)
+                if self.token_release_ms > 0:
+                    self._releasing[cid] = held
+                    self.loop.at(
+                        now + self.token_release_ms,
+                        functools.partial(self._process_release, cid, held[0]),
+                        PRIO_GPU,
+                    )
+                else:
+                    self._release(cid, held[0], held[1], completed=True)
             return
         charged_ms = b.token_busy_ms if self.kernel_ms > 0 else b.token_used_ms
         grants = self.scheduler.release(cid, charged_ms, now, completed=done)
@@ -458,6 +479,15 @@ class SimGpu:
             return start_ms - now + n * kernel_wall_ms
         b.stall_until_ms = now + left_ms
         return left_ms
+
+    def _process_release(self, client_id: str, grant: Grant | None = None) -> None:
+        """Process ``client_id``'s pending release (``token_release_ms``), if it is still the
+        one of ``grant`` (any, when None)."""
+        pending = self._releasing.get(client_id)
+        if pending is None or (grant is not None and pending[0] is not grant):
+            return
+        del self._releasing[client_id]
+        self._release(client_id, pending[0], pending[1], completed=True)
 
     def _release(self, client_id: str, grant: Grant, used_ms: float, *, completed: bool) -> None:
         """Give back a kept token (``token_reuse``), charged with the time used on it."""

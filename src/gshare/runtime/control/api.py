@@ -408,6 +408,11 @@ def _instance_view(i: LiveInstance) -> dict[str, object]:
         "throughput_rps": round(i.config.throughput_rps, 2),
         "achieved_share": None if i.achieved_share is None else round(i.achieved_share, 4),
         "token_used_ms": i.used_ms,
+        "token_held_ms": i.token_held_ms,
+        "tokens": i.tokens,
+        "token_idle_hold_ms": None
+        if i.token_idle_hold_ms is None
+        else round(i.token_idle_hold_ms, 4),
         "token_clock_s": i.used_t,
         "restarts": i.restarts,
         "last_exit": i.last_exit,

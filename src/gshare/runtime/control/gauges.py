@@ -36,6 +36,8 @@ def set_gauges(
         mt.requested_share.labels(i.function, i.instance_id).set(i.share.quota_request)
         if i.achieved_share is not None:
             mt.achieved_share.labels(i.function, i.instance_id).set(i.achieved_share)
+        if i.token_idle_hold_ms is not None:
+            mt.token_idle_hold.labels(i.function, i.instance_id).set(i.token_idle_hold_ms / 1e3)
     for (fn, st), n in counts.items():
         mt.instances.labels(fn, st).set(n)
     for name, fs in functions.items():

@@ -122,6 +122,10 @@ class TokensUsed:
     instance_id: str
     total_used_ms: float
     now_s: float
+    total_held_ms: float = 0.0
+    """Time its released tokens were held, grant to release (``messages.TokenUsage``)."""
+    tokens: int = 0
+    """Tokens it released."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +196,9 @@ def read_node_status(
             continue
         tok = status.tokens.get(iid)
         if tok is not None:
-            out.append(TokensUsed(iid, tok.total_used_ms, status.now_s))
+            out.append(
+                TokensUsed(iid, tok.total_used_ms, status.now_s, tok.total_held_ms, tok.tokens)
+            )
     return out
 
 
@@ -200,11 +206,21 @@ def read_node_status(
 
 
 def record_tokens(inst: LiveInstance, used: TokensUsed) -> None:
-    """The achieved share over the time since its last token report (busy ms / elapsed ms)."""
+    """The achieved share over the time since its last token report (busy ms / elapsed ms),
+    and the device time its tokens released since then were held idle, per token (held beyond
+    the busy time charged; the protocol's hand-overs)."""
     if inst.used_ms is not None and inst.used_t is not None and used.now_s > inst.used_t:
         elapsed_ms = (used.now_s - inst.used_t) * 1000.0
         inst.achieved_share = max(0.0, (used.total_used_ms - inst.used_ms) / elapsed_ms)
+    if inst.token_held_ms is not None and inst.used_ms is not None:
+        n = used.tokens - inst.tokens
+        if n > 0:
+            idle_ms = (used.total_held_ms - inst.token_held_ms) - (
+                used.total_used_ms - inst.used_ms
+            )
+            inst.token_idle_hold_ms = max(0.0, idle_ms / n)
     inst.used_ms, inst.used_t = used.total_used_ms, used.now_s
+    inst.token_held_ms, inst.tokens = used.total_held_ms, used.tokens
 
 
 def record_memory(

@@ -87,6 +87,13 @@ class LiveInstance:
     used_ms: float | None = None
     used_t: float | None = None
     achieved_share: float | None = None
+    token_held_ms: float | None = None
+    """Time its released tokens were held, grant to release, at its last token report."""
+    tokens: int = 0
+    """Tokens it had released at its last token report."""
+    token_idle_hold_ms: float | None = None
+    """Device time a token of its was held beyond its busy time, per token, over the period
+    before its last token report (``observe.record_tokens``)."""
     drain_since: float | None = None
     profiling: bool = False
     cores: list[int] | None = None

@@ -63,7 +63,14 @@ def node_status(
     tokens: dict[str, TokenUsage] = {}
     for ts in token_servers:
         for cid, v in ts.snapshot().items():
-            tokens[cid] = TokenUsage(v.total_used_ms, v.quota_request, v.quota_limit, v.sm_pct)
+            tokens[cid] = TokenUsage(
+                v.total_used_ms,
+                v.quota_request,
+                v.quota_limit,
+                v.sm_pct,
+                total_held_ms=v.total_held_ms,
+                tokens=v.tokens,
+            )
     device_memory = tuple((cap, sum(r.limit_mb for r in held.values())) for cap, held in ledgers)
     return NodeStatus(node_id, node_ip, time.monotonic(), reports, tokens, device_memory)
 
