@@ -22,7 +22,8 @@ simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios
 * ``share-pair`` — two saturated functions at quotas 0.3 / 0.6 on one device
   (``examples/scenarios/share-pair.yaml``); scored: each one's achieved share, the requests
   finished per second in the measured window times their busy time (the profile's solo time,
-  8 ms: the same arithmetic in both worlds);
+  20 ms: the same arithmetic in both worlds), with each run's requests counted by status
+  beside them (``statuses``);
 * ``priority-pair`` — a priority-8 function beside a saturating priority-1 one, served with
   ``--priority-sharing tokens`` (the token scheduler's priorities, which the simulator runs),
   the high class's platform share, the part of it inside the gateway's outstanding window and
@@ -61,6 +62,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import re
 import tempfile
 import time
 from collections import Counter
@@ -146,11 +148,11 @@ def latency_figures(rows: Sequence[dict[str, Any]], kind: str, name: str) -> dic
 def statuses(rows: Sequence[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     """A diagnostic beside the scores: one workload's measured requests counted by status
     (``ok``, ``error`` — the live 429/503s and the simulator's shed —, ``unfinished``,
-    ``dropped_client``) and the three commonest error texts (a live run's hit rate can fall with
-    its answered share while its answered latencies agree)."""
+    ``dropped_client``) and the three commonest error texts, numbers as N (a live run's hit rate
+    can fall with its answered share while its answered latencies agree)."""
     rs = _measured(rows, kind, name)
     counts = Counter(str(r["status"]) for r in rs)
-    texts = Counter(str(r["error"])[:120] for r in rs if r.get("error"))
+    texts = Counter(re.sub(r"\d+", "N", str(r["error"]))[:120] for r in rs if r.get("error"))
     top = [[t, n] for t, n in texts.most_common(3)]
     return {"requests": len(rs), **counts, "errors_top": top}
 
@@ -559,6 +561,10 @@ def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[An
     for o in out:
         f = o["metric"].split(":", 1)[1]
         o["sim_before"] = share_pct(b.rows, f, _solo_ms(sc, f), lo, hi)
+        o["statuses"] = {
+            "sim": statuses(sims[0].rows, "function", f),
+            "live": [statuses(r.rows, "function", f) for r in lives],
+        }
     return out
 
 
