@@ -8,7 +8,8 @@ live on a real ``gshare serve`` (``gshare.testing.ServeProcess``) driven open lo
 ``gshare load``'s generator (``experiments.scenario_load.run_load``) **twice** — the machine's
 own run-to-run spread — and in the simulator for seeds SEED .. SEED+K-1 (the scenario's seed
 first; its figure is ``sim``, all give the 90 % interval). Where the simulator's inputs are
-measured once per live run (the workflows, the LLM segment), ``sim`` is the mean of one
+measured once per live run (the workflows, the LLM segment, and for the plain scenarios the
+gateway admission's service estimate each live run started with), ``sim`` is the mean of one
 simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios:
 
 * ``mlp-chain`` / ``mlp-chain-tight`` — ``bench/twin.py``'s workflow scenarios (100 ms and
@@ -325,9 +326,14 @@ def _plain(
     *flags: str,
     calibrate_on: str | None = None,
 ) -> Any:
-    """A scenario of plain functions: (scenario, simulated results per seed, live results, the
+    """A scenario of plain functions: (scenario, simulated results, live results, the
     calibrated platform shares in ms, and the calibration's figures: its ``statuses``, the
-    outstanding share and the busy factors — empty without ``calibrate_on``).
+    outstanding share and the busy factors — empty without ``calibrate_on`` — and the admission's
+    estimates at each live run's start). The simulated results go seed by seed and, within a
+    seed, live run by live run: each live run is simulated from the gateway admission's service
+    estimate the server had when it started (``gshare_admission_interval_seconds``, carried over
+    from the runs before it: ``sim.gateway``), so the first ``LIVE_RUNS`` are the scenario's
+    seed, one per live run (``_scores``' ``point_of``).
     ``calibrate_on``: a function whose platform latency is measured first, under the scenario's
     own load in a calibration run with another seed (``run_load``'s ``platform_ms``: the
     latency beyond the instance's timing headers), and given to the simulator as samples, one
@@ -401,9 +407,14 @@ def _plain(
                 "p50": percentile_or_none(wake, 50),
                 "p90": percentile_or_none(wake, 90),
             }
-        lives = _live_twice(
-            lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed), loads
-        )
+        starts: list[dict[str, float]] = []
+
+        def live() -> Any:
+            time.sleep(GAUGE_WAIT_S)
+            starts.append(_admission_intervals_ms(srv.url, _functions(sc)))
+            return run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed)
+
+        lives = _live_twice(live, loads)
     share = float(calib.get("outstanding_share", 0.0))
     sims = [
         simulate(
@@ -416,10 +427,13 @@ def _plain(
             instance_wakeup_ms=wake,
             kernels_per_request=kernels,
             token_release_ms=release,
+            admission_interval_ms=start,
         )  # fmt: skip
         for k in range(seeds)
+        for start in starts
     ]
     calib["kernels_per_request"] = kernels
+    calib["admission_interval_ms_at_start"] = starts
     return sc, sims, lives, plat, calib
 
 
@@ -441,6 +455,27 @@ def _gateway_latency_s(url: str, fn: str) -> tuple[float, float]:
             elif smp.name == "gshare_request_latency_seconds_count":
                 count = float(smp.value)
     return total, count
+
+
+GAUGE_WAIT_S = 1.5
+"""Before a live run, how long to wait before reading the admission's estimate in
+``/metrics``: the controller sets the gauge once per reconcile period (1 s)."""
+
+
+def _admission_intervals_ms(url: str, functions: Sequence[str]) -> dict[str, float]:
+    """The gateway admission's service interval of each of ``functions`` that has one (ms), as
+    the server's ``gshare_admission_interval_seconds`` gives it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        if fam.name != "gshare_admission_interval_seconds":
+            continue
+        for smp in fam.samples:
+            fn = smp.labels.get("function")
+            if fn in functions and smp.value > 0:
+                out[fn] = float(smp.value) * 1000.0
+    return out
 
 
 TOKEN_REPORT_WAIT_S = 2.5
@@ -545,14 +580,14 @@ def _solo_ms(sc: Scenario, fn: str) -> float:
 
 def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
     """``share-pair`` (module doc)."""
-    sc, sims, lives, _, _ = _plain("share-pair", quick, seeds, tmp, loads)
+    sc, sims, lives, _, calib = _plain("share-pair", quick, seeds, tmp, loads)
     lo, hi = sc.doc.warmup_s * 1000.0, sc.duration_s(quick) * 1000.0
     fns = [w.target for w in sc.workloads]
     fig = [
         {f"share_pct:{f}": share_pct(r.rows, f, _solo_ms(sc, f), lo, hi) for f in fns}
         for r in (*sims, *lives)
     ]
-    out = _scores("share-pair", fig[:seeds], fig[seeds:])
+    out = _scores("share-pair", fig[: len(sims)], fig[len(sims) :], point_of=len(lives))
     # before: the simulator's GPU burst model (V100-fitted) for these CPU functions
     gpu = dataclasses.replace(
         sc, functions={n: f.model_copy(update={"device": "auto"}) for n, f in sc.functions.items()}
@@ -562,9 +597,10 @@ def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[An
         f = o["metric"].split(":", 1)[1]
         o["sim_before"] = share_pct(b.rows, f, _solo_ms(sc, f), lo, hi)
         o["statuses"] = {
-            "sim": statuses(sims[0].rows, "function", f),
+            "sim": [statuses(r.rows, "function", f) for r in sims[: len(lives)]],
             "live": [statuses(r.rows, "function", f) for r in lives],
         }
+        o["admission_interval_ms_at_start"] = calib["admission_interval_ms_at_start"]
     return out
 
 
@@ -575,7 +611,7 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
         calibrate_on="prio-hi",
     )  # fmt: skip
     fig = [latency_figures(r.rows, "function", "prio-hi") for r in (*sims, *lives)]
-    out = _scores("priority-pair", fig[:seeds], fig[seeds:])
+    out = _scores("priority-pair", fig[: len(sims)], fig[len(sims) :], point_of=len(lives))
     for o in out:  # the calibration's platform shares (the simulator's input)
         o["platform_ms_calibration"] = {
             "n": len(plat),

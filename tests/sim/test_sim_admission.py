@@ -6,6 +6,7 @@ SLO; without it (the papers' experiments) nothing is shed."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
 from gshare.policy.autoscale import ScaleConfig
@@ -22,11 +23,11 @@ TABLE = ProfileTable(
 CFG = ScaleConfig(sm_pct=100.0, quota_pct=100.0, batch=1, throughput_rps=100.0, latency_ms=10.0)
 
 
-def _run(factor: float | None) -> SimCluster:
+def _run(factor: float | None, start: dict[str, float] | None = None) -> SimCluster:
     loop = EventLoop()
     cfg = ClusterConfig(
         max_gpus=1, cold_start_ms=0.0, launch=None, token_wakeup_ms=0.0,
-        admission_slo_factor=factor,
+        admission_slo_factor=factor, admission_interval_ms=start,
     )  # fmt: skip
     cluster = SimCluster(loop, TABLE, cfg, np.random.default_rng(0))
     cluster.add_function(SimFunction("f", "m", SLO_MS, (CFG,), min_instances=1, max_instances=1))
@@ -55,3 +56,27 @@ def test_admission_sheds_what_would_miss_and_accounts_for_every_arrival() -> Non
     assert max(r.latency_ms for r in second_on) <= SLO_MS
     assert max(r.latency_ms for r in second_off) > 3 * SLO_MS
     assert len(second_on) < len(second_off)
+
+
+def test_a_starting_estimate_sheds_the_first_burst_as_a_warm_gateway_would() -> None:
+    """A server that served before keeps its estimate: given one, the first burst is judged on
+    it (shed beyond the factor x SLO) instead of queued whole; the rest is as before."""
+    cold = _run(DEFAULT_MAX_LATENCY_SLO_FACTOR)
+    warm = _run(DEFAULT_MAX_LATENCY_SLO_FACTOR, {"f": SERVICE_MS})
+    assert len(warm.log.completed) == warm.log.submitted == 80
+    first_cold = [r for r in cold.log.completed if r.arrival_ms == 100.0]
+    first_warm = [r for r in warm.log.completed if r.arrival_ms == 100.0]
+    assert not any(r.shed for r in first_cold)
+    admitted = [r for r in first_warm if not r.shed]
+    # (outstanding + 1) x 10 ms <= 0.75 x 50 ms: the first three (two outstanding always pass)
+    assert len(admitted) == max(2, int(DEFAULT_MAX_LATENCY_SLO_FACTOR * SLO_MS / SERVICE_MS))
+    assert max(r.latency_ms for r in admitted) <= SLO_MS
+    # a function without a starting estimate is unmeasured as before
+    other = _run(DEFAULT_MAX_LATENCY_SLO_FACTOR, {"g": SERVICE_MS})
+    assert not any(r.shed for r in other.log.completed if r.arrival_ms == 100.0)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_starting_estimate_must_be_a_positive_interval(bad: float) -> None:
+    with pytest.raises(ValueError, match="admission_interval_ms of 'f' must be > 0"):
+        _run(DEFAULT_MAX_LATENCY_SLO_FACTOR, {"f": bad})

@@ -403,12 +403,13 @@ def run_functions(
     instance_wakeup_ms: Sequence[float] = (),
     kernels_per_request: Mapping[str, int] | None = None,
     token_release_ms: float = 0.0,
+    admission_interval_ms: Mapping[str, float] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The plain function requests in ``SimCluster`` (module doc): request rows and, per
     function, devices and instances used. ``platform_ms``: measured platform latency samples,
     one drawn per request, in place of the scenario's constant;
-    ``platform_outstanding_share``, ``instance_wakeup_ms`` and ``token_release_ms``:
-    ``ClusterConfig``'s;
+    ``platform_outstanding_share``, ``instance_wakeup_ms``, ``token_release_ms`` and
+    ``admission_interval_ms``: ``ClusterConfig``'s;
     ``kernels_per_request``: ``SimFunction``'s, per function (absent: 0)."""
     from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
     from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction, cpu_runtime_fields
@@ -438,6 +439,7 @@ def run_functions(
         platform_outstanding_share=platform_outstanding_share,
         instance_wakeup_ms=tuple(float(x) for x in instance_wakeup_ms),
         token_release_ms=float(token_release_ms),
+        admission_interval_ms=dict(admission_interval_ms or {}),
         **(cpu_runtime_fields() if on_cpu else {}),
     )
     cluster = SimCluster(loop, table, cfg, np.random.default_rng([seed, 301]))
@@ -590,6 +592,7 @@ def simulate(
     instance_wakeup_ms: Sequence[float] = (),
     kernels_per_request: Mapping[str, int] | None = None,
     token_release_ms: float = 0.0,
+    admission_interval_ms: Mapping[str, float] | None = None,
 ) -> ExperimentResult:
     """Run ``scenario`` in the simulator (module doc); ``ScenarioError`` for what the scenario
     cannot run with (a policy name, a function without profile, ...). ``frontend_jitter_ms``:
@@ -603,7 +606,9 @@ def simulate(
     ``kernels_per_request``: each function's module calls per request, its instances'
     preemption points (``sim.instance.InstanceConfig``), and ``token_release_ms``: the delay
     of an idle instance's token release (``sim.gpu``; all three measured and given by
-    ``bench/fidelity.py``)."""
+    ``bench/fidelity.py``); ``admission_interval_ms``: the gateway admission's starting service
+    estimate per function (``sim.gateway``; the live server's, read by ``bench/fidelity.py``
+    before each live run)."""
     wf_policy, autoscaler = check_policies(scenario, policy)
     dur = duration_s if duration_s is not None else scenario.duration_s(quick)
     s = scenario.seed if seed is None else seed
@@ -626,7 +631,7 @@ def simulate(
         progress=progress, platform_ms=platform_ms,
         platform_outstanding_share=platform_outstanding_share,
         instance_wakeup_ms=instance_wakeup_ms, kernels_per_request=kernels_per_request,
-        token_release_ms=token_release_ms,
+        token_release_ms=token_release_ms, admission_interval_ms=admission_interval_ms,
     )  # fmt: skip
     gen_rows, gen_extra = run_generative(
         scenario, arrivals, request_tokens(scenario, arrivals), seed=s, warmup_ms=warmup_ms,

@@ -27,7 +27,7 @@ time.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -171,6 +171,10 @@ class ClusterConfig:
     over this many SLOs, as ``gshare serve`` does (its default:
     ``policy.admission.DEFAULT_MAX_LATENCY_SLO_FACTOR``). None (the papers' experiments): no
     shedding."""
+    admission_interval_ms: Mapping[str, float] | None = None
+    """The admission's starting service estimate per function (``sim.gateway``: the live
+    gateway's, carried over from the runs its server served before); None: none, every function
+    starts unmeasured."""
 
 
 def cpu_runtime_fields() -> dict[str, Any]:
@@ -231,6 +235,7 @@ class SimCluster:
             config.platform_serial_ms,
             config.rotate_route_ties,
             config.platform_outstanding_share,
+            config.admission_interval_ms,
         )
         self.placer = make_placer(config.placer, max_gpus=config.max_gpus)
         self.scale = (

@@ -44,6 +44,21 @@ samples put those delays on random requests, not on the bursts' later ones, and 
 segment's simulated p99 was 38 % under live. Fitted per run by the caller
 (``experiments.fidelity.fit_serial_ms`` on ``bench/_autoscale.py``'s burst probe).
 
+The admission's starting estimate (``admission_interval_ms``, per function; none by default):
+the live gateway keeps a function's service estimate for as long as it serves (an update of the
+function keeps it too), so a run on a server that served before starts with the estimate the
+earlier runs left, where a simulated run would start with none and admit everything until it
+has measured. Given, the estimate starts at that interval, weighted as one formed over
+1 / ``EWMA_ALPHA`` answers. Read per run by the caller (``bench/fidelity.py``: the server's
+``gshare_admission_interval_seconds`` before each live run).
+
+NOTE — the admission's starting estimate. From no estimate, the simulated priority pair settled
+either near the live interval (7.9 ms, shedding 50 of 719 high-class requests) or near half of
+it (3.5-4.6 ms, shedding 1-24), by seed: early gaps decide which, and each state holds itself
+(shedding at two outstanding keeps the backlogs, and so the gaps, short). The live gateway,
+which came into each run with the calibration run's estimate, shed 56-71 in the same hour. Started
+at 6 or 9 ms, every seed shed 33-62 (docs/journal/fidelity.md).
+
 NOTE — admission in the simulator: without it, a burst over capacity queued every request (the
 live gateway refuses most of them), so each later request of the burst waited behind requests
 the live server never ran. Found on ``bench/fidelity.py``'s LLM-trace segment, where the live
@@ -55,11 +70,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from gshare.policy.admission import Admit, ServiceEstimate, admit
+from gshare.policy.admission import EWMA_ALPHA, Admit, ServiceEstimate, admit
 from gshare.policy.routing import Candidate, choose_instance
 from gshare.sim.engine import EventLoop
 from gshare.sim.instance import SimInstance
@@ -78,6 +93,7 @@ class Gateway:
         platform_serial_ms: float = 0.0,
         rotate_ties: bool = False,
         platform_outstanding_share: float = 0.0,
+        admission_interval_ms: Mapping[str, float] | None = None,
     ) -> None:
         self.loop = loop
         self.rotate_ties = rotate_ties
@@ -105,6 +121,13 @@ class Gateway:
         self.admission_slo_factor = admission_slo_factor
         """Shed over this many SLOs (``policy.admission``); None: admit everything."""
         self._service: dict[str, ServiceEstimate] = {}
+        for fn, ms in (admission_interval_ms or {}).items():
+            if not (math.isfinite(ms) and ms > 0):
+                raise ValueError(f"admission_interval_ms of {fn!r} must be > 0, got {ms}")
+            # an estimate the live gateway had formed over earlier runs: fully weighted
+            self._service[fn] = ServiceEstimate(
+                interval_s=ms / 1000.0, samples=round(1.0 / EWMA_ALPHA)
+            )
         self.shed: dict[str, int] = {}
         """Requests shed per function."""
         self._instances: dict[str, list[SimInstance]] = {}
