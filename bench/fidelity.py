@@ -29,8 +29,9 @@ simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios
   ``--priority-sharing tokens`` (the token scheduler's priorities, which the simulator runs),
   the high class's platform share, the part of it inside the gateway's outstanding window and
   each function's compute time, the instances' wake-up and the tokens' idle hold measured
-  first under the scenario's load with another seed (``_plain``); scored: the high class's
-  p50, p99 and hit rate (full run only);
+  under the scenario's load with another seed before, between and after the live runs, each
+  live run simulated from the two calibrations around it (``_plain``); scored: the high
+  class's p50, p99 and hit rate (full run only);
 * ``gpu-shares`` — the GPU kit's share scenes (``gshare.gpukit.parts.shares``: saturating
   probe processes at quotas 0.3 / 0.6, 0.2-0.5 alone, three at 0.2-0.6) as ``docs/gpu/``
   recorded them on a real GPU, and simulated with the interposer's kernel-granular token use
@@ -124,10 +125,6 @@ def _live_once(run: Callable[[], Any], loads: list[float]) -> list[Any]:
     out = run()
     loads.append(_load())
     return [out]
-
-
-def _live_twice(run: Callable[[], Any], loads: list[float]) -> list[Any]:
-    return [r for _ in range(LIVE_RUNS) for r in _live_once(run, loads)]
 
 
 def _measured(rows: Sequence[dict[str, Any]], kind: str, name: str) -> list[dict[str, Any]]:
@@ -326,25 +323,88 @@ def _plain(
     *flags: str,
     calibrate_on: str | None = None,
 ) -> Any:
-    """A scenario of plain functions: (scenario, simulated results, live results, the
-    calibrated platform shares in ms, and the calibration's figures: its ``statuses``, the
-    outstanding share and the busy factors — empty without ``calibrate_on`` — and the admission's
-    estimates at each live run's start). The simulated results go seed by seed and, within a
-    seed, live run by live run: each live run is simulated from the gateway admission's service
-    estimate the server had when it started (``gshare_admission_interval_seconds``, carried over
-    from the runs before it: ``sim.gateway``), so the first ``LIVE_RUNS`` are the scenario's
-    seed, one per live run (``_scores``' ``point_of``).
-    ``calibrate_on``: a function whose platform latency is measured first, under the scenario's
-    own load in a calibration run with another seed (``run_load``'s ``platform_ms``: the
-    latency beyond the instance's timing headers), and given to the simulator as samples, one
-    drawn per request (``sim.gateway``: a plain request pays it). The same run measures the
-    part of them inside the gateway's outstanding window (``outstanding_share``: the server's
-    latency histogram against the client's latencies), each function's busy time per
-    request under the load (``run_load``'s ``exec_ms``), which scales its profile
-    (``_busy_profiles``), the instances' wake-up (``queue_ms`` of the requests that reached an
-    idle instance: ``instance_wakeup_ms``) and the tokens' idle hold (the control API's token
-    counts before and after it: ``token_release_ms``). A function of the ``Kernels`` handler
-    is simulated with its module calls as preemption points (``kernels_per_request``).
+    """A scenario of plain functions: (scenario, simulated results, live results, and
+    ``calib``: each calibration's figures
+    (``calibrations``: its ``statuses``, outstanding share, busy factors, wake-up and token
+    counts; empty without ``calibrate_on``) and the admission's estimates at each live run's
+    start).
+
+    ``calibrate_on``: a function whose platform latency is measured under the scenario's own
+    load in calibration runs with another seed, before, between and after the live runs
+    (``_calibrate``); each live run is simulated from each of the two calibrations around it,
+    as the workflows are (the machine's speed drifts over minutes). Each live run is also
+    simulated from the gateway admission's service estimate the server had when it started
+    (``gshare_admission_interval_seconds``, carried over from the runs before it:
+    ``sim.gateway``). The simulated results go seed by seed and, within a seed, by (live run,
+    calibration) pair, so the first ``point_of`` (the pairs' count) are the scenario's seed
+    (``_scores``). A function of the ``Kernels`` handler is simulated with its module calls as
+    preemption points (``kernels_per_request``)."""
+    sc = load_scenario(SCENARIOS / f"{name}.yaml")
+    dur = sc.duration_s(quick)
+    kernels = kernels_per_request(sc)
+    cals: list[dict[str, Any]] = []
+    starts: list[dict[str, float]] = []
+    lives: list[Any] = []
+    with ServeProcess(*flags, state_dir=tmp / name, cwd=REPO) as srv:
+
+        def calibrate() -> None:
+            if calibrate_on is not None:
+                cals.append(_calibrate(srv, sc, calibrate_on, dur))
+
+        def live() -> Any:
+            time.sleep(GAUGE_WAIT_S)
+            starts.append(_admission_intervals_ms(srv.url, _functions(sc)))
+            return run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed)
+
+        calibrate()
+        for _ in range(LIVE_RUNS):
+            lives += _live_once(live, loads)
+            calibrate()
+    pairs = calibration_pairs(len(lives), cals)
+    sims = [
+        simulate(
+            sc,
+            duration_s=dur,
+            seed=sc.seed + k,
+            kernels_per_request=kernels,
+            admission_interval_ms=starts[i],
+            **(c["inputs"] if c is not None else {}),
+        )  # fmt: skip
+        for k in range(seeds)
+        for i, c in pairs
+    ]
+    calib = {
+        "calibrations": [{k: v for k, v in c.items() if k != "inputs"} for c in cals],
+        "kernels_per_request": kernels,
+        "admission_interval_ms_at_start": starts,
+        "point_of": len(pairs),
+    }
+    return sc, sims, lives, calib
+
+
+def calibration_pairs(
+    lives: int, cals: Sequence[dict[str, Any]]
+) -> list[tuple[int, dict[str, Any] | None]]:
+    """(live run, calibration) pairs to simulate: each live run with the calibrations before and
+    after it (``cals`` were run before, between and after the ``lives`` runs), or alone (None)
+    without calibrations."""
+    if cals and len(cals) != lives + 1:
+        raise ValueError(f"{len(cals)} calibrations around {lives} live runs: need {lives + 1}")
+    around: list[list[dict[str, Any] | None]] = [[*cals[i : i + 2]] or [None] for i in range(lives)]
+    return [(i, c) for i in range(lives) for c in around[i]]
+
+
+def _calibrate(srv: Any, sc: Scenario, fn: str, dur: float) -> dict[str, Any]:
+    """One calibration run of ``sc`` on ``srv`` with another seed, measuring under the scenario's
+    own load: ``fn``'s platform latency (``run_load``'s ``platform_ms``: the latency beyond the
+    instance's timing headers), given to the simulator as samples, one drawn per request
+    (``sim.gateway``: a plain request pays it); the part of it inside the gateway's outstanding
+    window (``outstanding_share``: the server's latency histogram against the client's
+    latencies); each function's busy time per request (``run_load``'s ``exec_ms``), which scales
+    its profile (``_busy_profiles``); the instances' wake-up (``queue_ms`` of the requests that
+    reached an idle instance: ``instance_wakeup_ms``) and the tokens' idle hold (the control
+    API's token counts before and after it: ``token_release_ms``). Returns the figures, and
+    ``inputs``: ``simulate``'s keyword arguments from them.
 
     NOTE — measured at a light load (40 sequential requests) instead, the platform share was
     2.7-3.2 ms on average where the priority pair's load made it 3.5-4.0 ms (its p50 2.9-3.5,
@@ -357,84 +417,55 @@ def _plain(
     2.0 at the median), and the live gateway counted a request outstanding for 27-28 % of its
     platform share (three runs); the simulator had neither, and its gateway shed 0-43 requests
     where the live one shed 20-60 (docs/journal/fidelity.md)."""
-    sc = load_scenario(SCENARIOS / f"{name}.yaml")
-    dur = sc.duration_s(quick)
-    plat: list[float] = []
-    wake: list[float] = []
-    release = 0.0
-    kernels = kernels_per_request(sc)
     calib: dict[str, Any] = {}
-    live_profiles: dict[str, list[ProfilePoint]] | None = None
-    with ServeProcess(*flags, state_dir=tmp / name, cwd=REPO) as srv:
-        if calibrate_on is not None:
-            deploy(srv.client(), sc)
-            time.sleep(TOKEN_REPORT_WAIT_S)
-            tokens_before = _token_counts(srv.client(), _functions(sc))
-            before = _gateway_latency_s(srv.url, calibrate_on)
-            run = run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed + 1000)
-            after = _gateway_latency_s(srv.url, calibrate_on)
-            time.sleep(TOKEN_REPORT_WAIT_S)
-            tokens_after = _token_counts(srv.client(), _functions(sc))
-            held, used, n = (a - b for a, b in zip(tokens_after, tokens_before, strict=True))
-            release = token_release_ms(held, used, int(n), CPU_RUNTIME_WAKEUP_MS)
-            calib["tokens"] = {
-                "held_ms": held,
-                "busy_ms": used,
-                "tokens": n,
-                "idle_hold_ms_per_token": (held - used) / n if n > 0 else None,
-                "token_release_ms": release,
-            }
-            plat = [
-                float(r["platform_ms"])
-                for r in _measured(run.rows, "function", calibrate_on)
-                if r["status"] == "ok" and r.get("platform_ms") is not None
-            ]
-            if not plat:
-                raise SystemExit(f"{name}: the calibration run answered no {calibrate_on!r}")
-            calib["statuses"] = statuses(run.rows, "function", calibrate_on)
-            calib.update(_window(run.rows, calibrate_on, before, after))
-            factors = {f: _busy_factor(sc, run.rows, f) for f in _functions(sc)}
-            calib["busy_factors"] = factors
-            live_profiles = _busy_profiles(sc, factors)
-            wake = [
-                q
-                for f in _functions(sc)
-                for q in idle_arrival_queue_ms(_measured(run.rows, "function", f), f)
-            ]
-            calib["instance_wakeup_ms"] = {
-                "n": len(wake),
-                "mean": float(np.mean(wake)) if wake else None,
-                "p50": percentile_or_none(wake, 50),
-                "p90": percentile_or_none(wake, 90),
-            }
-        starts: list[dict[str, float]] = []
-
-        def live() -> Any:
-            time.sleep(GAUGE_WAIT_S)
-            starts.append(_admission_intervals_ms(srv.url, _functions(sc)))
-            return run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed)
-
-        lives = _live_twice(live, loads)
-    share = float(calib.get("outstanding_share", 0.0))
-    sims = [
-        simulate(
-            sc,
-            duration_s=dur,
-            seed=sc.seed + k,
-            platform_ms=plat,
-            live_profiles=live_profiles,
-            platform_outstanding_share=share,
-            instance_wakeup_ms=wake,
-            kernels_per_request=kernels,
-            token_release_ms=release,
-            admission_interval_ms=start,
-        )  # fmt: skip
-        for k in range(seeds)
-        for start in starts
+    deploy(srv.client(), sc)
+    time.sleep(TOKEN_REPORT_WAIT_S)
+    tokens_before = _token_counts(srv.client(), _functions(sc))
+    before = _gateway_latency_s(srv.url, fn)
+    run = run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed + 1000)
+    after = _gateway_latency_s(srv.url, fn)
+    time.sleep(TOKEN_REPORT_WAIT_S)
+    tokens_after = _token_counts(srv.client(), _functions(sc))
+    held, used, n = (a - b for a, b in zip(tokens_after, tokens_before, strict=True))
+    release = token_release_ms(held, used, int(n), CPU_RUNTIME_WAKEUP_MS)
+    calib["tokens"] = {
+        "held_ms": held,
+        "busy_ms": used,
+        "tokens": n,
+        "idle_hold_ms_per_token": (held - used) / n if n > 0 else None,
+        "token_release_ms": release,
+    }
+    plat = [
+        float(r["platform_ms"])
+        for r in _measured(run.rows, "function", fn)
+        if r["status"] == "ok" and r.get("platform_ms") is not None
     ]
-    calib["kernels_per_request"] = kernels
-    calib["admission_interval_ms_at_start"] = starts
-    return sc, sims, lives, plat, calib
+    if not plat:
+        raise SystemExit(f"{sc.name}: the calibration run answered no {fn!r}")
+    calib["statuses"] = statuses(run.rows, "function", fn)
+    calib.update(_window(run.rows, fn, before, after))
+    factors = {f: _busy_factor(sc, run.rows, f) for f in _functions(sc)}
+    calib["busy_factors"] = factors
+    wake = [
+        q
+        for f in _functions(sc)
+        for q in idle_arrival_queue_ms(_measured(run.rows, "function", f), f)
+    ]
+    calib["instance_wakeup_ms"] = {
+        "n": len(wake),
+        "mean": float(np.mean(wake)) if wake else None,
+        "p50": percentile_or_none(wake, 50),
+        "p90": percentile_or_none(wake, 90),
+    }
+    calib["platform_ms"] = _platform_summary(run.rows, fn)
+    calib["inputs"] = {
+        "platform_ms": plat,
+        "live_profiles": _busy_profiles(sc, factors),
+        "platform_outstanding_share": float(calib.get("outstanding_share", 0.0)),
+        "instance_wakeup_ms": wake,
+        "token_release_ms": release,
+    }
+    return calib
 
 
 def _functions(sc: Scenario) -> list[str]:
@@ -472,7 +503,7 @@ def _admission_intervals_ms(url: str, functions: Sequence[str]) -> dict[str, flo
         if fam.name != "gshare_admission_interval_seconds":
             continue
         for smp in fam.samples:
-            fn = smp.labels.get("function")
+            fn = smp.labels.get("function", "")
             if fn in functions and smp.value > 0:
                 out[fn] = float(smp.value) * 1000.0
     return out
@@ -580,14 +611,14 @@ def _solo_ms(sc: Scenario, fn: str) -> float:
 
 def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
     """``share-pair`` (module doc)."""
-    sc, sims, lives, _, calib = _plain("share-pair", quick, seeds, tmp, loads)
+    sc, sims, lives, calib = _plain("share-pair", quick, seeds, tmp, loads)
     lo, hi = sc.doc.warmup_s * 1000.0, sc.duration_s(quick) * 1000.0
     fns = [w.target for w in sc.workloads]
     fig = [
         {f"share_pct:{f}": share_pct(r.rows, f, _solo_ms(sc, f), lo, hi) for f in fns}
         for r in (*sims, *lives)
     ]
-    out = _scores("share-pair", fig[: len(sims)], fig[len(sims) :], point_of=len(lives))
+    out = _scores("share-pair", fig[: len(sims)], fig[len(sims) :], point_of=calib["point_of"])
     # before: the simulator's GPU burst model (V100-fitted) for these CPU functions
     gpu = dataclasses.replace(
         sc, functions={n: f.model_copy(update={"device": "auto"}) for n, f in sc.functions.items()}
@@ -597,7 +628,7 @@ def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[An
         f = o["metric"].split(":", 1)[1]
         o["sim_before"] = share_pct(b.rows, f, _solo_ms(sc, f), lo, hi)
         o["statuses"] = {
-            "sim": [statuses(r.rows, "function", f) for r in sims[: len(lives)]],
+            "sim": [statuses(r.rows, "function", f) for r in sims[: calib["point_of"]]],
             "live": [statuses(r.rows, "function", f) for r in lives],
         }
         o["admission_interval_ms_at_start"] = calib["admission_interval_ms_at_start"]
@@ -606,26 +637,35 @@ def run_share(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[An
 
 def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list[Any]:
     """``priority-pair`` (module doc): the high class's latency figures."""
-    sc, sims, lives, plat, calib = _plain(
+    sc, sims, lives, calib = _plain(
         "priority-pair", quick, seeds, tmp, loads, "--priority-sharing", "tokens",
         calibrate_on="prio-hi",
     )  # fmt: skip
     fig = [latency_figures(r.rows, "function", "prio-hi") for r in (*sims, *lives)]
-    out = _scores("priority-pair", fig[: len(sims)], fig[len(sims) :], point_of=len(lives))
-    for o in out:  # the calibration's platform shares (the simulator's input)
-        o["platform_ms_calibration"] = {
-            "n": len(plat),
-            "mean": float(np.mean(plat)),
-            "p50": percentile_or_none(plat, 50),
-            "p90": percentile_or_none(plat, 90),
-        }
-        o["calibration"] = {k: v for k, v in calib.items() if k != "statuses"}
+    out = _scores("priority-pair", fig[: len(sims)], fig[len(sims) :], point_of=calib["point_of"])
+    for o in out:  # the calibrations' figures (the simulator's inputs: platform_ms and the rest)
+        o["calibration"] = calib
         o["statuses"] = {
-            "calibration": calib.get("statuses", {}),
             "live": [statuses(r.rows, "function", "prio-hi") for r in lives],
             "sim": [statuses(r.rows, "function", "prio-hi") for r in sims],
         }
+        o["platform_ms_live"] = [_platform_summary(r.rows, "prio-hi") for r in lives]
     return out
+
+
+def _platform_summary(rows: Sequence[dict[str, Any]], fn: str) -> dict[str, Any]:
+    """A diagnostic beside the calibrations' inputs: ``fn``'s platform latency in one run."""
+    plat = [
+        float(r["platform_ms"])
+        for r in _measured(rows, "function", fn)
+        if r["status"] == "ok" and r.get("platform_ms") is not None
+    ]
+    return {
+        "n": len(plat),
+        "mean": float(np.mean(plat)) if plat else None,
+        "p50": percentile_or_none(plat, 50),
+        "p90": percentile_or_none(plat, 90),
+    }
 
 
 def run_gpu_shares(inputs: dict[str, Any]) -> list[Any]:

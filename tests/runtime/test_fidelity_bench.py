@@ -336,3 +336,12 @@ def test_kernels_per_request_come_from_the_kernels_handlers_inputs() -> None:
     assert fidelity.kernels_per_request(pair) == {"prio-hi": 2, "prio-lo": 4}
     chain = fidelity.load_scenario(fidelity.SCENARIOS / "mlp-chain.yaml")
     assert fidelity.kernels_per_request(chain) == {}  # no Kernels handler: cut anywhere
+
+
+def test_each_live_run_is_simulated_from_the_calibrations_around_it() -> None:
+    pairs = _fidelity().calibration_pairs
+    a, b, c = {"n": 0}, {"n": 1}, {"n": 2}
+    assert pairs(2, [a, b, c]) == [(0, a), (0, b), (1, b), (1, c)]
+    assert pairs(2, []) == [(0, None), (1, None)]
+    with pytest.raises(ValueError, match="2 calibrations around 2 live runs: need 3"):
+        pairs(2, [a, b])

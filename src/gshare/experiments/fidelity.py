@@ -75,8 +75,8 @@ def _error(kind: Kind, sim: float, live: float) -> float:
 
 def score(
     metric: str,
-    sim_by_seed: Sequence[float],
-    live_runs: Sequence[float],
+    sim_by_seed: Sequence[float | None],
+    live_runs: Sequence[float | None],
     *,
     sim_point: float | None = None,
 ) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def score(
     ``live_runs``, ``live_spread`` (max − min, in the bound's unit: relative to ``live`` for a
     relative bound), ``error`` (same unit), ``bound``, ``basis`` (``"bound"``: judged on the
     bound; ``"interval"``: outside the bound, judged on the interval) and ``within``.
-    Non-finite inputs are dropped; a figure with no live or no
+    None and non-finite inputs are dropped; a figure with no live or no
     simulated value is scored ``within`` None."""
     b = BOUNDS[metric.split(":", 1)[0]]
     sims = [float(x) for x in sim_by_seed if x is not None and math.isfinite(x)]
