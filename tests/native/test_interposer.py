@@ -401,10 +401,10 @@ def test_kernel_ids_are_stable_across_runs_and_measured(built: Native, tmp_path:
             assert stats[kid].count == 3
             # the stub's durations, + the launch latency when the device was idle: the event
             # before a kernel is stamped when the device reaches it, the kernel a little later;
-            # 0.03 ms either way: the stub's device thread is preempted on a busy 2-core host
-            # (a fresh-clone run measured 0.080 for a 0.1-ms kernel). The three durations stay
-            # 0.1 ms apart, so the IDs' profiles cannot be confused.
-            assert stats[kid].mean_ms == pytest.approx(ms, abs=0.03)
+            # under half their 0.1-ms separation either way, so the IDs' profiles cannot be
+            # confused: the stub's device thread is preempted on a busy 2-core host (fresh-clone
+            # runs measured 0.080 for a 0.1-ms kernel and 0.265 for a 0.3-ms one)
+            assert stats[kid].mean_ms == pytest.approx(ms, abs=0.049)
         assert sum(s.gap_count for s in stats.values()) == 11  # every kernel but the last
         # within a burst the kernels ran back to back: no idle gap after them
         assert stats[KernelId.gpu("gshare_test_kernel", (8, 1, 1), (128, 1, 1))].gap_mean_ms < 0.05
