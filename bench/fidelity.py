@@ -435,11 +435,7 @@ def _calibrate(srv: Any, sc: Scenario, fn: str, dur: float) -> dict[str, Any]:
         "idle_hold_ms_per_token": (held - used) / n if n > 0 else None,
         "token_release_ms": release,
     }
-    plat = [
-        float(r["platform_ms"])
-        for r in _measured(run.rows, "function", fn)
-        if r["status"] == "ok" and r.get("platform_ms") is not None
-    ]
+    plat = _platform_ms(run.rows, fn)
     if not plat:
         raise SystemExit(f"{sc.name}: the calibration run answered no {fn!r}")
     calib["statuses"] = statuses(run.rows, "function", fn)
@@ -451,13 +447,8 @@ def _calibrate(srv: Any, sc: Scenario, fn: str, dur: float) -> dict[str, Any]:
         for f in _functions(sc)
         for q in idle_arrival_queue_ms(_measured(run.rows, "function", f), f)
     ]
-    calib["instance_wakeup_ms"] = {
-        "n": len(wake),
-        "mean": float(np.mean(wake)) if wake else None,
-        "p50": percentile_or_none(wake, 50),
-        "p90": percentile_or_none(wake, 90),
-    }
-    calib["platform_ms"] = _platform_summary(run.rows, fn)
+    calib["instance_wakeup_ms"] = _summary(wake)
+    calib["platform_ms"] = _summary(plat)
     calib["inputs"] = {
         "platform_ms": plat,
         "live_profiles": _busy_profiles(sc, factors),
@@ -472,19 +463,25 @@ def _functions(sc: Scenario) -> list[str]:
     return list(dict.fromkeys(w.target for w in sc.workloads))
 
 
-def _gateway_latency_s(url: str, fn: str) -> tuple[float, float]:
-    """The server's ``gshare_request_latency_seconds`` of ``fn``: (sum in s, count)."""
+def _metric_samples(url: str, family: str) -> list[Any]:
+    """The samples of one metric family in the server's ``/metrics``."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return [smp for fam in text_string_to_metric_families(text) if fam.name == family
+            for smp in fam.samples]  # fmt: skip
+
+
+def _gateway_latency_s(url: str, fn: str) -> tuple[float, float]:
+    """The server's ``gshare_request_latency_seconds`` of ``fn``: (sum in s, count)."""
     total = count = 0.0
-    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
-        for smp in fam.samples:
-            if smp.labels.get("function") != fn:
-                continue
-            if smp.name == "gshare_request_latency_seconds_sum":
-                total = float(smp.value)
-            elif smp.name == "gshare_request_latency_seconds_count":
-                count = float(smp.value)
+    for smp in _metric_samples(url, "gshare_request_latency_seconds"):
+        if smp.labels.get("function") != fn:
+            continue
+        if smp.name == "gshare_request_latency_seconds_sum":
+            total = float(smp.value)
+        elif smp.name == "gshare_request_latency_seconds_count":
+            count = float(smp.value)
     return total, count
 
 
@@ -496,16 +493,11 @@ GAUGE_WAIT_S = 1.5
 def _admission_intervals_ms(url: str, functions: Sequence[str]) -> dict[str, float]:
     """The gateway admission's service interval of each of ``functions`` that has one (ms), as
     the server's ``gshare_admission_interval_seconds`` gives it."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
-        if fam.name != "gshare_admission_interval_seconds":
-            continue
-        for smp in fam.samples:
-            fn = smp.labels.get("function", "")
-            if fn in functions and smp.value > 0:
-                out[fn] = float(smp.value) * 1000.0
+    for smp in _metric_samples(url, "gshare_admission_interval_seconds"):
+        fn = smp.labels.get("function", "")
+        if fn in functions and smp.value > 0:
+            out[fn] = float(smp.value) * 1000.0
     return out
 
 
@@ -649,22 +641,27 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
             "live": [statuses(r.rows, "function", "prio-hi") for r in lives],
             "sim": [statuses(r.rows, "function", "prio-hi") for r in sims],
         }
-        o["platform_ms_live"] = [_platform_summary(r.rows, "prio-hi") for r in lives]
+        o["platform_ms_live"] = [_summary(_platform_ms(r.rows, "prio-hi")) for r in lives]
     return out
 
 
-def _platform_summary(rows: Sequence[dict[str, Any]], fn: str) -> dict[str, Any]:
-    """A diagnostic beside the calibrations' inputs: ``fn``'s platform latency in one run."""
-    plat = [
+def _platform_ms(rows: Sequence[dict[str, Any]], fn: str) -> list[float]:
+    """``fn``'s platform latency (``gshare load``'s ``platform_ms``) of each answered measured
+    request in ``rows``."""
+    return [
         float(r["platform_ms"])
         for r in _measured(rows, "function", fn)
         if r["status"] == "ok" and r.get("platform_ms") is not None
     ]
+
+
+def _summary(xs: Sequence[float]) -> dict[str, Any]:
+    """Count, mean, p50 and p90 of a diagnostic's samples (None without any)."""
     return {
-        "n": len(plat),
-        "mean": float(np.mean(plat)) if plat else None,
-        "p50": percentile_or_none(plat, 50),
-        "p90": percentile_or_none(plat, 90),
+        "n": len(xs),
+        "mean": float(np.mean(xs)) if xs else None,
+        "p50": percentile_or_none(xs, 50),
+        "p90": percentile_or_none(xs, 90),
     }
 
 
