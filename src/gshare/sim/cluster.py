@@ -188,11 +188,11 @@ def cpu_runtime_fields() -> dict[str, Any]:
 
     NOTE — the CPU runtime's burst model. The defaults (launch-gated bursts, ``launch_scale``
     1.3, interference beta 1.07, 1-ms wake-up) were fitted on the V100 table and FaST-GShare
-    Fig. 10. Applied to two saturated CPU functions at quotas 0.3 / 0.6 (``share-pair``) they
-    gave 20 / 40 % achieved shares against 28.6 / 58.5 % live (``bench/fidelity.py --quick``,
-    load 3.4): a waiting neighbour counted as interference (×2.07 device time) and 1.3 × the
-    burst was charged to the token. Checked on ``llm-autoscale`` and ``priority-pair``
-    (docs/simulator.md, fidelity table)."""
+    Fig. 10. Applied to two saturated CPU functions at quotas 0.3 / 0.6 (``share-pair``, with
+    its 8-ms requests of then) they gave 20 / 40 % achieved shares against 28.6 / 58.5 % live
+    (``bench/fidelity.py --quick``, load 3.4): a waiting neighbour counted as interference
+    (×2.07 device time) and 1.3 × the burst was charged to the token. Checked on
+    ``llm-autoscale`` and ``priority-pair`` (docs/simulator.md, fidelity table)."""
     from gshare.policy.tokens import LIVE_TOKEN_CONFIG
 
     return {
