@@ -9,6 +9,9 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch lies in /opt/wheels on our machines; pip also reads it from pip.conf.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PYTEST_ARGS ?=
+# `make unit` runs the tests on PYTEST_WORKERS processes (pytest-xdist; a module's tests stay on
+# one), then those marked `serial` (they measure shares or timings) alone, after them.
+PYTEST_WORKERS ?= 2
 
 .PHONY: test demo lint typecheck unit venv clean browser native gpu-bundle gpu-check
 
@@ -43,7 +46,9 @@ native:
 	@$(MAKE) -s --no-print-directory -C native
 
 unit: $(STAMP) browser native
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS) \
+	  || [ $$? = 5 ]  # 5: PYTEST_ARGS chose none of these
+	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) || [ $$? = 5 ]
 
 test: lint typecheck unit
 

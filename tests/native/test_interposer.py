@@ -41,7 +41,10 @@ OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 W_MS = LIVE_TOKEN_CONFIG.window_ms
 
 _SKIP = native.build_skip_reason()
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=f"interposer not buildable: {_SKIP}")
+pytestmark = [
+    pytest.mark.skipif(_SKIP is not None, reason=f"interposer not buildable: {_SKIP}"),
+    pytest.mark.serial,  # measures shares and kernel times: `make test` runs it alone
+]
 
 
 _SHIM_SKIP = native.shim_skip_reason()

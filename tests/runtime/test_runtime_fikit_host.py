@@ -34,6 +34,8 @@ from gshare.runtime.tokens.board import (
     BoardWriter,
 )
 
+pytestmark = pytest.mark.serial  # measures shares or timings: `make test` runs it alone
+
 X = torch.zeros(1, 4)
 OP = KernelId.cpu("Linear", [[1, 4]])
 

@@ -38,6 +38,8 @@ import pytest
 from gshare.runtime.client import Client
 from gshare.testing import ServeProcess, wait_until
 
+pytestmark = pytest.mark.serial  # measures shares or timings: `make test` runs it alone
+
 HANDLER = "gshare.runtime.demo_handlers:Kernels"
 T = 10  # FikitConfig().measure_runs
 

@@ -36,6 +36,8 @@ from gshare.runtime.tokens import (
 )
 from gshare.testing import wait_until
 
+pytestmark = pytest.mark.serial  # measures shares or timings: `make test` runs it alone
+
 LONG_TOKENS = TokenConfig(window_ms=4000.0, max_token_ms=2000.0, idle_token_ms=2000.0)
 """Uncontended tokens of 2 s (a client with request = limit = 1 of a 4-s window: nothing clips
 them): back-to-back bursts of a few ms fit on one token unless the machine stalls for seconds."""
