@@ -30,6 +30,14 @@ def test_estimate_measures_only_backlogged_runs() -> None:
     assert 0.01 < e.interval_s < 0.02  # type: ignore[operator]
 
 
+def test_observe_returns_the_gap_it_counted() -> None:
+    # what the live gateway exports as gshare_admission_gap_seconds: exactly the samples
+    e = ServiceEstimate()
+    got = [e.observe(t, b) for t, b in [(0.0, True), (0.004, True), (0.5, False), (0.6, True)]]
+    assert got[0] is None and got[1] == pytest.approx(0.004) and got[2:] == [None, None]
+    assert e.observe(0.6 + MAX_GAP_S + 0.1, True) is None and e.samples == 1  # too far apart
+
+
 def test_the_first_intervals_weigh_the_same() -> None:
     # one slow first interval (a cold instance's, a pause) does not stand for the rate
     e = estimate_from([(0.0, True), (0.015, True), (0.017, True), (0.019, True), (0.021, True)])

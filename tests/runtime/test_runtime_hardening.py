@@ -280,6 +280,9 @@ def test_overload_is_shed_early_for_a_function_with_an_slo(srv: ServeProcess) ->
         "the admission's interval gauge",
     )  # fmt: skip
     assert 0.004 <= metric(srv, "gshare_admission_interval_seconds", function="slo-fn") <= 0.05
+    # and so are the gaps it averaged, one per answer that left others waiting after another
+    gaps = metric(srv, "gshare_admission_gap_seconds_count", function="slo-fn")
+    assert 0 < gaps < len(rs)
     # without an SLO nothing is shed before the queue cap
     rs = burst("no-slo-fn")
     assert all(r.status_code == 200 for r in rs)

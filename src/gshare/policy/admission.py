@@ -66,10 +66,14 @@ class ServiceEstimate:
     samples: int = 0
     """Intervals measured so far (the first 1 / ``EWMA_ALPHA`` are averaged equally)."""
 
-    def observe(self, now_s: float, backlogged: bool) -> None:
+    def observe(self, now_s: float, backlogged: bool) -> float | None:
+        """One answer at ``now_s``, with others still outstanding or not; returns the gap it
+        counted (s; None when it counted none), which the live gateway exports as
+        ``gshare_admission_gap_seconds``."""
         if not backlogged:
             self.last_s = None
-            return
+            return None
+        counted = None
         if self.last_s is not None:
             gap = now_s - self.last_s
             if 0.0 <= gap <= MAX_GAP_S:
@@ -77,7 +81,9 @@ class ServiceEstimate:
                 alpha = max(EWMA_ALPHA, 1.0 / self.samples)
                 old = gap if self.interval_s is None else self.interval_s
                 self.interval_s = (1.0 - alpha) * old + alpha * gap
+                counted = gap
         self.last_s = now_s
+        return counted
 
 
 # NOTE: SLO-aware admission (gshare's; Little's law on the measured service rate): a request

@@ -19,6 +19,12 @@ from prometheus_client.registry import Collector
 LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+ADMISSION_GAP_BUCKETS_S = (
+    0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.015, 0.02, 0.05, 0.1, 0.2,
+    0.5, 1.0,
+)  # fmt: skip
+"""The admission's gaps: a few ms apart where it decides (their mean x outstanding against
+0.75 x the SLO), and never over ``policy.admission.MAX_GAP_S``."""
 
 
 # -- metrics -----------------------------------------------------------------------------------
@@ -110,6 +116,14 @@ class Metrics:
             "The SLO admission's measured service interval (the mean gap between answers while "
             "others waited); it sheds when (outstanding + 1) x it exceeds the factor x the SLO",
             ["function"],
+            registry=r,
+        )
+        self.admission_gap = Histogram(
+            "gshare_admission_gap_seconds",
+            "The gaps between answers that the SLO admission's service interval averages (both "
+            "answers given while others were outstanding)",
+            ["function"],
+            buckets=ADMISSION_GAP_BUCKETS_S,
             registry=r,
         )
         self.instances = Gauge(

@@ -585,7 +585,9 @@ class Gateway:
         r = self.routes.get(p.function)
         if r is not None:
             r.last_done_s = now = self.clock()
-            r.service.observe(now, bool(r.queue) or self.inflight_total(p.function) > 0)
+            gap = r.service.observe(now, bool(r.queue) or self.inflight_total(p.function) > 0)
+            if gap is not None:
+                self.metrics.admission_gap.labels(p.function).observe(gap)
         if status == P.ST_CANCELLED:
             return  # the client went away (``cancel``): its future has failed already
         if status == P.ST_OK:
