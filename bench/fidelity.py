@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import re
 import tempfile
@@ -326,8 +327,9 @@ def _plain(
     """A scenario of plain functions: (scenario, simulated results, live results, and
     ``calib``: each calibration's figures
     (``calibrations``: its ``statuses``, outstanding share, busy factors, wake-up and token
-    counts; empty without ``calibrate_on``) and the admission's estimates at each live run's
-    start).
+    counts; empty without ``calibrate_on``), the admission's estimates at each live run's
+    start, and ``admission_live``: per live run and function, the estimate at its start and end
+    and the gaps it counted in between, ``gshare_admission_gap_seconds``).
 
     ``calibrate_on``: a function whose platform latency is measured under the scenario's own
     load in calibration runs with another seed, before, between and after the live runs
@@ -344,6 +346,7 @@ def _plain(
     kernels = kernels_per_request(sc)
     cals: list[dict[str, Any]] = []
     starts: list[dict[str, float]] = []
+    admission: list[dict[str, dict[str, Any]]] = []
     lives: list[Any] = []
     with ServeProcess(*flags, state_dir=tmp / name, cwd=REPO) as srv:
 
@@ -352,9 +355,19 @@ def _plain(
                 cals.append(_calibrate(srv, sc, calibrate_on, dur))
 
         def live() -> Any:
+            fns = _functions(sc)
             time.sleep(GAUGE_WAIT_S)
-            starts.append(_admission_intervals_ms(srv.url, _functions(sc)))
-            return run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed)
+            starts.append(_admission_intervals_ms(srv.url, fns))
+            before = _admission_gap_buckets(srv.url, fns)
+            run = run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed)
+            time.sleep(GAUGE_WAIT_S)
+            after = _admission_gap_buckets(srv.url, fns)
+            ends = _admission_intervals_ms(srv.url, fns)
+            admission.append(
+                {f: {"interval_ms_start": starts[-1].get(f), "interval_ms_end": ends.get(f),
+                     **gap_figures(before.get(f, {}), after.get(f, {}))} for f in fns}
+            )  # fmt: skip
+            return run
 
         calibrate()
         for _ in range(LIVE_RUNS):
@@ -377,6 +390,7 @@ def _plain(
         "calibrations": [{k: v for k, v in c.items() if k != "inputs"} for c in cals],
         "kernels_per_request": kernels,
         "admission_interval_ms_at_start": starts,
+        "admission_live": admission,
         "point_of": len(pairs),
     }
     return sc, sims, lives, calib
@@ -499,6 +513,38 @@ def _admission_intervals_ms(url: str, functions: Sequence[str]) -> dict[str, flo
         if fn in functions and smp.value > 0:
             out[fn] = float(smp.value) * 1000.0
     return out
+
+
+def _admission_gap_buckets(url: str, functions: Sequence[str]) -> dict[str, dict[float, float]]:
+    """The cumulative bucket counts of ``gshare_admission_gap_seconds`` per function (upper
+    edge in s: count), as the server gives them."""
+    out: dict[str, dict[float, float]] = {}
+    for smp in _metric_samples(url, "gshare_admission_gap_seconds"):
+        fn = smp.labels.get("function", "")
+        if fn in functions and smp.name.endswith("_bucket"):
+            out.setdefault(fn, {})[float(smp.labels["le"])] = float(smp.value)
+    return out
+
+
+def gap_figures(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """The admission's counted gaps between two readings of one function's buckets
+    (``_admission_gap_buckets``): how many (``gaps``) and their median in ms (``gap_p50_ms``,
+    interpolated within its bucket as Prometheus's ``histogram_quantile``; None without
+    gaps)."""
+    edges = sorted(after)
+    cum = [after[e] - before.get(e, 0.0) for e in edges]
+    n = cum[-1] if cum else 0.0
+    if n <= 0:
+        return {"gaps": 0, "gap_p50_ms": None}
+    half, lo_edge, lo_cum = n / 2.0, 0.0, 0.0
+    for e, c in zip(edges, cum, strict=True):
+        if c >= half:
+            if math.isinf(e):
+                return {"gaps": int(n), "gap_p50_ms": lo_edge * 1000.0}
+            frac = (half - lo_cum) / (c - lo_cum) if c > lo_cum else 1.0
+            return {"gaps": int(n), "gap_p50_ms": (lo_edge + frac * (e - lo_edge)) * 1000.0}
+        lo_edge, lo_cum = e, c
+    return {"gaps": int(n), "gap_p50_ms": None}
 
 
 TOKEN_REPORT_WAIT_S = 2.5
@@ -642,6 +688,13 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
             "sim": [statuses(r.rows, "function", "prio-hi") for r in sims],
         }
         o["platform_ms_live"] = [_summary(_platform_ms(r.rows, "prio-hi")) for r in lives]
+        o["admission"] = {  # the high class's estimate and the gaps it counted, in both worlds
+            "live": [a.get("prio-hi") for a in calib["admission_live"]],
+            "sim": [
+                {k: v for k, v in r.summary["functions"]["prio-hi"].items() if "admission" in k}
+                for r in sims[: calib["point_of"]]
+            ],
+        }
     return out
 
 

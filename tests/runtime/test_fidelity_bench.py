@@ -345,3 +345,17 @@ def test_each_live_run_is_simulated_from_the_calibrations_around_it() -> None:
     assert pairs(2, []) == [(0, None), (1, None)]
     with pytest.raises(ValueError, match="2 calibrations around 2 live runs: need 3"):
         pairs(2, [a, b])
+
+
+def test_the_live_gaps_are_the_difference_of_two_readings_and_their_median_interpolated() -> None:
+    fidelity, inf = _fidelity(), float("inf")
+    before = {0.002: 1.0, 0.004: 1.0, 0.008: 2.0, inf: 2.0}
+    # 4 gaps counted in between: 1 in (0, 2 ms], 2 in (4, 8 ms], 1 over 8 ms
+    after = {0.002: 2.0, 0.004: 2.0, 0.008: 5.0, inf: 6.0}
+    got = fidelity.gap_figures(before, after)
+    # rank 2 of 4 is halfway through (4, 8 ms]'s two (Prometheus's histogram_quantile)
+    assert got["gaps"] == 4 and got["gap_p50_ms"] == pytest.approx(6.0)
+    assert fidelity.gap_figures(after, after) == {"gaps": 0, "gap_p50_ms": None}
+    assert fidelity.gap_figures({}, {}) == {"gaps": 0, "gap_p50_ms": None}
+    # a first reading before the function had any series counts from zero
+    assert fidelity.gap_figures({}, {0.002: 1.0, inf: 1.0}) == {"gaps": 1, "gap_p50_ms": 1.0}

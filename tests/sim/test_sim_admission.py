@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
+from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR, ServiceEstimate
 from gshare.policy.autoscale import ScaleConfig
 from gshare.profiles import ProfilePoint, ProfileTable
 from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction
@@ -74,6 +74,24 @@ def test_a_starting_estimate_sheds_the_first_burst_as_a_warm_gateway_would() -> 
     # a function without a starting estimate is unmeasured as before
     other = _run(DEFAULT_MAX_LATENCY_SLO_FACTOR, {"g": SERVICE_MS})
     assert not any(r.shed for r in other.log.completed if r.arrival_ms == 100.0)
+
+
+def test_the_gateway_records_the_gaps_its_estimate_counted() -> None:
+    """What the live gateway exports (``gshare_admission_gap_seconds``, the interval gauge):
+    the gaps replayed through a fresh estimate give the gateway's estimate; one instance at
+    10 ms a request answers a backlog 10 ms apart."""
+    c = _run(DEFAULT_MAX_LATENCY_SLO_FACTOR)
+    gaps = c.gateway.admission_gaps_ms["f"]
+    assert gaps and float(np.median(gaps)) == pytest.approx(SERVICE_MS, rel=0.05)
+    e, t = ServiceEstimate(), 0.0
+    e.observe(t, True)
+    for g in gaps:
+        t += g / 1000.0
+        e.observe(t, True)
+    assert e.samples == len(gaps)
+    assert c.gateway.admission_interval_ms("f") == pytest.approx(e.interval_s * 1000.0)  # type: ignore[operator]
+    assert c.gateway.admission_interval_ms("nobody") is None
+    assert _run(None).gateway.admission_gaps_ms == {}  # without admission nothing is counted
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])

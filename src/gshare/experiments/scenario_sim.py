@@ -51,7 +51,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -68,6 +68,9 @@ from gshare.profiles import ProfileError, ProfilePoint, ProfileTable
 from gshare.scenario import Scenario, ScenarioError
 from gshare.spec import FunctionSpec
 from gshare.stats import percentile_or_none
+
+if TYPE_CHECKING:
+    from gshare.sim.gateway import Gateway
 
 Progress = Callable[[str, float, float], None]
 """``(phase, done, total)``: the front end's progress bar (virtual seconds here)."""
@@ -517,8 +520,21 @@ def run_functions(
             "capacity_shortfalls": cluster.capacity_shortfalls,
             "configs": len(cluster.functions[n].configs),
             "profile": profiles[n].source,
+            **_admission_figures(cluster.gateway, n),
         }
     return rows, extra
+
+
+def _admission_figures(gateway: Gateway, fn: str) -> dict[str, Any]:
+    """``fn``'s SLO admission at the run's end (``sim.gateway``): its service estimate
+    (``admission_interval_ms_end``, None without one) and the gaps it counted
+    (``admission_gaps``, their ``admission_gap_p50_ms``; the live gateway exports both)."""
+    gaps = gateway.admission_gaps_ms.get(fn, [])
+    return {
+        "admission_interval_ms_end": gateway.admission_interval_ms(fn),
+        "admission_gaps": len(gaps),
+        "admission_gap_p50_ms": percentile_or_none(gaps, 50),
+    }
 
 
 # -- summary and plots (shared with scenario_load) -------------------------------------------------

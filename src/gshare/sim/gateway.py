@@ -130,6 +130,9 @@ class Gateway:
             )
         self.shed: dict[str, int] = {}
         """Requests shed per function."""
+        self.admission_gaps_ms: dict[str, list[float]] = {}
+        """Per function, the gaps its service estimate counted, in order (the live gateway's
+        ``gshare_admission_gap_seconds``); ``admission_interval_ms`` gives the estimate."""
         self._instances: dict[str, list[SimInstance]] = {}
         self._pending: dict[str, deque[SimRequest]] = {}
         self._slo_ms: dict[str, float | None] = {}
@@ -192,9 +195,17 @@ class Gateway:
         gateway's, feeds the function's service estimate."""
         self.outstanding[fn] -= 1
         if self.admission_slo_factor is not None:
-            self._service.setdefault(fn, ServiceEstimate()).observe(
+            gap_s = self._service.setdefault(fn, ServiceEstimate()).observe(
                 self.loop.now_ms / 1000.0, self.outstanding[fn] > 0
             )
+            if gap_s is not None:
+                self.admission_gaps_ms.setdefault(fn, []).append(gap_s * 1000.0)
+
+    def admission_interval_ms(self, fn: str) -> float | None:
+        """``fn``'s service estimate now (ms; None before it has one), as the live gateway's
+        ``gshare_admission_interval_seconds``."""
+        e = self._service.get(fn)
+        return None if e is None or e.interval_s is None else e.interval_s * 1000.0
 
     def submit(self, function: str) -> SimRequest:
         """A request arrives now; route it (after the platform's serial stage, if any)."""
