@@ -688,6 +688,10 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
             "sim": [statuses(r.rows, "function", "prio-hi") for r in sims],
         }
         o["platform_ms_live"] = [_summary(_platform_ms(r.rows, "prio-hi")) for r in lives]
+        o["token_wait_ms"] = {  # the high class's token waits, idle and queued, in both worlds
+            "live": [token_waits(r.rows, "prio-hi") for r in lives],
+            "sim": [token_waits(r.rows, "prio-hi") for r in sims[: calib["point_of"]]],
+        }
         o["admission"] = {  # the high class's estimate and the gaps it counted, in both worlds
             "live": [a.get("prio-hi") for a in calib["admission_live"]],
             "sim": [
@@ -696,6 +700,29 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
             ],
         }
     return out
+
+
+QUEUED_MS = 0.5
+"""A request that waited at least this long in its instance's queue was queued behind another
+(less is the batching thread's wake-up)."""
+
+
+def token_waits(rows: Sequence[dict[str, Any]], fn: str) -> dict[str, Any]:
+    """``fn``'s answered measured requests' token waits (``token_wait_ms``, live from the timing
+    headers, simulated from ``sim.gpu``'s grants), of those that found the instance idle
+    (``idle``) and of those queued behind another (``queued``, ``QUEUED_MS``): ``_summary``
+    each."""
+    rs = [
+        r
+        for r in _measured(rows, "function", fn)
+        if r["status"] == "ok"
+        and r.get("token_wait_ms") is not None
+        and r.get("queue_ms") is not None
+    ]
+    return {
+        "idle": _summary([float(r["token_wait_ms"]) for r in rs if r["queue_ms"] < QUEUED_MS]),
+        "queued": _summary([float(r["token_wait_ms"]) for r in rs if r["queue_ms"] >= QUEUED_MS]),
+    }
 
 
 def _platform_ms(rows: Sequence[dict[str, Any]], fn: str) -> list[float]:

@@ -464,3 +464,20 @@ def test_every_workflow_policy_runs_the_example() -> None:
         st = r.summary["workflows"]["mlp-chain"]
         assert r.summary["policies"]["workflow"] == policy and r.summary["all_accounted"]
         assert st["requests"] > 0 and 0.0 <= st["slo_hit_rate"] <= 1.0
+
+
+def test_a_simulated_request_has_the_live_timing_columns_and_they_add_up() -> None:
+    """The columns ``gshare load`` reads from the timing headers, from the simulator: queue,
+    token wait, compute and platform add up to the latency; the priority-1 function beside the
+    priority-8 one waits for tokens; a shed request has none."""
+    from gshare.experiments.scenario_sim import TIMING_COLUMNS
+
+    sc = load_scenario(EXAMPLES / "priority-pair.yaml")
+    r = simulate(sc, quick=True, seed=3)
+    fns = [x for x in r.rows if x["kind"] == "function"]
+    ok = [x for x in fns if x["status"] == "ok"]
+    assert ok and all(x[k] is not None and x[k] >= -1e-9 for x in ok for k in TIMING_COLUMNS)
+    for x in ok:
+        assert sum(x[k] for k in TIMING_COLUMNS) == pytest.approx(x["latency_ms"], abs=1e-6)
+    assert max(x["token_wait_ms"] for x in ok if x["name"] == "prio-hi") > 0
+    assert all(x[k] is None for x in fns if x["status"] != "ok" for k in TIMING_COLUMNS)

@@ -359,3 +359,17 @@ def test_the_live_gaps_are_the_difference_of_two_readings_and_their_median_inter
     assert fidelity.gap_figures({}, {}) == {"gaps": 0, "gap_p50_ms": None}
     # a first reading before the function had any series counts from zero
     assert fidelity.gap_figures({}, {0.002: 1.0, inf: 1.0}) == {"gaps": 1, "gap_p50_ms": 1.0}
+
+
+def test_token_waits_split_the_requests_that_found_the_instance_idle_from_the_queued() -> None:
+    fidelity = _fidelity()
+
+    def row(queue: float | None, wait: float | None, status: str = "ok") -> dict[str, Any]:
+        return {"kind": "function", "name": "hi", "measured": True, "status": status,
+                "queue_ms": queue, "token_wait_ms": wait}  # fmt: skip
+
+    rows = [row(0.1, 4.0), row(0.2, 6.0), row(3.0, 0.0), row(fidelity.QUEUED_MS, 9.0),
+            row(None, None), row(5.0, 50.0, "error")]  # fmt: skip
+    got = fidelity.token_waits(rows, "hi")
+    assert (got["idle"]["n"], got["idle"]["mean"]) == (2, 5.0)
+    assert (got["queued"]["n"], got["queued"]["mean"]) == (2, 4.5)

@@ -61,7 +61,7 @@ from gshare.experiments.scenario_generate import (
     summarise_generative,
 )
 from gshare.experiments.scenario_plots import latency_cdf_plot
-from gshare.experiments.scenario_sim import REQUEST_COLUMNS, accounted, summarise
+from gshare.experiments.scenario_sim import REQUEST_COLUMNS, TIMING_COLUMNS, accounted, summarise
 from gshare.scenario import Scenario, ScenarioError, Workload
 
 Progress = Callable[[int, int, int, int, int], None]
@@ -532,10 +532,7 @@ def run_load(
             *REQUEST_COLUMNS,
             "code",
             "late_ms",
-            "platform_ms",
-            "exec_ms",
-            "queue_ms",
-            "token_wait_ms",
+            *TIMING_COLUMNS,
             "error",
             *(GENERATIVE_COLUMNS if generate else ()),
         ),

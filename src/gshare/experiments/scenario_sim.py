@@ -71,6 +71,7 @@ from gshare.stats import percentile_or_none
 
 if TYPE_CHECKING:
     from gshare.sim.gateway import Gateway
+    from gshare.sim.request import SimRequest
 
 Progress = Callable[[str, float, float], None]
 """``(phase, done, total)``: the front end's progress bar (virtual seconds here)."""
@@ -100,6 +101,11 @@ REQUEST_COLUMNS = (
 or a failed connection), ``dropped_client`` (the load generator's ``--max-outstanding`` was
 reached: never sent). ``cost_uusd``: the request's cost in micro-USD (1e-6 USD: the result
 files keep 6 decimals), workflows in the simulator only."""
+TIMING_COLUMNS = ("platform_ms", "exec_ms", "queue_ms", "token_wait_ms")
+"""A function request's parts, in both worlds (None for a shed one, a workflow's): the wait in
+its instance's queue, its batch's waits for a token, its compute (the batch's time on the device
+less those waits) and the platform's share beyond them (live: the timing headers,
+``scenario_load.platform_share_ms``; simulated: ``sim.instance`` and ``sim.gateway``)."""
 
 
 # -- policies -----------------------------------------------------------------------------------
@@ -506,6 +512,7 @@ def run_functions(
                 "status": "error" if r.shed else "ok",  # shed: the live 429
                 "measured": r.arrival_ms >= LEAD_MS + warmup_ms,
                 "cost_uusd": None,
+                **_timing(r),
             }
         )
     extra: dict[str, dict[str, Any]] = {}
@@ -523,6 +530,18 @@ def run_functions(
             **_admission_figures(cluster.gateway, n),
         }
     return rows, extra
+
+
+def _timing(r: SimRequest) -> dict[str, float | None]:
+    """``TIMING_COLUMNS`` of one simulated function request (None where it has none)."""
+    if r.shed or r.instance_finish_ms < 0 or r.queued_ms < 0:
+        return dict.fromkeys(TIMING_COLUMNS)
+    return {
+        "platform_ms": r.finish_ms - r.instance_finish_ms,
+        "exec_ms": r.instance_finish_ms - r.start_ms - r.token_wait_ms,
+        "queue_ms": r.start_ms - r.queued_ms,
+        "token_wait_ms": r.token_wait_ms,
+    }
 
 
 def _admission_figures(gateway: Gateway, fn: str) -> dict[str, Any]:
@@ -687,13 +706,14 @@ def simulate(
         rows=rows,
         summary=summary,
         plots=[latency_cdf_plot(f"{scenario.name}: simulator ({wf_policy}, {autoscaler})", exp)],
-        table_columns=(*REQUEST_COLUMNS, *(GENERATIVE_COLUMNS if gen else ())),
+        table_columns=(*REQUEST_COLUMNS, *TIMING_COLUMNS, *(GENERATIVE_COLUMNS if gen else ())),
     )
 
 
 __all__ = [
     "LEAD_MS",
     "REQUEST_COLUMNS",
+    "TIMING_COLUMNS",
     "FunctionProfile",
     "accounted",
     "check_policies",

@@ -155,6 +155,8 @@ class _Burst:
     """Its whole work (``work_left_ms`` at its start)."""
     point_work_ms: float = 0.0
     """Work between two of its preemption points (``run_burst``); 0: anywhere."""
+    token_wait_ms: float = 0.0
+    """Its waits for a token so far, from asking to the grant (``SimGpu.last_token_wait_ms``)."""
 
 
 @dataclass
@@ -215,6 +217,9 @@ class SimGpu:
         self._predicted_burst_ms: dict[str, float] = {}
         """Burst-length EWMA per client (``token_reuse``), as the runtime's token client keeps."""
         self.reused = 0
+        self.last_token_wait_ms: dict[str, float] = {}
+        """Per client, its last completed burst's waits for a token (``SimInstance`` gives
+        them to the burst's requests as the live ``x-gshare-token-wait-ms``)."""
         """Bursts that ran on a token kept from the previous burst."""
         self._tick_at: float | None = None
         self._stats = GpuStats(window_ms=self.token_config.window_ms)
@@ -359,6 +364,7 @@ class SimGpu:
                 b.token_busy_ms = 0.0
                 b.last_ms = now
                 if now > b.requested_ms + 1e-9:  # waited for
+                    b.token_wait_ms += now - b.requested_ms
                     if self.token_wakeup_ms > 0:
                         b.stall_until_ms = now + self.token_wakeup_ms
                 elif self.token_grant_ms > 0:
@@ -413,7 +419,7 @@ class SimGpu:
             b.token = None
             del self._bursts[cid]
             self._reschedule_all()
-            b.on_done()
+            self._done(b)
             held = self._held.pop(cid, None)
             if held is not None:  # no burst started at once: the client is idle
                 if self.token_release_ms > 0:
@@ -441,7 +447,7 @@ class SimGpu:
             del self._bursts[cid]
             self._reschedule_all()
             self._apply(grants)
-            b.on_done()
+            self._done(b)
         else:
             # Token ran out (revoked at kernel granularity): ask again for the rest.
             self._reschedule_all()
@@ -480,6 +486,11 @@ class SimGpu:
         b.stall_until_ms = now + left_ms
         return left_ms
 
+    def _done(self, b: _Burst) -> None:
+        """``b`` is complete: note its token waits for its client, then tell it."""
+        self.last_token_wait_ms[b.client_id] = b.token_wait_ms
+        b.on_done()
+
     def _process_release(self, client_id: str, grant: Grant | None = None) -> None:
         """Process ``client_id``'s pending release (``token_release_ms``), if it is still the
         one of ``grant`` (any, when None)."""
@@ -501,7 +512,7 @@ class SimGpu:
         if self._bursts.get(b.client_id) is not b:
             return  # the client was removed meanwhile
         del self._bursts[b.client_id]
-        b.on_done()
+        self._done(b)
 
     def _ensure_tick(self) -> None:
         """Keep one timer pending at the next window boundary while any client waits."""

@@ -211,6 +211,7 @@ class SimInstance:
         if self.stopped:
             raise RuntimeError(f"request routed to stopped instance {self.instance_id}")
         idle = self.ready and not self.queue and not self.in_flight and not self._waking
+        req.queued_ms = self.loop.now_ms
         self.queue.append(req)
         if idle and self.config.wakeup_ms:
             w = self.config.wakeup_ms
@@ -309,8 +310,10 @@ class SimInstance:
         done, self.in_flight = self.in_flight, []
         if self.on_batch_busy is not None and done:
             self.on_batch_busy(self, self._in_flight_busy_ms, len(done))
+        token_wait_ms = self.gpu.last_token_wait_ms.get(self.instance_id, 0.0)
         for r in done:
-            r.finish_ms = now
+            r.finish_ms = r.instance_finish_ms = now
+            r.token_wait_ms = token_wait_ms
             self.on_complete(r)
         self._maybe_dispatch()
         self._maybe_stop()

@@ -17,6 +17,12 @@ class SimRequest:
     slo_ms: float | None = None
     start_ms: float = -1.0
     """When its batch started on the GPU (asked for a token)."""
+    queued_ms: float = -1.0
+    """When it reached its instance's queue (-1: it did not)."""
+    token_wait_ms: float = 0.0
+    """Its batch's waits for a token, from asking to the grant (``sim.gpu``)."""
+    instance_finish_ms: float = -1.0
+    """When its instance finished it; ``finish_ms`` adds the platform latency (``sim.gateway``)."""
     finish_ms: float = -1.0
     instance_id: str = ""
     shed: bool = False
