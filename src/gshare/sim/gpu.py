@@ -217,10 +217,10 @@ class SimGpu:
         self._predicted_burst_ms: dict[str, float] = {}
         """Burst-length EWMA per client (``token_reuse``), as the runtime's token client keeps."""
         self.reused = 0
+        """Bursts that ran on a token kept from the previous burst."""
         self.last_token_wait_ms: dict[str, float] = {}
         """Per client, its last completed burst's waits for a token (``SimInstance`` gives
         them to the burst's requests as the live ``x-gshare-token-wait-ms``)."""
-        """Bursts that ran on a token kept from the previous burst."""
         self._tick_at: float | None = None
         self._stats = GpuStats(window_ms=self.token_config.window_ms)
         self._stats_since = self.loop.now_ms
