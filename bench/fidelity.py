@@ -544,7 +544,7 @@ def gap_figures(before: dict[float, float], after: dict[float, float]) -> dict[s
             frac = (half - lo_cum) / (c - lo_cum) if c > lo_cum else 1.0
             return {"gaps": int(n), "gap_p50_ms": (lo_edge + frac * (e - lo_edge)) * 1000.0}
         lo_edge, lo_cum = e, c
-    return {"gaps": int(n), "gap_p50_ms": None}
+    raise AssertionError("unreachable: the last bucket counts every gap")
 
 
 TOKEN_REPORT_WAIT_S = 2.5
@@ -681,24 +681,28 @@ def run_priority(quick: bool, seeds: int, tmp: Path, loads: list[float]) -> list
     )  # fmt: skip
     fig = [latency_figures(r.rows, "function", "prio-hi") for r in (*sims, *lives)]
     out = _scores("priority-pair", fig[: len(sims)], fig[len(sims) :], point_of=calib["point_of"])
-    for o in out:  # the calibrations' figures (the simulator's inputs: platform_ms and the rest)
-        o["calibration"] = calib
-        o["statuses"] = {
+    point = sims[: calib["point_of"]]  # the scenario's seed
+    diagnostics = {  # per run; the same beside each of the scenario's figures
+        "calibration": calib,  # the calibrations' figures (the simulator's inputs and the rest)
+        "statuses": {
             "live": [statuses(r.rows, "function", "prio-hi") for r in lives],
             "sim": [statuses(r.rows, "function", "prio-hi") for r in sims],
-        }
-        o["platform_ms_live"] = [_summary(_platform_ms(r.rows, "prio-hi")) for r in lives]
-        o["token_wait_ms"] = {  # the high class's token waits, idle and queued, in both worlds
+        },
+        "platform_ms_live": [_summary(_platform_ms(r.rows, "prio-hi")) for r in lives],
+        "token_wait_ms": {  # the high class's token waits, idle and queued, in both worlds
             "live": [token_waits(r.rows, "prio-hi") for r in lives],
-            "sim": [token_waits(r.rows, "prio-hi") for r in sims[: calib["point_of"]]],
-        }
-        o["admission"] = {  # the high class's estimate and the gaps it counted, in both worlds
+            "sim": [token_waits(r.rows, "prio-hi") for r in point],
+        },
+        "admission": {  # the high class's estimate and the gaps it counted, in both worlds
             "live": [a.get("prio-hi") for a in calib["admission_live"]],
             "sim": [
                 {k: v for k, v in r.summary["functions"]["prio-hi"].items() if "admission" in k}
-                for r in sims[: calib["point_of"]]
+                for r in point
             ],
-        }
+        },
+    }
+    for o in out:
+        o.update(diagnostics)
     return out
 
 
