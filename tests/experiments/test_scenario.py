@@ -470,7 +470,7 @@ def test_a_simulated_request_has_the_live_timing_columns_and_they_add_up() -> No
     """The columns ``gshare load`` reads from the timing headers, from the simulator: queue,
     token wait, compute and platform add up to the latency; the priority-1 function beside the
     priority-8 one waits for tokens; a shed request has none."""
-    from gshare.experiments.scenario_sim import TIMING_COLUMNS
+    from gshare.experiments.scenario_rows import TIMING_COLUMNS
 
     sc = load_scenario(EXAMPLES / "priority-pair.yaml")
     r = simulate(sc, quick=True, seed=3)

@@ -26,10 +26,10 @@
    ``unfinished``. The generator's heap is frozen while it drives (``client_pauses``: its own
    garbage-collection pauses would otherwise be timed as the server's latency); the pauses
    left are in the summary (``client_gc``).
-4. **Report**: the rows and summary of ``scenario_sim`` (same columns, ``summarise``), plus per
-   workflow the server's ``gshare_workflow_*`` counters (``/metrics``, the change over the
-   run) and its cost per request when the server exports ``gshare_workflow_cost_usd``; per
-   function the instances and devices it runs on at the end.
+4. **Report**: the rows and summary of ``scenario_sim`` (same columns,
+   ``scenario_rows.summarise``), plus per workflow the server's ``gshare_workflow_*`` counters
+   (``/metrics``, the change over the run) and its cost per request when the server exports
+   ``gshare_workflow_cost_usd``; per function the instances and devices it runs on at the end.
 
 A request is a hit when it was answered with HTTP 200 within the SLO (the workflow's
 ``slo_ms``; the function's ``slo_ms``). A **generative** function's requests are streamed over
@@ -61,7 +61,7 @@ from gshare.experiments.scenario_generate import (
     summarise_generative,
 )
 from gshare.experiments.scenario_plots import latency_cdf_plot
-from gshare.experiments.scenario_sim import REQUEST_COLUMNS, TIMING_COLUMNS, accounted, summarise
+from gshare.experiments.scenario_rows import REQUEST_COLUMNS, TIMING_COLUMNS, accounted, summarise
 from gshare.scenario import Scenario, ScenarioError, Workload
 
 Progress = Callable[[int, int, int, int, int], None]
