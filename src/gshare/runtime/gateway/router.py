@@ -38,15 +38,12 @@ import json
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gshare.policy.admission import (
     DEFAULT_MAX_LATENCY_SLO_FACTOR,
     Admit,
-    ServiceEstimate,
     admit,
 )
 from gshare.policy.autoscale.measured import next_busy_ms_per_request
@@ -54,6 +51,7 @@ from gshare.policy.routing import Candidate, choose_instance
 from gshare.runtime.gateway.channel import InstanceChannel, Pending, connect_unix
 from gshare.runtime.gateway.errors import HttpError, overloaded
 from gshare.runtime.gateway.generation import GenerativeRoute
+from gshare.runtime.gateway.route import FunctionRoute
 from gshare.runtime.instance import protocol as P
 from gshare.runtime.instance.lanes import DEFAULT_REQUEST_LANE_MB
 from gshare.runtime.metrics import Metrics
@@ -68,8 +66,6 @@ DEFAULT_MAX_BODY_BYTES = 16 << 20
 """Largest request body accepted (413 beyond it); ``gshare serve --max-body-mb``."""
 DEFAULT_REQUEST_TIMEOUT_S = 120.0
 """Longest a request may wait for its answer, cold start included (then 504)."""
-RECENT_LATENCIES = 1_000
-"""Latencies kept per function for the status page's quantiles."""
 MAX_QUEUE = 10_000
 """Requests queued per function beyond which new ones get 429 (any function; one with an SLO
 is shed far earlier by ``policy.admission``)."""
@@ -78,43 +74,6 @@ DISCONNECT_WATCH_S = 0.05
 went away is cancelled (dropped from the queue, or at its instance)."""
 CLIENT_GONE = 499
 """The status recorded for a request whose client disconnected before its answer (nginx's)."""
-
-
-@dataclass
-class FunctionRoute:
-    """A deployed function as the gateway sees it."""
-
-    name: str
-    slo_ms: float | None
-    max_batch: int
-    queue: deque[Pending] = field(default_factory=deque)
-    channels: dict[str, InstanceChannel] = field(default_factory=dict)
-    arrivals: int = 0
-    last_arrival_s: float | None = None
-    """``Gateway.clock`` at the last arrival (None: none since the server started)."""
-    last_done_s: float | None = None
-    """``Gateway.clock`` at the last answer (idle since the later of it and the last arrival)."""
-    inputs: list[dict[str, object]] = field(default_factory=list)
-    start_error: str | None = None
-    """Why the function's last instance start failed (queued requests fail with it)."""
-    waiting_reason: str | None = None
-    """Why no instance can be started for it now (the controller's "no room ..."); a request
-    that times out waiting for an instance names it. Cleared when an instance connects."""
-    exec_ms_per_item: float | None = None
-    """EWMA of the busy time per request (exec_ms / batch): the unprofiled throughput."""
-    service: ServiceEstimate = field(default_factory=ServiceEstimate)
-    """The measured service interval while backlogged (``policy.admission``)."""
-    rr: int = 0
-    staged: int = 0
-    """Jobs of this function waiting in the live workflow scheduler's AFW queues
-    (``gateway.stages``): queued demand the controller must see like ``queue``."""
-    internal: bool = False
-    """The controller's own route (a profiling instance): not reachable over HTTP or gRPC."""
-    closed: bool = False
-    """Being deleted: new requests get 410, the ones at instances finish (``close_function``)."""
-    recent_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_LATENCIES))
-    """Latencies of the most recent successful requests (the status page's p50/p99)."""
-    gen: GenerativeRoute | None = None  # a generative function's (gateway.generation)
 
 
 class Gateway:
