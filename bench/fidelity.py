@@ -416,8 +416,9 @@ def _calibrate(srv: Any, sc: Scenario, fn: str, dur: float) -> dict[str, Any]:
     window (``outstanding_share``: the server's latency histogram against the client's
     latencies); each function's busy time per request (``run_load``'s ``exec_ms``), which scales
     its profile (``_busy_profiles``); the instances' wake-up (``queue_ms`` of the requests that
-    reached an idle instance: ``instance_wakeup_ms``) and the tokens' idle hold (the control
-    API's token counts before and after it: ``token_release_ms``). Returns the figures, and
+    reached an idle instance: ``instance_wakeup_ms``), the instances' loop gaps between
+    back-to-back batches (their ``stats``: ``batch_gap_ms``) and the tokens' idle hold (the
+    control API's token counts before and after it: ``token_release_ms``). Returns the figures, and
     ``inputs``: ``simulate``'s keyword arguments from them.
 
     NOTE — measured at a light load (40 sequential requests) instead, the platform share was
@@ -435,9 +436,11 @@ def _calibrate(srv: Any, sc: Scenario, fn: str, dur: float) -> dict[str, Any]:
     deploy(srv.client(), sc)
     time.sleep(TOKEN_REPORT_WAIT_S)
     tokens_before = _token_counts(srv.client(), _functions(sc))
+    gaps_before = _loop_gaps(srv.client(), _functions(sc))
     before = _gateway_latency_s(srv.url, fn)
     run = run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed + 1000)
     after = _gateway_latency_s(srv.url, fn)
+    loop_gaps = _new_loop_gaps(gaps_before, _loop_gaps(srv.client(), _functions(sc)))
     time.sleep(TOKEN_REPORT_WAIT_S)
     tokens_after = _token_counts(srv.client(), _functions(sc))
     held, used, n = (a - b for a, b in zip(tokens_after, tokens_before, strict=True))
@@ -462,15 +465,41 @@ def _calibrate(srv: Any, sc: Scenario, fn: str, dur: float) -> dict[str, Any]:
         for q in idle_arrival_queue_ms(_measured(run.rows, "function", f), f)
     ]
     calib["instance_wakeup_ms"] = _summary(wake)
+    calib["loop_gap_ms"] = _summary(loop_gaps)
     calib["platform_ms"] = _summary(plat)
     calib["inputs"] = {
         "platform_ms": plat,
         "live_profiles": _busy_profiles(sc, factors),
         "platform_outstanding_share": float(calib.get("outstanding_share", 0.0)),
         "instance_wakeup_ms": wake,
+        "batch_gap_ms": loop_gaps,
         "token_release_ms": release,
     }
     return calib
+
+
+def _loop_gaps(client: Any, functions: Sequence[str]) -> dict[str, tuple[int, list[float]]]:
+    """Per instance of ``functions``: its batching loop's gaps counted so far and the newest of
+    them (ms; the ``stats`` its control API gives, ``Client.instance_stats``)."""
+    out: dict[str, tuple[int, list[float]]] = {}
+    for fn in functions:
+        for inst in client.get(fn).get("instances", []):
+            st = client.instance_stats(fn, inst["id"])
+            out[inst["id"]] = (int(st["loop_gaps"]), [float(g) for g in st["loop_gaps_ms"]])
+    return out
+
+
+def _new_loop_gaps(
+    before: dict[str, tuple[int, list[float]]], after: dict[str, tuple[int, list[float]]]
+) -> list[float]:
+    """The loop gaps counted between ``before`` and ``after`` (``_loop_gaps``), as far as the
+    instances still keep them (their newest)."""
+    out: list[float] = []
+    for iid, (n, samples) in after.items():
+        new = n - before.get(iid, (0, []))[0]
+        if new > 0:
+            out += samples[-new:]
+    return out
 
 
 def _functions(sc: Scenario) -> list[str]:

@@ -416,6 +416,41 @@ def test_the_control_api_counts_each_instances_tokens_and_their_idle_hold(
     assert inst["token_idle_hold_ms"] >= 0
 
 
+def test_an_instances_stats_count_its_batches_and_the_loop_gaps_between_them(
+    served: ServeProcess,
+) -> None:
+    # 12 requests of 3 ms at once on one instance of batches of 1: every batch but the first is
+    # ready when the one before it ends, and the loop's time between the two is counted
+    c = served.client()
+    c.deploy({**GATED, "name": "spin-stats", "handler": "gshare.runtime.demo_handlers:Spin"})
+    wait_until(lambda: c.get("spin-stats")["availableReplicas"] >= 1, 120, "spin-stats ready")
+    (inst,) = c.get("spin-stats")["instances"]
+    before = c.instance_stats("spin-stats", inst["id"])
+    with httpx.Client(base_url=served.url, timeout=60) as h, cf.ThreadPoolExecutor(12) as ex:
+        codes = list(
+            ex.map(lambda _: h.post("/function/spin-stats", json={"spin_ms": 3}).status_code,
+                   range(12))
+        )  # fmt: skip
+    assert codes == [200] * 12
+    after = c.instance_stats("spin-stats", inst["id"])
+    assert after["id"] == inst["id"]
+    assert after["requests"] - before["requests"] == after["batches"] - before["batches"] == 12
+    gaps = after["loop_gaps"] - before["loop_gaps"]
+    assert 1 <= gaps <= 11  # the first batch found the instance idle
+    samples = after["loop_gaps_ms"]
+    assert len(samples) == min(after["loop_gaps"], 512)
+    assert all(g >= 0 for g in samples)
+    new_ms = after["loop_gap_ms"] - before["loop_gap_ms"]
+    assert sum(samples[-gaps:]) == pytest.approx(new_ms, abs=0.01)
+    assert after["queued"] == after["running"] == 0
+    # an instance or function that is not there: 404 naming it
+    with pytest.raises(ClientError, match="has no instance 'nope'"):
+        c.instance_stats("spin-stats", "nope")
+    with pytest.raises(ClientError, match="function 'ghost' is not deployed"):
+        c.instance_stats("ghost", inst["id"])
+    c.delete("spin-stats")
+
+
 # -- failures: crash, memory limit ----------------------------------------------------------------
 
 

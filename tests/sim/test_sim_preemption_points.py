@@ -1,16 +1,20 @@
-"""Three mechanisms of the live CPU instance in the simulator: a token's end noticed only at the
+"""Four mechanisms of the live CPU instance in the simulator: a token's end noticed only at the
 burst's next preemption point (``SimGpu.run_burst(point_work_ms=...)``, the instance's module
-hook), the batching thread's wake-up at an idle instance (``InstanceConfig.wakeup_ms``) and
-the delay of an idle instance's token release (``SimGpu.token_release_ms``)."""
+hook), the batching thread's wake-up at an idle instance (``InstanceConfig.wakeup_ms``), its
+loop's gap between back-to-back batches, the token kept (``InstanceConfig.batch_gap_ms``,
+``SimGpu.hold_token``), and the delay of an idle instance's token release
+(``SimGpu.token_release_ms``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gshare.policy.tokens import ClientSpec, TokenConfig
+from gshare.policy.tokens import LIVE_TOKEN_CONFIG, ClientSpec, TokenConfig
 from gshare.profiles import ProfilePoint, ProfileTable
 from gshare.resources import GpuShare
 from gshare.sim.engine import EventLoop
@@ -137,12 +141,16 @@ TABLE = ProfileTable(
 )
 
 
-def _instance(wakeup_ms: tuple[float, ...], max_batch: int = 1) -> tuple[EventLoop, Gateway]:
-    loop = EventLoop()
+def _instance(
+    wakeup_ms: tuple[float, ...], max_batch: int = 1, gpu: SimGpu | None = None, **kw: Any
+) -> tuple[EventLoop, Gateway]:
+    loop = gpu.loop if gpu is not None else EventLoop()
     gw = Gateway(loop)
     gw.register("f")
-    cfg = InstanceConfig("f", "m", GpuShare(100.0, 1.0, 1.0), max_batch, wakeup_ms=wakeup_ms)
-    inst = SimInstance(loop, SimGpu(loop), "i0", cfg, TABLE, np.random.default_rng(0), gw.completed)
+    cfg = InstanceConfig("f", "m", GpuShare(100.0, 1.0, 1.0), max_batch, wakeup_ms=wakeup_ms, **kw)
+    inst = SimInstance(
+        loop, gpu or SimGpu(loop), "i0", cfg, TABLE, np.random.default_rng(0), gw.completed
+    )
     gw.add_instance(inst)
     return loop, gw
 
@@ -176,3 +184,61 @@ def test_without_wake_up_samples_a_request_starts_at_once() -> None:
     reqs = _at(loop, gw, [0.0, 40.0])
     loop.run()
     assert [r.start_ms for r in reqs] == pytest.approx([0.0, 40.0])
+
+
+def test_a_batch_ready_when_one_ends_starts_a_loop_gap_later_on_the_kept_token() -> None:
+    gpu = SimGpu(EventLoop(), token_config=LIVE_TOKEN_CONFIG, token_reuse=True)
+    loop, gw = _instance((), gpu=gpu, batch_gap_ms=(0.5,))
+    # 0: idle, runs 0-10; 5: queued, starts 0.5 ms after 10 on the kept 40-ms token; 40: idle
+    # again, at once (no gap: no batch ended just before it)
+    reqs = _at(loop, gw, [0.0, 5.0, 40.0])
+    loop.run()
+    assert [r.start_ms for r in reqs] == pytest.approx([0.0, 10.5, 40.0])
+    assert [r.finish_ms for r in reqs] == pytest.approx([10.0, 20.5, 50.0])
+    assert [r.token_wait_ms for r in reqs] == pytest.approx([0.0, 0.0, 0.0])
+    assert gpu.reused == 1
+
+
+def _gap_run(quota_a: float, hold: bool) -> tuple[float, int]:
+    """ "a" (tokens of its whole quota of 10-ms windows) runs a 2-ms burst at 0 and another 0.5
+    ms after it ends, its token held over the gap when ``hold``; "b" asks at 1 ms for 1 ms.
+    (b's end, a's bursts run on a kept token)."""
+    loop = EventLoop()
+    whole = TokenConfig(window_ms=10.0, dynamic_quota=False)
+    gpu = SimGpu(loop, token_config=whole, token_reuse=True)
+    gpu.add_client(ClientSpec("a", 100.0, quota_a, quota_a))
+    gpu.add_client(ClientSpec("b", 100.0, 0.5, 0.5))
+    ends: dict[str, float] = {}
+
+    def first_done() -> None:
+        if hold:
+            assert gpu.hold_token("a")
+        loop.after(0.5, lambda: gpu.run_burst("a", 2.0, lambda: None))
+
+    gpu.run_burst("a", 2.0, first_done)
+    loop.at(1.0, lambda: gpu.run_burst("b", 1.0, lambda: ends.__setitem__("b", loop.now_ms)))
+    loop.run(until_ms=40.0)
+    return ends["b"], gpu.reused
+
+
+def test_a_token_held_over_the_loop_gap_keeps_the_device_for_the_next_burst() -> None:
+    # held: a's 8-ms token runs its second burst 2.5-4.5, and b gets the device after it
+    assert _gap_run(0.8, hold=True) == (pytest.approx(5.5), 1)
+    # not held: released when the first burst ends, b runs 2-3 and a waits for it
+    assert _gap_run(0.8, hold=False) == (pytest.approx(3.0), 0)
+
+
+def test_the_held_tokens_clock_runs_over_the_gap() -> None:
+    # a's 4.2-ms token has 1.7 ms left after the gap (2.2 without it), short of the 2-ms burst:
+    # given back, and b, waiting since 1, runs first (2.5-3.5)
+    assert _gap_run(0.42, hold=True) == (pytest.approx(3.5), 0)
+
+
+def test_nothing_is_held_without_a_kept_token() -> None:
+    loop = EventLoop()
+    gpu = SimGpu(loop)  # no token reuse: released after every burst
+    gpu.add_client(ClientSpec("a", 100.0, 0.5, 0.5))
+    held: list[bool] = []
+    gpu.run_burst("a", 2.0, lambda: held.append(gpu.hold_token("a")))
+    loop.run(until_ms=10.0)
+    assert held == [False]

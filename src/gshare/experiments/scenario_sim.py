@@ -392,12 +392,13 @@ def run_functions(
     kernels_per_request: Mapping[str, int] | None = None,
     token_release_ms: float = 0.0,
     admission_interval_ms: Mapping[str, float] | None = None,
+    batch_gap_ms: Sequence[float] = (),
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The plain function requests in ``SimCluster`` (module doc): request rows and, per
     function, devices and instances used. ``platform_ms``: measured platform latency samples,
     one drawn per request, in place of the scenario's constant;
-    ``platform_outstanding_share``, ``instance_wakeup_ms``, ``token_release_ms`` and
-    ``admission_interval_ms``: ``ClusterConfig``'s;
+    ``platform_outstanding_share``, ``instance_wakeup_ms``, ``batch_gap_ms``,
+    ``token_release_ms`` and ``admission_interval_ms``: ``ClusterConfig``'s;
     ``kernels_per_request``: ``SimFunction``'s, per function (absent: 0)."""
     from gshare.policy.admission import DEFAULT_MAX_LATENCY_SLO_FACTOR
     from gshare.sim.cluster import ClusterConfig, SimCluster, SimFunction, cpu_runtime_fields
@@ -426,6 +427,7 @@ def run_functions(
         platform_ms=tuple(platform_ms) or ((platform,) if platform > 0 else ()),
         platform_outstanding_share=platform_outstanding_share,
         instance_wakeup_ms=tuple(float(x) for x in instance_wakeup_ms),
+        batch_gap_ms=tuple(float(x) for x in batch_gap_ms),
         token_release_ms=float(token_release_ms),
         admission_interval_ms=dict(admission_interval_ms or {}),
         **(cpu_runtime_fields() if on_cpu else {}),
@@ -556,6 +558,7 @@ def simulate(
     kernels_per_request: Mapping[str, int] | None = None,
     token_release_ms: float = 0.0,
     admission_interval_ms: Mapping[str, float] | None = None,
+    batch_gap_ms: Sequence[float] = (),
 ) -> ExperimentResult:
     """Run ``scenario`` in the simulator (module doc); ``ScenarioError`` for what the scenario
     cannot run with (a policy name, a function without profile, ...). ``frontend_jitter_ms``:
@@ -565,7 +568,8 @@ def simulate(
     the part of each during which the gateway still counts the request outstanding (measured
     there too; ``sim.gateway``); ``step_profiles``: generative
     models' step models in place of the shipped ones (``bench/generate.py``);
-    ``instance_wakeup_ms``: measured wake-up samples of an idle instance's batching thread and
+    ``instance_wakeup_ms``: measured wake-up samples of an idle instance's batching thread,
+    ``batch_gap_ms`` its loop's gaps between back-to-back batches, and
     ``kernels_per_request``: each function's module calls per request, its instances'
     preemption points (``sim.instance.InstanceConfig``), and ``token_release_ms``: the delay
     of an idle instance's token release (``sim.gpu``; all three measured and given by
@@ -595,6 +599,7 @@ def simulate(
         platform_outstanding_share=platform_outstanding_share,
         instance_wakeup_ms=instance_wakeup_ms, kernels_per_request=kernels_per_request,
         token_release_ms=token_release_ms, admission_interval_ms=admission_interval_ms,
+        batch_gap_ms=batch_gap_ms,
     )  # fmt: skip
     gen_rows, gen_extra = run_generative(
         scenario, arrivals, request_tokens(scenario, arrivals), seed=s, warmup_ms=warmup_ms,

@@ -257,6 +257,13 @@ class Client:
             return r.json()
         return r.content
 
+    def instance_stats(self, name: str, instance_id: str) -> dict[str, Any]:
+        """One instance's own counters (``/system/function/{name}/instances/{id}/stats``)."""
+        out: dict[str, Any] = self._request(
+            "GET", f"/system/function/{name}/instances/{instance_id}/stats", auth=True
+        ).json()
+        return out
+
     def logs(self, name: str, tail: int = 100) -> builtins.list[str]:
         out: builtins.list[str] = self._request(
             "GET", "/system/logs", auth=True, params={"name": name, "tail": tail}

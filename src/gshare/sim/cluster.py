@@ -142,6 +142,10 @@ class ClusterConfig:
     """Wake-up samples of an idle instance's batching thread (``sim.instance.InstanceConfig.
     wakeup_ms``: measured, the live ``queue_ms`` of requests that reached an idle instance);
     empty: none."""
+    batch_gap_ms: tuple[float, ...] = ()
+    """Loop-gap samples of an instance's batching thread between a batch and the next one ready
+    (``sim.instance.InstanceConfig.batch_gap_ms``: measured, the live instance's time from a
+    batch's end to the next batch's start, its token kept); empty: none."""
     launch: LaunchGating | None = field(default_factory=LaunchGating)
     """Burst model of instances (default: launch-gated, validated by ``token-fidelity``)."""
     token_wakeup_ms: float = DEFAULT_WAKEUP_MS
@@ -463,6 +467,7 @@ class SimCluster:
                 launch=self.config.launch,
                 kernels_per_request=fn.kernels_per_request,
                 wakeup_ms=self.config.instance_wakeup_ms,
+                batch_gap_ms=self.config.batch_gap_ms,
             ),
             self.profiles,
             self.rng,

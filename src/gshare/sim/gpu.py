@@ -212,6 +212,8 @@ class SimGpu:
         self._running: dict[str, _Burst] = {}
         self._held: dict[str, tuple[Grant, float]] = {}
         """Tokens kept after a burst (``token_reuse``): client -> (grant, time used on it)."""
+        self._holding: dict[str, float] = {}
+        """Kept tokens held over the instance's loop gap (``hold_token``): client -> since."""
         self._releasing: dict[str, tuple[Grant, float]] = {}
         """Releases not processed yet (``token_release_ms``): client -> (grant, time used)."""
         self._predicted_burst_ms: dict[str, float] = {}
@@ -238,6 +240,7 @@ class SimGpu:
         """Forget an instance; a burst it had in flight is dropped without completing."""
         self._settle()
         self._held.pop(client_id, None)  # the scheduler forgets its token with it
+        self._holding.pop(client_id, None)
         self._releasing.pop(client_id, None)
         self._predicted_burst_ms.pop(client_id, None)
         b = self._bursts.pop(client_id, None)
@@ -280,8 +283,11 @@ class SimGpu:
         self._bursts[client_id] = b
         self._stats.bursts += 1
         held = self._held.pop(client_id, None)
+        since_ms = self._holding.pop(client_id, None)
         if held is not None:
             grant, used_ms = held
+            if since_ms is not None:  # held over the loop gap: its clock ran
+                used_ms += now - since_ms
             left_ms = grant.quota_ms - used_ms
             predicted = self._predicted_burst_ms.get(client_id, 0.0)
             if reuse_token(left_ms, predicted, split_bursts=False):
@@ -295,6 +301,18 @@ class SimGpu:
             # the rest does not fit: give it back (work is queued) and ask again
             self._release(client_id, grant, used_ms, completed=False)
         self._apply(self.scheduler.request(client_id, now))
+
+    def hold_token(self, client_id: str) -> bool:
+        """Keep ``client_id``'s token, kept after the burst that just completed
+        (``token_reuse``), until its next ``run_burst``: the instance's batching loop sends the
+        answers and takes the next batch before it starts it (``SimInstance``'s loop gap), and
+        the token's clock runs meanwhile, as the live token client's does (wall time since its
+        grant). Called by the instance from the burst's ``on_done``; False (nothing kept) when
+        no token is held, so the next burst asks for one."""
+        if client_id not in self._held:
+            return False
+        self._holding[client_id] = self.loop.now_ms
+        return True
 
     def active_sm_pct(self, exclude: str | None = None) -> float:
         """SM % of the clients with a burst in flight (running, waiting or draining)."""
@@ -420,6 +438,8 @@ class SimGpu:
             del self._bursts[cid]
             self._reschedule_all()
             self._done(b)
+            if cid in self._holding:  # its next burst starts after the instance's loop gap
+                return
             held = self._held.pop(cid, None)
             if held is not None:  # no burst started at once: the client is idle
                 if self.token_release_ms > 0:

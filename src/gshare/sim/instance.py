@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gshare.policy.batching import next_batch
+from gshare.policy.batching import keep_token_for_next_batch, next_batch
 from gshare.policy.tokens import ClientSpec
 from gshare.profiles import ProfileTable, kernels_per_inference
 from gshare.resources import GpuShare
@@ -146,6 +146,11 @@ class InstanceConfig:
     instance (nothing queued or running) starts one drawn sample later, the hand-over from the
     live instance's IO thread to its batching thread (part of the live ``queue_ms``); empty:
     at once."""
+    batch_gap_ms: tuple[float, ...] = ()
+    """Loop-gap samples (ms) of the instance's batching thread: a batch that is ready when the
+    one before it ends starts one drawn sample later, its token kept meanwhile
+    (``SimGpu.hold_token``): the live loop encodes and sends the answers and takes the next
+    batch between the two (part of the live ``queue_ms``); empty: at once."""
 
 
 class SimInstance:
@@ -315,8 +320,23 @@ class SimInstance:
             r.finish_ms = r.instance_finish_ms = now
             r.token_wait_ms = token_wait_ms
             self.on_complete(r)
+        gaps = self.config.batch_gap_ms
+        if gaps and self._next_ready(now):
+            self.gpu.hold_token(self.instance_id)
+            self._waking = True  # no batch starts before the gap ends
+            self.loop.after(gaps[int(self.rng.integers(len(gaps)))], self._on_woken)
+            return
         self._maybe_dispatch()
         self._maybe_stop()
+
+    def _next_ready(self, now_ms: float) -> bool:
+        """A batch can start now (``policy.batching.keep_token_for_next_batch``)."""
+        if not self.queue or self.stopped or not self.ready:
+            return False
+        c = self.config
+        return keep_token_for_next_batch(
+            len(self.queue), self.queue[0].arrival_ms, now_ms, c.max_batch, c.max_wait_ms
+        )
 
     def _maybe_stop(self) -> None:
         if self.draining and not self.in_flight and not self.queue and not self.stopped:

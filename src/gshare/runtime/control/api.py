@@ -9,6 +9,7 @@ the problem (400 spec errors, 404 unknown function, 409 conflicts, 503 no agent)
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from gshare import __version__
@@ -252,6 +253,19 @@ class ControlApi(ControlPlane):
             "fikit": _fikit_view(fs, insts),
             "instances": [_instance_view(i) for i in sorted(insts, key=lambda i: i.instance_id)],
         }
+
+    async def instance_stats(self, name: str, instance_id: str) -> dict[str, object]:
+        """One ready instance's own counters (its ``stats`` command, through the gateway):
+        requests, batches, busy and token-wait time, queued and running requests, and its
+        batching loop's gaps between back-to-back batches (``loop_gaps_ms``, the newest)."""
+        if name not in self.c.functions:
+            raise HttpError(404, f"function {name!r} is not deployed")
+        inst = self.c.instances.get(instance_id)
+        if inst is None or inst.function != name:
+            raise HttpError(404, f"function {name!r} has no instance {instance_id!r}")
+        raw = await self.gateway.control(inst.route, instance_id, {"cmd": "stats"})
+        out: dict[str, object] = {"id": instance_id, **json.loads(raw)}
+        return out
 
     def logs(self, name: str, tail: int) -> list[str]:
         events = self.c.state.events(name, tail)

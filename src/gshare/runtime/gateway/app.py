@@ -281,6 +281,11 @@ def mount_control_api(
         require_token(request)
         return control.function_status(name)
 
+    @app.get("/system/function/{name}/instances/{instance_id}/stats")
+    async def instance_stats(name: str, instance_id: str, request: Request) -> dict[str, object]:
+        require_token(request)
+        return await control.instance_stats(name, instance_id)
+
     @app.get("/system/logs")
     async def logs(request: Request, name: str = "", tail: int = 100) -> dict[str, object]:
         require_token(request)

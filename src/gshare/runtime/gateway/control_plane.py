@@ -40,6 +40,9 @@ class ControlPlane:
     def logs(self, name: str, tail: int) -> list[str]:
         raise NotImplementedError
 
+    async def instance_stats(self, name: str, instance_id: str) -> dict[str, object]:
+        raise NotImplementedError
+
     async def start_profile(self, name: str, params: dict[str, object]) -> dict[str, object]:
         raise NotImplementedError
 

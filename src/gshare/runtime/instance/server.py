@@ -68,6 +68,8 @@ from gshare.runtime.instance.wire import Conn, DataPath, Item, json_default
 if TYPE_CHECKING:
     from gshare.runtime.instance.generative.serving import EngineHost
 
+LOOP_GAP_SAMPLES = 512
+"""Loop gaps the instance keeps for its ``stats`` command (the newest)."""
 SWITCH_INTERVAL_S = 0.0005
 """The interpreter's switch interval in an instance process (``sys.setswitchinterval``; Python's
 default is 5 ms): how long a thread that holds the GIL keeps it once another asks for it.
@@ -102,7 +104,21 @@ class InstanceServer:
         self._dead = False
         self._predict_since: float | None = None
         """When the running ``predict`` started (None: none runs); the predict watchdog's."""
-        self.stats = {"requests": 0, "batches": 0, "busy_ms": 0.0, "token_wait_ms": 0.0}
+        self.stats = {
+            "requests": 0,
+            "batches": 0,
+            "busy_ms": 0.0,
+            "token_wait_ms": 0.0,
+            "loop_gaps": 0,
+            "loop_gap_ms": 0.0,
+        }
+        self.loop_gaps_ms: deque[float] = deque(maxlen=LOOP_GAP_SAMPLES)
+        """The last ``LOOP_GAP_SAMPLES`` loop gaps (ms): from a batch's end to the start of the
+        next one when that one was ready at once (its token kept): the answers' encoding and
+        send and the loop's bookkeeping. The ``stats`` command reports them (the simulator's
+        ``batch_gap_ms`` is measured from them)."""
+        self._kept_since: float | None = None
+        """End of the last batch when the next one was ready at once (its token kept)."""
         # 1.-2. spatial partition, memory cap, sandbox and model (instance.startup).
         cs = cold_start(launch)
         self.cores = cs.cores
@@ -218,6 +234,7 @@ class InstanceServer:
                         **self.stats,
                         "queued": len(self._queue),
                         "running": len(self._running),
+                        "loop_gaps_ms": [round(g, 4) for g in list(self.loop_gaps_ms)],
                     }
                 if self.gen is not None:
                     reply["engine"] = self.gen.stats()
@@ -343,9 +360,11 @@ class InstanceServer:
                     # (policy.batching.keep_token_for_next_batch).
                     keep = keep_token_for_next_batch(*self._queue_now())
                 if not keep:
+                    self._kept_since = None
                     self.gate.idle_tokens()
 
     def _run_batch(self, batch: list[Item]) -> None:
+        since, self._kept_since = self._kept_since, None
         out: list[tuple[Conn, bytes]] = []
         inputs: list[object] = []
         good: list[Item] = []
@@ -366,6 +385,11 @@ class InstanceServer:
             return
         gate = self.gate
         t_ask = time.perf_counter()
+        if since is not None:  # the loop gap since the batch before (stats)
+            gap_ms = (t_ask - since) * 1000.0
+            self.stats["loop_gaps"] += 1
+            self.stats["loop_gap_ms"] += gap_ms
+            self.loop_gaps_ms.append(gap_ms)
         t0 = gate.begin_batch()
         results: list[tuple[bool, Any]] = []  # (True, output) or (False, failure response)
         first_ok = False
@@ -395,6 +419,7 @@ class InstanceServer:
         finally:
             gate.end_batch(t0, ok=first_ok)
         busy_ms, token_wait_ms = gate.end_burst(t_ask, t0)
+        self._kept_since = time.perf_counter()
         self.stats["requests"] += len(good)
         self.stats["batches"] += 1
         self.stats["busy_ms"] += busy_ms
