@@ -48,6 +48,7 @@ ROUTES: list[tuple[str, str, bool]] = [
     ("DELETE", "/system/functions", True),
     ("DELETE", "/system/functions/{name}", True),
     ("GET", "/system/function/{name}", True),
+    ("GET", "/system/function/{name}/instances/{instance_id}/stats", True),
     ("GET", "/system/logs", True),
     ("POST", "/system/profile/{name}", True),
     ("GET", "/system/profile/{name}", True),
@@ -229,6 +230,7 @@ def test_http_entry_points_answer_hostile_input_with_one_error_shape(
 ) -> None:
     method, template, needs_token = route
     path = template.replace("{name}", _quote(name)).replace("{version}", _quote(version or "1"))
+    path = path.replace("{instance_id}", _quote(version or "1"))
     if method == "DELETE" and name == "echo":
         path = path.replace("echo", "echo-not")  # keep the canary deployed
     headers: dict[str, str] = {}
