@@ -192,7 +192,8 @@ class SimInstance:
         self._gap_bounds_ms = tuple(bound for bound, _ in config.busy_gap_factors)
         self._timer_at: float | None = None
         self._waking = False
-        """The batching thread is waking up (``InstanceConfig.wakeup_ms``): no batch before."""
+        """The batching thread is waking up (``InstanceConfig.wakeup_ms``) or in its loop gap
+        after a batch (``InstanceConfig.batch_gap_ms``): no batch starts before ``_on_woken``."""
         self._work_cache: dict[int, float] = {}
         self._launch_floor_ms: float | None = None
         self._launch_kernels: int | None = None
