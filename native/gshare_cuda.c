@@ -737,20 +737,23 @@ static void ensure_events(void) {
 
 /* ---------------------------------------------------------------- the launch gate ------- */
 
-/* 1 when the launch's stream has nothing left to run (cuStreamQuery), 0 when it is busy or
- * the query is missing. Asked only on sampled launches: it re-anchors the predicted end of
- * the queued work (g.dev_end), which otherwise drifts ahead of the device by every
+/* 1 when the launch's stream has nothing left to run (cuStreamQuery), 0 when it is busy, -1
+ * when the query is missing. Asked only on sampled launches: it re-anchors the predicted end
+ * of the queued work (g.dev_end), which otherwise drifts ahead of the device by every
  * over-predicted kernel, and it tells a sample whose start event waited for the host's
- * launch (a device that was idle) from one that waited for earlier kernels. Seen on an H200:
- * without it, resnet50's predicted end ran ahead, nearly every inference revoked its token
- * (drain + round trip), and the governed p50 rose by 6 to 80 %. */
+ * launch (an idle stream) from one that waited for earlier kernels -- which the prediction
+ * alone gets wrong for a kernel's first launches (predicted 0 ms, so the device looks idle
+ * behind them): the host's latency was then subtracted from a kernel that ran back to back,
+ * and a host preempted there under-measured it. Seen on an H200: without the re-anchoring,
+ * resnet50's predicted end ran ahead, nearly every inference revoked its token (drain +
+ * round trip), and the governed p50 rose by 6 to 80 %. */
 static void *r_cuStreamQuery, *r_cuStreamQuery_ptsz;
 static int stream_idle(CUstream s, int entry) {
     int ptsz = entry == E_LAUNCH_PTSZ || entry == E_LAUNCH_EX_PTSZ || entry == E_COOP_PTSZ ||
                entry == E_GRAPH_PTSZ;
     void *fn = ptsz ? REAL(r_cuStreamQuery_ptsz, "cuStreamQuery_ptsz")
                     : REAL(r_cuStreamQuery, "cuStreamQuery");
-    return fn && ((stream_fn)fn)(s) == CUDA_SUCCESS;
+    return fn ? ((stream_fn)fn)(s) == CUDA_SUCCESS : -1;
 }
 
 typedef struct {
@@ -780,8 +783,9 @@ static CUresult gate_enter(CUfunction f, const unsigned grid[3], const unsigned 
     gt->pred = (int64_t)pred;
     int want_sample =
         k && (g.profile_all || k->launches < SAMPLE_FIRST || k->launches % SAMPLE_EVERY == 0);
-    if (want_sample && (g.n_streams == 0 || (g.n_streams == 1 && g.streams[0] == stream)) &&
-        g.dev_end > now_ns() && stream_idle(stream, entry))
+    int s_idle = want_sample ? stream_idle(stream, entry) : -1; /* -1: not known */
+    if (s_idle == 1 && (g.n_streams == 0 || (g.n_streams == 1 && g.streams[0] == stream)) &&
+        g.dev_end > now_ns())
         g.dev_end = now_ns(); /* the queue is empty: nothing is predicted ahead (stream_idle) */
     if (g.governed) {
         int64_t now = now_ns();
@@ -830,7 +834,7 @@ static CUresult gate_enter(CUfunction f, const unsigned grid[3], const unsigned 
             g.burst_start = begin;
             g.burst_open = 0;
         }
-        gt->idle = start == now;
+        gt->idle = s_idle >= 0 ? s_idle : start == now;
         g.dev_end = start + (int64_t)pred;
         if (!g.burst_open) { /* a new burst segment, on an idle device */
             gt->opened = 1;
@@ -851,7 +855,7 @@ static CUresult gate_enter(CUfunction f, const unsigned grid[3], const unsigned 
     } else {
         ensure_events(); /* measurement mode without tokens */
         int64_t now = now_ns();
-        gt->idle = g.dev_end <= now;
+        gt->idle = s_idle >= 0 ? s_idle : g.dev_end <= now;
         g.dev_end = (g.dev_end > now ? g.dev_end : now) + (int64_t)pred;
     }
     if (want_sample) {
@@ -860,8 +864,9 @@ static CUresult gate_enter(CUfunction f, const unsigned grid[3], const unsigned 
             gt->sample = 1;
             gt->start = g.pool[--g.n_pool];
             gt->end = g.pool[--g.n_pool];
-            gt->t_sample = now_ns();
             ev_record(gt->start, stream);
+            gt->t_sample = now_ns(); /* after the record: the latency subtracted is never more
+                                      * than the host's time from the event to the launch */
         }
     }
     if (k) k->launches++;

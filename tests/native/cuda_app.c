@@ -278,11 +278,11 @@ int main(int argc, char **argv) {
         cu.get_function(&g2, NULL, "gemm_tile");
         cu.get_function(&h3, NULL, "softmax_rows");
         for (int rep = 0; rep < 3; rep++) {
-            kernel(f, 200, 8, 128);
-            kernel(g2, 300, 16, 256);
-            kernel(g2, 300, 32, 256);
+            kernel(f, 2000, 8, 128);
+            kernel(g2, 3000, 16, 256);
+            kernel(g2, 3000, 32, 256);
             CUlaunchConfig cfg = {4, 2, 1, 64, 1, 1, 0, NULL, NULL, 0};
-            unsigned us = 100;
+            unsigned us = 1000;
             void *params[] = {&us};
             cu.launch_ex(&cfg, h3, params, NULL);
             cu.ctx_sync(NULL);

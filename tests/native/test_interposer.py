@@ -391,10 +391,10 @@ def test_kernel_ids_are_stable_across_runs_and_measured(built: Native, tmp_path:
         _run(built, env, "ids", "gpa" if run else "direct")
         profiles.append(native.read_kernel_profile(path))
     expected = {
-        KernelId.gpu("gshare_test_kernel", (8, 1, 1), (128, 1, 1)): 0.2,
-        KernelId.gpu("gemm_tile", (16, 1, 1), (256, 1, 1)): 0.3,
-        KernelId.gpu("gemm_tile", (32, 1, 1), (256, 1, 1)): 0.3,
-        KernelId.gpu("softmax_rows", (4, 2, 1), (64, 1, 1)): 0.1,
+        KernelId.gpu("gshare_test_kernel", (8, 1, 1), (128, 1, 1)): 2.0,
+        KernelId.gpu("gemm_tile", (16, 1, 1), (256, 1, 1)): 3.0,
+        KernelId.gpu("gemm_tile", (32, 1, 1), (256, 1, 1)): 3.0,
+        KernelId.gpu("softmax_rows", (4, 2, 1), (64, 1, 1)): 1.0,
     }
     for p in profiles:  # the same IDs in every run, with or without cuFuncGetName
         assert p.task_key == "fn"
@@ -402,15 +402,14 @@ def test_kernel_ids_are_stable_across_runs_and_measured(built: Native, tmp_path:
         assert set(stats) == set(expected)
         for kid, ms in expected.items():
             assert stats[kid].count == 3
-            # the stub's durations, + the launch latency when the device was idle: the event
-            # before a kernel is stamped when the device reaches it, the kernel a little later;
-            # under half their 0.1-ms separation either way, so the IDs' profiles cannot be
-            # confused: the stub's device thread is preempted on a busy 2-core host (fresh-clone
-            # runs measured 0.080 for a 0.1-ms kernel and 0.265 for a 0.3-ms one)
-            assert stats[kid].mean_ms == pytest.approx(ms, abs=0.049)
+            # the stub's durations, less the host's launch latency when the stream was idle:
+            # within half their 1-ms separation either way, so the IDs' profiles cannot be
+            # confused. The host is preempted between the event and the launch on a busy 2-core
+            # host (one sample 0.22 ms off seen), hence kernels of milliseconds
+            assert stats[kid].mean_ms == pytest.approx(ms, abs=0.49)
         assert sum(s.gap_count for s in stats.values()) == 11  # every kernel but the last
         # within a burst the kernels ran back to back: no idle gap after them
-        assert stats[KernelId.gpu("gshare_test_kernel", (8, 1, 1), (128, 1, 1))].gap_mean_ms < 0.05
+        assert stats[KernelId.gpu("gshare_test_kernel", (8, 1, 1), (128, 1, 1))].gap_mean_ms < 0.5
 
 
 def test_preload_env_and_configure(built: Native) -> None:
