@@ -50,7 +50,7 @@ simulated figure per live run's inputs, as ``live`` is the runs' mean. Scenarios
 ``mlp-chain`` and ``share-pair`` with short runs, and ``gpu-shares``.
 
 Per figure (``experiments.fidelity.score``): ``sim``, ``sim_median``, ``sim_p05`` / ``sim_p95``,
-``live`` (mean of the two runs), ``live_runs``, ``live_spread``, ``error`` and ``within``, and
+``live`` (mean of the live runs), ``live_runs``, ``live_spread``, ``error`` and ``within``, and
 ``basis``: ``bound`` (judged on p50 ±15 %, p99 ±30 %, hit rate / violations ±5 pp, mean
 instances ±10 %, shares ±2 pp) or ``interval`` (outside its bound where the live spread is
 larger than the bound: within when the live figure is inside the simulated 90 % interval).
@@ -118,6 +118,11 @@ WORKFLOW_LIVE_S, WORKFLOW_CALIBRATION_S = 15.0, 12.0
 and their lengths, with a calibration before, between and after them (``run_workflow``'s NOTE)."""
 WARMUP_S = 3.0
 """A workflow scenario's unmeasured warm-up load before its calibration run."""
+
+
+def live_run_count(name: str, quick: bool) -> int:
+    """How many live runs scenario ``name`` makes (``run_workflow`` and the progress line)."""
+    return WORKFLOW_LIVE_RUNS if name.startswith("mlp-chain") and not quick else LIVE_RUNS
 
 
 def _load() -> float:
@@ -243,7 +248,7 @@ def run_workflow(name: str, quick: bool, seeds: int, tmp: Path, loads: list[floa
     wf = next(w.target for w in sc.workloads if w.kind == "workflow")
     fns = sorted({s.function for s in sc.workflows[wf].stages})
     dur, calib_s = (8.0, 5.0) if quick else (WORKFLOW_LIVE_S, WORKFLOW_CALIBRATION_S)
-    runs = LIVE_RUNS if quick else WORKFLOW_LIVE_RUNS
+    runs = live_run_count(name, quick)
     inputs: list[dict[str, Any]] = []
     lives: list[Any] = []
     with ServeProcess("--workflow-policy", "esg", state_dir=tmp / name, cwd=REPO) as srv:
@@ -995,7 +1000,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             t = time.perf_counter()
             loads: list[float] = []
             inputs: dict[str, Any] = {}
-            runs = WORKFLOW_LIVE_RUNS if n.startswith("mlp-chain") and not args.quick else LIVE_RUNS
+            runs = live_run_count(n, args.quick)
             worlds = "recorded GPU runs" if n == "gpu-shares" else f"live x{runs}"
             print(f"{n}: {worlds}, simulated x{seeds} (load {_load()})", flush=True)
             if n.startswith("mlp-chain"):
