@@ -347,6 +347,18 @@ def test_each_live_run_is_simulated_from_the_calibrations_around_it() -> None:
         pairs(2, [a, b])
 
 
+def test_every_calibration_draws_from_all_their_spreads_pooled_in_its_own_order() -> None:
+    pooled = _fidelity().pooled_spreads
+    spreads = [[-1.0, 0.0, 2.0], [-0.5, 0.0, 40.0], [0.0, 1.0]]
+    got = pooled(spreads, 7)
+    assert len(got) == 3
+    everything = sorted(x for xs in spreads for x in xs)
+    assert all(sorted(g) == everything for g in got)  # each holds every sample, once
+    assert len({tuple(g) for g in got}) == 3  # in three orders
+    assert pooled(spreads, 7) == got  # the seed decides them
+    assert pooled([[], []], 7) == [[], []]
+
+
 def test_the_live_gaps_are_the_difference_of_two_readings_and_their_median_interpolated() -> None:
     fidelity, inf = _fidelity(), float("inf")
     before = {0.002: 1.0, 0.004: 1.0, 0.008: 2.0, inf: 2.0}
