@@ -133,6 +133,21 @@ def calibrate(
     }
 
 
+def _answered_ms(result: Any, wf_name: str) -> list[float]:
+    return sorted(
+        float(r["latency_ms"])
+        for r in result.rows
+        if r.get("kind") == "workflow" and r.get("name") == wf_name and r.get("status") == "ok"
+    )
+
+
+def median_latency_ms(result: Any, wf_name: str) -> float:
+    """The run's median answered workflow latency, ms, as ``spread_about_median`` takes it
+    (the upper median; 0.0 without an answered request)."""
+    lat = _answered_ms(result, wf_name)
+    return lat[len(lat) // 2] if lat else 0.0
+
+
 def spread_about_median(result: Any, wf_name: str) -> list[float]:
     """The calibration run's latency spread: each answered workflow request's latency less the
     run's median, ms (negative for the faster half) — drawn per request by the simulator
@@ -142,14 +157,8 @@ def spread_about_median(result: Any, wf_name: str) -> list[float]:
     request was faster than the model's own floor: on a machine where ``mlp-chain-tight``'s
     10-ms SLO lay below its median (13 ms), live runs met it 5.6 and 9.9 % of the time and the
     simulator never (``bench/fidelity.py``, full run). Above the median nothing changed."""
-    lat = sorted(
-        float(r["latency_ms"])
-        for r in result.rows
-        if r.get("kind") == "workflow" and r.get("name") == wf_name and r.get("status") == "ok"
-    )
-    if not lat:
-        return []
-    med = lat[len(lat) // 2]
+    lat = _answered_ms(result, wf_name)
+    med = median_latency_ms(result, wf_name)
     return [x - med for x in lat]
 
 

@@ -349,14 +349,19 @@ def test_each_live_run_is_simulated_from_the_calibrations_around_it() -> None:
 
 def test_every_calibration_draws_from_all_their_spreads_pooled_in_its_own_order() -> None:
     pooled = _fidelity().pooled_spreads
-    spreads = [[-1.0, 0.0, 2.0], [-0.5, 0.0, 40.0], [0.0, 1.0]]
-    got = pooled(spreads, 7)
+    spreads = [[-1.0, 0.0, 2.0], [-2.0, 0.0, 40.0], [0.0, 1.0]]
+    medians = [5.0, 10.0, 5.0]
+    got = pooled(spreads, medians, 7)
     assert len(got) == 3
-    everything = sorted(x for xs in spreads for x in xs)
-    assert all(sorted(g) == everything for g in got)  # each holds every sample, once
-    assert len({tuple(g) for g in got}) == 3  # in three orders
-    assert pooled(spreads, 7) == got  # the seed decides them
-    assert pooled([[], []], 7) == [[], []]
+    # as fractions of the medians: -0.2, 0, 0.4 | -0.2, 0, 4.0 | 0, 0.2; each scaled by its own
+    fractions = sorted([-0.2, 0.0, 0.4, -0.2, 0.0, 4.0, 0.0, 0.2])
+    for g, m in zip(got, medians, strict=True):
+        assert np.allclose(sorted(g), [f * m for f in fractions])  # every sample, once
+    assert got[0] != got[2]  # same median, another order
+    assert pooled(spreads, medians, 7) == got  # the seed decides them
+    assert pooled([[1.0], []], [0.0, 4.0], 7) == [[], []]  # no median: nothing to pool
+    with pytest.raises(ValueError, match="2 spreads but 1 medians"):
+        pooled([[], []], [1.0], 7)
 
 
 def test_the_live_gaps_are_the_difference_of_two_readings_and_their_median_interpolated() -> None:

@@ -392,6 +392,7 @@ def test_metrics_endpoint(served: ServeProcess, echo: str) -> None:
         'gshare_instances{function="echo",state="ready"} 1.0',
         'gshare_requested_share{function="echo",instance=',
         'gshare_achieved_share{function="echo",instance=',
+        'gshare_server_gc_pause_seconds_count{generation="0"}',  # the server's collections
     ):
         assert needle in text, needle
 

@@ -1,10 +1,12 @@
-"""``runtime.server.freeze_startup_heap``: the server freezes its startup heap once before it
-serves, so a full collection no longer scans it (a 40-ms pause of every request in flight);
-the collector stays on for what serving allocates. Run in a child interpreter: freezing is
-process-wide and the test process's own collector must not change."""
+"""The server's collector: ``runtime.server.freeze_startup_heap`` freezes the startup heap
+once before the server serves, so a full collection no longer scans it (a 40-ms pause of every
+request in flight), and the collector stays on for what serving allocates (run in a child
+interpreter: freezing is process-wide); ``Metrics.watch_collector`` times each collection by
+generation for ``/metrics``."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -31,3 +33,28 @@ def test_the_startup_heap_is_frozen_and_new_cycles_are_still_collected() -> None
     )
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.strip()) >= 5000
+
+
+def test_the_servers_collections_are_timed_by_generation_until_the_watch_stops() -> None:
+    from prometheus_client import generate_latest
+
+    from gshare.runtime.metrics import Metrics
+
+    m = Metrics()
+
+    def full_collections() -> float:
+        for line in generate_latest(m.registry).decode().splitlines():
+            if line.startswith('gshare_server_gc_pause_seconds_count{generation="2"}'):
+                return float(line.split()[-1])
+        return 0.0
+
+    stop = m.watch_collector()
+    try:
+        gc.collect()
+        gc.collect()
+        assert full_collections() == 2.0
+    finally:
+        stop()
+    gc.collect()
+    assert full_collections() == 2.0  # no longer watched
+    stop()  # twice is harmless

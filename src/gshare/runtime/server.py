@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Callable, Generator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -370,10 +370,12 @@ class _Runtime:
             await controller.start()
             watcher = asyncio.create_task(backend.watch(controller), name="gshare-agents")
             grpc_server = None
+            stop_watching_collector: Callable[[], None] | None = None
             try:
                 if self.opts.grpc_port is not None:
                     grpc_server = await self.start_grpc(objs.oip, objs.gateway.max_body_bytes)
                 log.info("froze %d objects of the startup heap", freeze_startup_heap())
+                stop_watching_collector = objs.gateway.metrics.watch_collector()
                 print(
                     f"gshare: serving on {url} (state {self.state_dir}, {nodes} node(s), "
                     f"{'Ray' if backend.name == 'ray' else 'embedded, no Ray'})",
@@ -383,6 +385,8 @@ class _Runtime:
                 yield
             finally:
                 watcher.cancel()
+                if stop_watching_collector is not None:
+                    stop_watching_collector()
                 if grpc_server is not None:  # RPCs in flight get the grace HTTP gets
                     await grpc_server.stop(5.0)
                 log.info("stopping the controller and every instance")
