@@ -141,6 +141,27 @@ def test_a_replay_takes_the_calibrations_after_the_segment_too(tmp_path: Path) -
     assert bracketed["sim_p95"] > before_only["sim_p95"]
 
 
+def test_every_seed_simulates_the_median_of_the_calibrations_cold_starts(tmp_path: Path) -> None:
+    """A cold start is one request per calibration; a slow one (1.9 s against 0.1 s) must not
+    decide its seeds' tail: every seed takes the median of the calibrations' cold starts."""
+    lives = [
+        {
+            **LIVE,
+            "cold_start_ms": 100.0,
+            "calibration_after": {**CALIBRATION, "cold_start_ms": 120.0},
+        },
+        {
+            **LIVE,
+            "cold_start_ms": 1900.0,
+            "calibration_after": {**CALIBRATION, "cold_start_ms": 110.0},
+        },
+    ]
+    rows = _replay(tmp_path, "cold", lives, 4)["rows"]
+    p99 = next(r for r in rows if r["metric"] == "p99_ms")
+    assert sorted(p99["cold_start_ms_calibrations"]) == [100.0, 110.0, 120.0, 1900.0]
+    assert p99["cold_start_ms_simulated"] == 115.0
+
+
 def test_each_simulated_seed_counts_the_segment_on_its_own_phase(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

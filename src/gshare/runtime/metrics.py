@@ -16,7 +16,7 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS_S = (
@@ -239,39 +239,17 @@ class Metrics:
             ["function", "kind"],
             registry=r,
         )
-        self.gc_pause = Histogram(
-            "gshare_server_gc_pause_seconds",
-            "The server process's garbage collections, by generation (every request in flight "
-            "waits for one)",
-            ["generation"],
-            buckets=GC_PAUSE_BUCKETS_S,
-            registry=r,
-        )
+        self.gc_pauses = _GcPauses()
+        r.register(self.gc_pauses)
         self._engine_source: Collector | None = None
 
         r.register(_ConnectionCounters())
 
     def watch_collector(self) -> Callable[[], None]:
-        """Time every garbage collection of this process into ``gc_pause``; returns the call
+        """Time every garbage collection of this process into ``gc_pauses``; returns the call
         that stops it. Who calls: the server's lifespan (start and shutdown); one watcher per
         process, since ``gc.callbacks`` is process-wide."""
-        started: list[float] = []
-
-        def on_collection(phase: str, info: dict[str, Any]) -> None:
-            if phase == "start":
-                started[:] = [time.perf_counter()]
-            elif started:
-                self.gc_pause.labels(str(info.get("generation", "?"))).observe(
-                    time.perf_counter() - started[0]
-                )
-
-        gc.callbacks.append(on_collection)
-
-        def stop() -> None:
-            with contextlib.suppress(ValueError):
-                gc.callbacks.remove(on_collection)
-
-        return stop
+        return self.gc_pauses.watch()
 
     def add_engine_collector(self, collector: Collector) -> None:
         """The generative engines' gauges and counters, read at scrape time
@@ -310,6 +288,60 @@ class ConnectionCounts:
 
 CONNECTION_COUNTERS = ConnectionCounts()
 """The process's connection counts, read by ``/metrics`` at scrape time."""
+
+
+class _GcPauses(Collector):
+    """``gshare_server_gc_pause_seconds``: the process's garbage collections by generation,
+    counted into plain lists by a ``gc.callbacks`` hook and read at scrape time.
+
+    NOTE — the hook touches no Prometheus metric: a collection can start inside any allocation,
+    also one a thread makes while it holds a metric's lock (``labels``, a scrape's copy of the
+    children), and an ``observe`` from the hook would then wait for that lock in the thread
+    that holds it, for ever. Plain lists of numbers need no lock and allocate nothing the
+    collector tracks."""
+
+    def __init__(self) -> None:
+        self._counts = [[0] * (len(GC_PAUSE_BUCKETS_S) + 1) for _ in range(3)]
+        self._sums_s = [0.0, 0.0, 0.0]
+        self._started = [0.0]
+
+    def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started[0] = time.perf_counter()
+            return
+        gen = int(info.get("generation", 2))
+        if not 0 <= gen <= 2:
+            return
+        dt = time.perf_counter() - self._started[0]
+        i = 0
+        while i < len(GC_PAUSE_BUCKETS_S) and dt > GC_PAUSE_BUCKETS_S[i]:
+            i += 1
+        self._counts[gen][i] += 1
+        self._sums_s[gen] += dt
+
+    def watch(self) -> Callable[[], None]:
+        gc.callbacks.append(self._on_collection)
+
+        def stop() -> None:
+            with contextlib.suppress(ValueError):
+                gc.callbacks.remove(self._on_collection)
+
+        return stop
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        h = HistogramMetricFamily(
+            "gshare_server_gc_pause_seconds",
+            "The server process's garbage collections, by generation (every request in flight "
+            "waits for one)",
+            labels=["generation"],
+        )
+        for gen in range(3):
+            counts, acc, buckets = list(self._counts[gen]), 0, []
+            for le, n in zip([*map(str, GC_PAUSE_BUCKETS_S), "+Inf"], counts, strict=True):
+                acc += n
+                buckets.append((le, acc))
+            h.add_metric([str(gen)], buckets, self._sums_s[gen])
+        yield h
 
 
 class _ConnectionCounters(Collector):
