@@ -203,24 +203,25 @@ def _twin_inputs(
     calib: Any,
     profiles: dict[str, list[ProfilePoint]],
     calib_s: float,
+    own_spread: list[float],
     jitter: list[float],
 ) -> dict[str, Any]:
     """The simulated twin's inputs from one calibration run (``twin``): the platform constants
     and ``frontend_ms`` shifted to match the calibration's median with ``jitter`` (the spread
     about the median the simulator draws) drawn on top (``unmatched``: the constants before the
-    match; ``own_spread_p99_ms``: the calibration's own p99 less its median, a diagnostic)."""
+    match; ``own_spread_p99_ms``: the p99 of ``own_spread``, the calibration's own spread about
+    its median, a diagnostic)."""
     constants = twin.calibrate(calib.summary["workflows"][wf], sc, wf, profiles)
     if jitter:
         constants["frontend_ms"] = max(0.0, constants["frontend_ms"] - float(np.mean(jitter)))
     unmatched = dict(constants)
     matched = twin.match_median(sc, wf, calib, constants, jitter, profiles, sc.seed + 1000, calib_s)
-    own = twin.spread_about_median(calib, wf)
     return {
         "constants": matched,
         "unmatched": unmatched,
         "jitter": jitter,
         "calibration_p50_ms": calib.summary["workflows"][wf]["p50_ms"],
-        "own_spread_p99_ms": float(np.percentile(own, 99)) if own else None,
+        "own_spread_p99_ms": float(np.percentile(own_spread, 99)) if own_spread else None,
     }
 
 
@@ -309,14 +310,11 @@ def run_workflow(name: str, quick: bool, seeds: int, tmp: Path, loads: list[floa
                     lambda: run_load(sc, srv.url, token=srv.token, duration_s=dur, seed=sc.seed),
                     loads,
                 )
-    spreads = pooled_spreads(
-        [twin.spread_about_median(c, wf) for c in calibs],
-        [twin.median_latency_ms(c, wf) for c in calibs],
-        sc.seed,
-    )
+    own = [twin.spread_about_median(c, wf) for c in calibs]
+    spreads = pooled_spreads(own, [twin.median_latency_ms(c, wf) for c in calibs], sc.seed)
     inputs = [
-        _twin_inputs(sc, wf, c, profiles, calib_s, jitter)
-        for c, jitter in zip(calibs, spreads, strict=True)
+        _twin_inputs(sc, wf, c, profiles, calib_s, o, jitter)
+        for c, o, jitter in zip(calibs, own, spreads, strict=True)
     ]
     per_calibration = []
     for tw in inputs:
@@ -954,16 +952,14 @@ def run_llm(
     # segments started cold in 102-105 ms; each seed simulated the cold start of its own
     # calibration and the two slow ones put the simulated p99 at 429 and 1,568 ms against live
     # 15 and 20 ms. Every seed takes the median of the calibrations' cold starts.
-    colds = [
-        float(c)
-        for c in (_autoscale.sim_inputs(lv, after=a)[1]["cold_start_ms"] for lv, a in cals)
-        if c is not None
-    ]
+    cal_inputs = [_autoscale.sim_inputs(lv, after=after) for lv, after in cals]
+    colds = [float(c) for _, cl in cal_inputs if (c := cl["cold_start_ms"]) is not None]
     cold_start_ms = float(np.median(colds)) if colds else None
     sims = []
     for k in range(seeds):
-        lv, after = cals[k % len(cals)]
-        tput, cluster = _autoscale.sim_inputs(lv, after=after)
+        lv = cals[k % len(cals)][0]
+        tput, cal_cluster = cal_inputs[k % len(cals)]
+        cluster = dict(cal_cluster)  # this seed's phase and cold start go in its own copy
         if cold_start_ms is not None:
             cluster["cold_start_ms"] = cold_start_ms
         ticks = lv.get("control_ticks_ms") or ()

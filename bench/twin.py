@@ -141,11 +141,14 @@ def _answered_ms(result: Any, wf_name: str) -> list[float]:
     )
 
 
+def _upper_median(sorted_ms: list[float]) -> float:
+    return sorted_ms[len(sorted_ms) // 2] if sorted_ms else 0.0
+
+
 def median_latency_ms(result: Any, wf_name: str) -> float:
-    """The run's median answered workflow latency, ms, as ``spread_about_median`` takes it
-    (the upper median; 0.0 without an answered request)."""
-    lat = _answered_ms(result, wf_name)
-    return lat[len(lat) // 2] if lat else 0.0
+    """The run's median answered workflow latency, ms, as ``spread_about_median`` and
+    ``match_median`` take it (the upper median; 0.0 without an answered request)."""
+    return _upper_median(_answered_ms(result, wf_name))
 
 
 def spread_about_median(result: Any, wf_name: str) -> list[float]:
@@ -158,7 +161,7 @@ def spread_about_median(result: Any, wf_name: str) -> list[float]:
     10-ms SLO lay below its median (13 ms), live runs met it 5.6 and 9.9 % of the time and the
     simulator never (``bench/fidelity.py``, full run). Above the median nothing changed."""
     lat = _answered_ms(result, wf_name)
-    med = median_latency_ms(result, wf_name)
+    med = _upper_median(lat)
     return [x - med for x in lat]
 
 
@@ -180,11 +183,7 @@ def match_median(
     out 18 % above the live one on ``mlp-chain-tight`` (``bench/fidelity.py``, full run, load
     2.5), moving its hit rate by 17 pp. The shift is fitted on the calibration run only, never on
     the run it is scored against."""
-    live = sorted(
-        float(r["latency_ms"])
-        for r in calib.rows
-        if r.get("kind") == "workflow" and r.get("name") == wf_name and r.get("status") == "ok"
-    )
+    live = _answered_ms(calib, wf_name)
     if not live:
         return constants
     sc = with_cluster(scenario, local_latency_ms=0.0, remote_latency_ms=0.0, **constants)
@@ -193,7 +192,7 @@ def match_median(
     p50 = sim.summary["workflows"][wf_name]["p50_ms"]
     if p50 is None:
         return constants
-    shift = live[len(live) // 2] - float(p50)
+    shift = _upper_median(live) - float(p50)
     return {**constants, "frontend_ms": max(0.0, constants["frontend_ms"] + shift)}
 
 

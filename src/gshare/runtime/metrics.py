@@ -3,6 +3,7 @@ controller sets the instance and rate gauges."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import time
@@ -313,10 +314,7 @@ class _GcPauses(Collector):
         if not 0 <= gen <= 2:
             return
         dt = time.perf_counter() - self._started[0]
-        i = 0
-        while i < len(GC_PAUSE_BUCKETS_S) and dt > GC_PAUSE_BUCKETS_S[i]:
-            i += 1
-        self._counts[gen][i] += 1
+        self._counts[gen][bisect.bisect_left(GC_PAUSE_BUCKETS_S, dt)] += 1  # first le >= dt
         self._sums_s[gen] += dt
 
     def watch(self) -> Callable[[], None]:
